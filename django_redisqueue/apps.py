@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RedisQueueConfig(AppConfig):
+    name = "django_redisqueue"
+    verbose_name = "Redis queue"

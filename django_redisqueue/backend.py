@@ -1,0 +1,214 @@
+"""``RedisQueueBackend``: Django's task backend contract, on Redis."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from functools import cached_property, lru_cache
+from typing import Any
+
+import redis
+
+from . import broker as broker_module
+from .base import RedisTask, RedisTaskResult
+from .broker import Broker
+from .compat import (
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskError,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_enqueued,
+)
+from .conf import parse_options
+from .exceptions import InvalidPayload, ResultTimeout, UnknownTask
+from .jobs import Envelope, ensure_json, from_ms, from_seconds
+from .keys import KeySchema
+from .registry import registry
+
+FINAL_STATUSES = frozenset({broker_module.SUCCESSFUL, broker_module.FAILED})
+
+# Longest single blocking call while waiting for a result; the wait goes on after it.
+WAIT_SLICE = 1.0
+
+
+def unregistered_task(*args: Any, **kwargs: Any) -> None:
+    """Stands in for the task of a job whose task is unknown or unreadable."""
+    raise UnknownTask("this job's task is not registered")
+
+
+class RedisQueueBackend(BaseTaskBackend):
+    task_class = RedisTask
+
+    supports_defer = False
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.config = parse_options(alias, params)
+        # Django keeps QUEUES as a set; the order is the priority order, so keep it too.
+        self.queue_names: tuple[str, ...] = self.config.queues
+        self.keys = KeySchema.for_backend(self.config.key_prefix)
+
+    def get_client(self) -> redis.Redis:
+        """Return a Redis client: the django-redis cache's, or one made from the URL."""
+        if self.config.connection:
+            from django_redis import get_redis_connection
+
+            return get_redis_connection(self.config.connection)
+        return redis.Redis.from_url(self.config.redis_url)
+
+    @cached_property
+    def broker(self) -> Broker:
+        return Broker(
+            self.get_client(),
+            self.keys,
+            lease=self.config.lease,
+            result_ttl=self.config.result_ttl,
+        )
+
+    def validate_task(self, task: Task) -> None:
+        if task.queue_name not in self.queue_names:
+            raise InvalidTask(
+                f"Queue {task.queue_name!r} is not one of the {self.alias!r} backend's "
+                f"QUEUES ({', '.join(self.queue_names)}): add it to "
+                f"TASKS[{self.alias!r}]['QUEUES'] or use one of those."
+            )
+        super().validate_task(task)
+        if task.func is not unregistered_task:
+            registry.register(task)
+
+    def enqueue(
+        self, task: Task, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]
+    ) -> RedisTaskResult:
+        for i, value in enumerate(args):
+            ensure_json(value, f"Argument {i} of {task.module_path}()")
+        for name, value in kwargs.items():
+            ensure_json(value, f"Argument {name!r} of {task.module_path}()")
+        job_id = uuid.uuid4().hex
+        enqueued_at = time.time()
+        payload = Envelope(
+            task_path=task.module_path,
+            args=list(args),
+            kwargs=kwargs,
+            queue_name=task.queue_name,
+            priority=task.priority,
+            backend=self.alias,
+            enqueued_at=enqueued_at,
+        ).dumps()
+        size = len(payload.encode())
+        if size > self.config.max_payload_bytes:
+            raise ValueError(
+                f"The job for {task.module_path}() is {size} bytes of JSON, over the "
+                f"{self.config.max_payload_bytes}-byte MAX_PAYLOAD_BYTES limit: pass "
+                "a reference (a primary key, a file path) instead of the data."
+            )
+        self.broker.enqueue(job_id, task.queue_name, task.priority, payload)
+        result = RedisTaskResult(
+            task=task,
+            id=job_id,
+            status=TaskResultStatus.READY,
+            enqueued_at=from_seconds(enqueued_at),
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=list(args),
+            kwargs=kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: str) -> RedisTaskResult:
+        fields = self.broker.get_job(result_id)
+        if fields is None:
+            raise TaskResultDoesNotExist(result_id)
+        return self.result_from_job(result_id, fields)
+
+    def wait(self, result_id: str, timeout: float | None = None) -> None:
+        """Block on Redis until the job finishes; raise ResultTimeout if it does not."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.broker.watch(result_id)
+            if status is None:
+                raise TaskResultDoesNotExist(result_id)
+            if status in FINAL_STATUSES:
+                return
+            remaining = WAIT_SLICE if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                raise ResultTimeout(
+                    f"Job {result_id} has not finished after {timeout} s (it is {status})."
+                )
+            self.broker.wait_finished(result_id, min(remaining, WAIT_SLICE))
+
+    # Building results from stored jobs
+
+    def result_from_job(
+        self, job_id: str, fields: dict[str, str], envelope: Envelope | None = None
+    ) -> RedisTaskResult:
+        """Build the TaskResult of a stored job (fields as ``Broker.get_job`` returns)."""
+        if envelope is None:
+            try:
+                envelope = Envelope.loads(fields.get("payload", ""), self.config.max_payload_bytes)
+            except InvalidPayload:
+                envelope = None
+        task = self.task_for(envelope)
+        status = TaskResultStatus(fields.get("status") or TaskResultStatus.READY)
+        errors = [TaskError(**error) for error in json.loads(fields.get("errors") or "[]")]
+        workers = fields.get("workers")
+        result = RedisTaskResult(
+            task=task,
+            id=job_id,
+            status=status,
+            enqueued_at=from_seconds(envelope.enqueued_at) if envelope else None,
+            started_at=from_ms(fields.get("started_at")),
+            finished_at=from_ms(fields.get("finished_at")),
+            last_attempted_at=from_ms(fields.get("last_attempted_at")),
+            args=envelope.args if envelope else [],
+            kwargs=envelope.kwargs if envelope else {},
+            backend=self.alias,
+            errors=errors,
+            worker_ids=workers.split(",") if workers else [],
+        )
+        if status == TaskResultStatus.SUCCESSFUL and fields.get("result"):
+            object.__setattr__(result, "_return_value", json.loads(fields["result"]))
+        return result
+
+    def task_for(self, envelope: Envelope | None) -> Task:
+        """The registered Task an envelope names, with the envelope's queue and priority."""
+        if envelope is None or registry.get(envelope.task_path) is None:
+            return _unregistered(self.alias, self.queue_names[0])
+        return _task_variant(
+            envelope.task_path, envelope.queue_name, envelope.priority, self.alias
+        )
+
+
+@lru_cache(maxsize=64)
+def _unregistered(backend: str, queue_name: str) -> Task:
+    return RedisTask(
+        func=unregistered_task,
+        priority=0,
+        queue_name=queue_name,
+        backend=backend,
+        run_after=None,
+    )
+
+
+@lru_cache(maxsize=1024)
+def _task_variant(path: str, queue_name: str, priority: int, backend: str) -> Task:
+    task = registry.get(path)
+    assert task is not None
+    if (task.queue_name, task.priority, task.backend) == (queue_name, priority, backend):
+        return task
+    try:
+        return dataclasses.replace(task, queue_name=queue_name, priority=priority, backend=backend)
+    except (InvalidTask, ValueError):
+        # The settings changed since the job was queued; the registered task still runs.
+        return task

@@ -1,0 +1,40 @@
+"""Errors raised by django_redisqueue; all derive from :class:`RedisQueueError`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.core.exceptions import ImproperlyConfigured
+
+if TYPE_CHECKING:
+    from .base import RedisTaskResult
+
+
+class RedisQueueError(Exception):
+    """Base class of every error this app raises."""
+
+
+class ConfigurationError(RedisQueueError, ImproperlyConfigured):
+    """The backend's settings are wrong; the message says how to fix them."""
+
+
+class InvalidPayload(RedisQueueError):
+    """A job taken from Redis cannot be run: bad JSON, envelope or size."""
+
+
+class UnknownTask(InvalidPayload):
+    """A job names a task that is not registered in this worker."""
+
+
+class TaskFailed(RedisQueueError):
+    """Raised by ``wait()`` when the job ended FAILED; ``.result`` holds its errors."""
+
+    def __init__(self, result: RedisTaskResult) -> None:
+        self.result = result
+        last = result.errors[-1] if result.errors else None
+        reason = last.traceback.strip().splitlines()[-1] if last else "no error recorded"
+        super().__init__(f"Task {result.task.module_path} ({result.id}) failed: {reason}")
+
+
+class ResultTimeout(RedisQueueError, TimeoutError):
+    """Raised by ``wait()`` when the job has not finished within the timeout."""

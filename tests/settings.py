@@ -1,0 +1,45 @@
+"""Settings for the test suite. The suite starts a private redis-server and passes
+its URL in REDISQUEUE_TEST_URL, to this process and to the workers it starts."""
+
+import os
+
+import django
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django_redisqueue",
+    "tests",
+]
+if django.VERSION < (6, 0):
+    INSTALLED_APPS.append("django_tasks")
+
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = os.environ.get("REDISQUEUE_TEST_URL", "redis://127.0.0.1:6379/15")
+
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL,
+    }
+}
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
+        "QUEUES": ["high", "default", "low"],
+        "OPTIONS": {"URL": REDIS_URL},
+    },
+    "cached": {
+        "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {"CONNECTION": "default"},
+    },
+}

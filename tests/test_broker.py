@@ -1,0 +1,100 @@
+"""The Lua scripts against the real server: ordering, fencing, wake-up tokens."""
+
+import pytest
+
+from django_redisqueue.broker import FAILED, SUCCESSFUL, Outcome
+from tests import tasks
+
+QUEUES = ["high", "default", "low"]
+
+
+@pytest.fixture
+def broker(backend):
+    return backend.broker
+
+
+def claim_all(broker, queues=QUEUES):
+    ids = []
+    while True:
+        _, claimed = broker.claim(queues, "w1")
+        if claimed is None:
+            return ids
+        ids.append(claimed.job_id)
+
+
+def test_priority_then_fifo_inside_a_queue(broker):
+    low = [tasks.noop.using(priority=-5).enqueue().id for _ in range(3)]
+    normal = [tasks.noop.enqueue().id for _ in range(3)]
+    high = [tasks.noop.using(priority=100).enqueue().id for _ in range(3)]
+    lowest = tasks.noop.using(priority=-100).enqueue().id
+
+    assert claim_all(broker) == high + normal + low + [lowest]
+
+
+def test_strict_priority_across_queues(broker):
+    low = [tasks.noop.using(queue_name="low", priority=100).enqueue().id for _ in range(2)]
+    default = [tasks.noop.enqueue().id for _ in range(2)]
+    high = [tasks.noop.using(queue_name="high", priority=-100).enqueue().id for _ in range(2)]
+
+    assert claim_all(broker) == high + default + low
+
+
+def test_claim_records_a_lease_and_finish_is_fenced(r, broker, backend):
+    job = tasks.add.enqueue(1, 2)
+    _, claimed = broker.claim(QUEUES, "w1")
+    assert claimed.job_id == job.id and claimed.attempts == 1
+    assert r.zscore("{drq:default}:running", job.id) is not None
+    assert backend.get_result(job.id).status == "RUNNING"
+
+    stranger = Outcome(job.id, "w2/1", SUCCESSFUL, result="3")
+    assert broker.finish(stranger) is False
+    assert backend.get_result(job.id).status == "RUNNING"
+
+    assert broker.finish(Outcome(job.id, claimed.owner, SUCCESSFUL, result="3")) is True
+    stored = backend.get_result(job.id)
+    assert (stored.status, stored.return_value, stored.worker_ids) == (SUCCESSFUL, 3, ["w1"])
+    assert r.zcard("{drq:default}:running") == 0
+    assert 0 < r.ttl(f"{{drq:default}}:job:{job.id}") <= 24 * 3600
+    # A second finish by the former owner is rejected too: the job is no longer RUNNING.
+    assert broker.finish(Outcome(job.id, claimed.owner, FAILED, error="{}")) is False
+
+
+def test_finish_and_claim_in_one_call(broker, backend):
+    first, second = tasks.noop.enqueue(), tasks.noop.enqueue()
+    _, claimed = broker.claim(QUEUES, "w1")
+    finished, following = broker.claim(
+        QUEUES, "w1", Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result="null")
+    )
+    assert finished is True
+    assert (claimed.job_id, following.job_id) == (first.id, second.id)
+    assert backend.get_result(first.id).status == SUCCESSFUL
+
+
+def test_extend_leases_reports_jobs_no_longer_owned(r, broker):
+    job = tasks.noop.enqueue()
+    _, claimed = broker.claim(QUEUES, "w1")
+    before = r.zscore("{drq:default}:running", job.id)
+    assert broker.extend_leases({job.id: claimed.owner, "gone": "w1/1"}) == ["gone"]
+    assert r.zscore("{drq:default}:running", job.id) >= before
+
+
+def test_wake_tokens_stay_bounded_and_are_passed_on(r, broker):
+    for _ in range(50):
+        tasks.noop.enqueue()
+    assert r.llen("{drq:default}:wake:default") == 1
+    r.delete("{drq:default}:wake:default")  # an idle worker took it...
+    broker.claim(QUEUES, "w1")  # ...and the claim leaves one for the next idle worker
+    assert r.llen("{drq:default}:wake:default") == 1
+
+
+def test_errors_accumulate_as_a_json_list(broker, backend):
+    job = tasks.fail.enqueue("x")
+    for attempt in (1, 2):
+        _, claimed = broker.claim(QUEUES, "w1")
+        error = f'{{"exception_class_path":"builtins.ValueError","traceback":"try {attempt}"}}'
+        broker.finish(Outcome(claimed.job_id, claimed.owner, FAILED, error=error))
+        # put it back by hand: retries come with the scheduler
+        broker.client.zadd("{drq:default}:queue:default", {job.id: 0})
+    stored = backend.get_result(job.id)
+    assert [e.traceback for e in stored.errors] == ["try 1", "try 2"]
+    assert stored.attempts == 2

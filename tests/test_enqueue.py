@@ -1,0 +1,116 @@
+"""Enqueueing from application code: the handle, validation, both decorators."""
+
+import re
+
+import pytest
+from django.test import override_settings
+
+from django_redisqueue import RedisTask, RedisTaskResult
+from django_redisqueue.compat import (
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_backends,
+)
+from django_redisqueue.exceptions import ConfigurationError
+from tests import tasks
+
+
+def queued(r, queue="default"):
+    return r.zrange(f"{{drq:default}}:queue:{queue}", 0, -1)
+
+
+def test_enqueue_returns_a_ready_result_and_queues_the_job(r, backend):
+    result = tasks.add.enqueue(2, 3)
+
+    assert isinstance(result, RedisTaskResult)
+    assert result.status == TaskResultStatus.READY
+    assert result.args == [2, 3]
+    assert result.enqueued_at is not None
+    assert queued(r) == [result.id]
+    assert backend.get_result(result.id).status == TaskResultStatus.READY
+
+
+def test_delay_is_enqueue(r):
+    result = tasks.add.delay(1, b=2)
+    assert result.kwargs == {"b": 2}
+    assert queued(r) == [result.id]
+
+
+def test_using_picks_queue_and_priority(r, backend):
+    result = tasks.add.using(queue_name="low", priority=-5).enqueue(1, 1)
+
+    assert queued(r, "low") == [result.id]
+    stored = backend.get_result(result.id)
+    assert (stored.task.queue_name, stored.task.priority) == ("low", -5)
+    assert stored.task.func is tasks.add.func
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        ((object(),), {}, "Argument 0 of tests.tasks.add()"),
+        ((1,), {"b": {1, 2}}, "Argument 'b' of tests.tasks.add()"),
+        ((1,), {"b": {1: "x"}}, "JSON object keys must be strings"),
+        ((float("nan"),), {}, "JSON cannot represent"),
+        (([1, b"raw"],), {}, "Argument 0 of tests.tasks.add()[1]"),
+    ],
+)
+def test_arguments_that_do_not_survive_json_are_refused(r, args, kwargs, message):
+    with pytest.raises(TypeError, match=re.escape(message)):
+        tasks.add.enqueue(*args, **kwargs)
+    assert r.keys("*") == []
+
+
+def test_unknown_queue_is_refused_at_the_call_site(r):
+    with pytest.raises(InvalidTask, match="'urgent' is not one of the 'default' backend's"):
+        tasks.add.using(queue_name="urgent").enqueue(1, 2)
+    assert r.keys("*") == []
+
+
+def test_oversized_payload_is_refused(r):
+    with pytest.raises(ValueError, match="MAX_PAYLOAD_BYTES"):
+        tasks.record.enqueue("x" * (600 * 1024))
+    assert r.keys("*") == []
+
+
+def test_calling_the_task_runs_it_inline(r):
+    assert tasks.add(2, 5) == 7
+    assert r.keys("*") == []
+
+
+def test_both_decorators_make_the_same_kind_of_task(r, backend):
+    assert type(tasks.made_by_django) is RedisTask
+    assert type(tasks.add) is RedisTask
+    result = tasks.made_by_django.enqueue(21)
+    assert queued(r, "low") == [result.id]
+    assert tasks.made_by_django.delay(1).status == TaskResultStatus.READY
+
+
+def test_get_result_of_unknown_id_raises(backend):
+    with pytest.raises(TaskResultDoesNotExist):
+        backend.get_result("no-such-job")
+
+
+def test_a_django_redis_connection_alias_works(r):
+    result = tasks.add.using(backend="cached").enqueue(1, 2)
+    assert r.zrange("{drq:cached}:queue:default", 0, -1) == [result.id]
+    assert task_backends["cached"].get_result(result.id).args == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"QUEUES": "default"}, "must be a list of queue names"),
+        ({"QUEUES": ["a b"]}, "invalid queue name 'a b'"),
+        ({"QUEUES": ["a", "a"]}, "lists a queue twice"),
+        ({"OPTIONS": {"URLL": "redis://"}}, "unknown option(s) URLL"),
+        ({"OPTIONS": {"URL": "redis://", "CONNECTION": "default"}}, "both CONNECTION and URL"),
+        ({"OPTIONS": {"LEASE": 0}}, "LEASE"),
+    ],
+)
+def test_bad_settings_say_what_to_fix(params, message):
+    conf = {"BACKEND": "django_redisqueue.backend.RedisQueueBackend", **params}
+    with override_settings(TASKS={"default": conf}), pytest.raises(ConfigurationError) as exc:
+        task_backends["default"]
+    assert message in str(exc.value)

@@ -1,0 +1,162 @@
+"""``manage.py runworker`` in subprocesses: draining, results, failures, signals."""
+
+import signal
+
+import pytest
+
+from django_redisqueue import ResultTimeout, TaskFailed
+from django_redisqueue.compat import TaskResultStatus
+from tests import tasks
+from tests.conftest import manage, start_manage, wait_until
+
+
+def test_burst_drains_every_queue_in_priority_order_and_exits_0(r):
+    for i in range(5):
+        tasks.record.using(queue_name="low").enqueue(f"low{i}")
+    for i in range(5):
+        tasks.record.enqueue(f"default{i}")
+    for i in range(5):
+        tasks.urgent.enqueue(f"high{i}")
+
+    done = manage("runworker", "--burst")
+
+    assert done.returncode == 0, done.stderr
+    expected = [f"{q}{i}" for q in ("high", "default", "low") for i in range(5)]
+    assert r.lrange(tasks.LOG, 0, -1) == expected
+    assert "tests.tasks.record" in done.stdout  # the banner lists the registered tasks
+    assert done.stderr.count("SUCCESSFUL") == 15  # one log line per job
+
+
+def test_results_and_wait(backend):
+    ok = tasks.add.enqueue(2, 3)
+    bad = tasks.fail.enqueue("boom")
+    assert manage("runworker", "--burst").returncode == 0
+
+    assert ok.wait(timeout=5) == 5
+    ok.refresh()
+    assert ok.status == TaskResultStatus.SUCCESSFUL
+    assert ok.return_value == 5
+    assert ok.finished_at >= ok.started_at >= ok.enqueued_at
+    assert len(ok.worker_ids) == 1
+
+    with pytest.raises(TaskFailed, match="ValueError: boom"):
+        bad.wait(timeout=5)
+    stored = backend.get_result(bad.id)
+    assert stored.status == TaskResultStatus.FAILED
+    assert stored.errors[0].exception_class_path == "builtins.ValueError"
+    assert "raise ValueError(message)" in stored.errors[0].traceback
+
+
+def test_wait_blocks_until_a_running_worker_finishes_the_job(r):
+    worker = start_manage("runworker")
+    try:
+        result = tasks.add.enqueue(20, 22)
+        assert result.wait(timeout=30) == 42
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+
+
+def test_wait_times_out(r):
+    result = tasks.add.enqueue(1, 1)
+    with pytest.raises(ResultTimeout):
+        result.wait(timeout=0.2)
+    assert isinstance(ResultTimeout("x"), TimeoutError)
+
+
+def test_bad_jobs_fail_with_a_reason_and_the_worker_goes_on(r, backend):
+    unknown = tasks.add.enqueue(1, 2)
+    job_key = f"{{drq:default}}:job:{unknown.id}"
+    r.hset(job_key, "payload", r.hget(job_key, "payload").replace("tests.tasks.add", "os.system"))
+    garbage = tasks.add.enqueue(1, 2)
+    r.hset(f"{{drq:default}}:job:{garbage.id}", "payload", "\x00{not json")
+    future = tasks.add.enqueue(1, 2)
+    r.hset(f"{{drq:default}}:job:{future.id}", "payload", '{"v": 99, "task": "x"}')
+    r.zadd("{drq:default}:queue:default", {"orphan-id": 10**16})  # an id with no job
+    bad_return = tasks.returns_object.enqueue()
+    good = tasks.add.enqueue(2, 2)
+
+    done = manage("runworker", "--burst")
+    assert done.returncode == 0, done.stderr
+
+    def reason(job_id):
+        stored = backend.get_result(job_id)
+        assert stored.status == TaskResultStatus.FAILED
+        return stored.errors[-1].traceback
+
+    assert "'os.system' is not registered" in reason(unknown.id)
+    assert "not valid JSON" in reason(garbage.id)
+    assert "envelope version 99 is not supported" in reason(future.id)
+    assert "no payload is stored" in reason("orphan-id")
+    assert "not JSON serializable" in reason(bad_return.id)
+    assert backend.get_result(good.id).return_value == 4
+
+
+def test_sigterm_finishes_the_running_job_and_takes_no_new_one(r, backend):
+    running = tasks.block_until_released.enqueue("first", 30)
+    waiting = tasks.record.enqueue("second")
+    worker = start_manage("runworker")
+    try:
+        wait_until(lambda: "started:first" in r.lrange(tasks.LOG, 0, -1), 30, "job start")
+        worker.send_signal(signal.SIGTERM)
+        r.rpush("test:release", 1)
+        assert worker.wait(timeout=30) == 0
+    finally:
+        worker.kill()
+    assert backend.get_result(running.id).return_value is True
+    assert backend.get_result(waiting.id).status == TaskResultStatus.READY
+    assert r.lrange(tasks.LOG, 0, -1) == ["started:first", "done:first"]
+
+
+def test_concurrency_runs_jobs_at_the_same_time(backend):
+    a = tasks.rendezvous.enqueue("a", "b", 20)
+    b = tasks.rendezvous.enqueue("b", "a", 20)
+    done = manage("runworker", "--burst", "--concurrency", "2")
+    assert done.returncode == 0, done.stderr
+    assert backend.get_result(a.id).return_value is True
+    assert backend.get_result(b.id).return_value is True
+    workers = backend.get_result(a.id).worker_ids + backend.get_result(b.id).worker_ids
+    assert len(set(workers)) == 2
+
+
+def test_max_jobs_and_named_queues(r):
+    for i in range(3):
+        tasks.record.using(queue_name="low").enqueue(f"low{i}")
+    tasks.urgent.enqueue("high")
+
+    done = manage("runworker", "low", "--max-jobs", "2")
+    assert done.returncode == 0, done.stderr
+    assert r.lrange(tasks.LOG, 0, -1) == ["low0", "low1"]
+
+
+def test_weighted_queues_let_the_low_queue_through(r):
+    for i in range(12):
+        tasks.urgent.enqueue(f"high{i}")
+        tasks.record.using(queue_name="low").enqueue(f"low{i}")
+
+    done = manage("runworker", "high:2", "low:1", "--max-jobs", "6")
+    assert done.returncode == 0, done.stderr
+    log = r.lrange(tasks.LOG, 0, -1)
+    assert sorted(log) == sorted(["high0", "high1", "high2", "high3", "low0", "low1"])
+
+
+def test_takes_context_and_django_task(backend):
+    ctx = tasks.attempt_number.enqueue("x")
+    doubled = tasks.made_by_django.enqueue(21)
+    assert manage("runworker", "--burst").returncode == 0
+    assert ctx.wait(timeout=5) == {"label": "x", "attempt": 1, "id": ctx.id}
+    assert doubled.wait(timeout=5) == 42
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nope"], "Queue 'nope' is not one of backend 'default'"),
+        (["high:0"], "must be a whole number >= 1"),
+        (["--backend", "missing"], "No task backend 'missing'"),
+    ],
+)
+def test_bad_arguments_are_command_errors(args, message):
+    done = manage("runworker", "--burst", *args)
+    assert done.returncode != 0
+    assert message in done.stderr
