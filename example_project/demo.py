@@ -1,0 +1,111 @@
+"""Run the example project: Redis (started here if none answers), the web server and a
+worker, together. Ctrl-C stops them all.
+
+    python example_project/demo.py      (the README's `make demo` does the setup first)
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import redis
+
+HERE = Path(__file__).resolve().parent
+REDIS_URL = os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
+ADDRESS = os.environ.get("DEMO_ADDRESS", "127.0.0.1:8000")
+
+
+def redis_answers() -> bool:
+    try:
+        return bool(redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+def start_redis() -> subprocess.Popen | None:
+    """Start a throw-away redis-server for REDIS_URL unless one answers there already."""
+    if redis_answers():
+        print(f"demo: using the Redis at {REDIS_URL}")
+        return None
+    url = urlparse(REDIS_URL)
+    if url.hostname not in ("127.0.0.1", "localhost"):
+        sys.exit(f"demo: no Redis answers at {REDIS_URL}; start it, or unset REDIS_URL.")
+    if not shutil.which("redis-server"):
+        sys.exit(
+            f"demo: no Redis answers at {REDIS_URL} and redis-server is not installed.\n"
+            "Install it (Debian/Ubuntu: sudo apt-get install redis-server; macOS: "
+            "brew install redis) or point REDIS_URL at a running Redis."
+        )
+    data = HERE / ".redis"
+    data.mkdir(exist_ok=True)
+    print(f"demo: starting redis-server on port {url.port or 6379}")
+    server = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(url.port or 6379),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(data),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while not redis_answers():
+        if server.poll() is not None or time.monotonic() > deadline:
+            sys.exit("demo: redis-server did not start; run it by hand to see why.")
+        time.sleep(0.05)
+    return server
+
+
+def manage(*args: str) -> list[str]:
+    return [sys.executable, str(HERE / "manage.py"), *args]
+
+
+def main() -> None:
+    server = start_redis()
+    subprocess.run(manage("migrate", "--noinput", "-v0"), check=True)
+    processes = [
+        subprocess.Popen(manage("runserver", ADDRESS, "--noreload")),
+        subprocess.Popen(manage("runworker")),
+    ]
+    print(f"demo: open http://{ADDRESS}/ and press Ctrl-C here to stop everything")
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # Set both explicitly: a shell that starts us in the background ignores SIGINT.
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        while all(p.poll() is None for p in processes):
+            time.sleep(0.2)
+        print("demo: a process exited; stopping the others")
+    except KeyboardInterrupt:
+        print("\ndemo: stopping")
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)  # the worker finishes its job first
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        if server is not None:
+            server.terminate()
+            server.wait()
+
+
+if __name__ == "__main__":
+    main()

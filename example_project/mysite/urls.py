@@ -1,0 +1,13 @@
+from django.contrib import admin
+from django.urls import path
+
+from shop import views
+
+urlpatterns = [
+    path("", views.index, name="index"),
+    path("signup/", views.signup, name="signup"),
+    path("reports/", views.request_report, name="request-report"),
+    path("tidy/", views.tidy, name="tidy"),
+    path("jobs/<str:job_id>/", views.job_status, name="job-status"),
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,41 @@
+"""The example project's background tasks, at three priorities."""
+
+from django.contrib.auth.models import User
+from django.core.mail import send_mail
+from django.utils import timezone
+
+from django_redisqueue import task
+
+from .models import Report
+
+
+@task(queue_name="high", priority=10)
+def send_welcome_email(user_id: int) -> str:
+    user = User.objects.get(pk=user_id)
+    send_mail(
+        "Welcome!",
+        f"Hello {user.username}, thanks for signing up.",
+        "shop@example.com",
+        [user.email],
+    )
+    return user.email
+
+
+@task
+def build_report(report_id: int) -> int:
+    """Count the primes below the report's limit (slowly on purpose) and save it."""
+    report = Report.objects.get(pk=report_id)
+    sieve = bytearray([1]) * report.limit
+    sieve[0] = sieve[1] = 0
+    for n in range(2, int(report.limit**0.5) + 1):
+        if sieve[n]:
+            sieve[n * n :: n] = bytes(len(range(n * n, report.limit, n)))
+    report.primes = sum(sieve)
+    report.finished_at = timezone.now()
+    report.save(update_fields=["primes", "finished_at"])
+    return report.primes
+
+
+@task(queue_name="low")
+def tidy_up(batch: int) -> str:
+    return f"tidied batch {batch}"
