@@ -113,6 +113,17 @@ def main() -> None:
 
         idle = worker()
         time.sleep(1.0)  # let it start and go idle: the measure is an idle worker
+        client.config_resetstat()
+        time.sleep(10.0)
+        calls = sum(
+            stat["calls"]
+            for name, stat in client.info("commandstats").items()
+            if name not in ("cmdstat_config", "cmdstat_info")
+        )
+        print(
+            f"idle worker: {calls / 10:.2f} Redis commands/s executed (INFO commandstats "
+            "over 10 s; a claim script counts with the commands it runs)"
+        )
         for _ in range(options.latency_jobs):
             stamp.enqueue(time.time())
             time.sleep(0.01)

@@ -160,3 +160,38 @@ def test_bad_arguments_are_command_errors(args, message):
     done = manage("runworker", "--burst", *args)
     assert done.returncode != 0
     assert message in done.stderr
+
+
+def test_signals_are_sent_around_each_job(backend):
+    from django_redisqueue.compat import task_enqueued, task_finished, task_started
+    from django_redisqueue.worker import Worker
+
+    seen, stored_when_finished = [], []
+
+    def receiver(signal, sender, task_result, **kwargs):
+        seen.append((signal, sender, task_result.id, task_result.status))
+        if signal is task_finished:
+            stored_when_finished.append(backend.get_result(task_result.id).status)
+
+    for signal_ in (task_enqueued, task_started, task_finished):
+        signal_.connect(receiver)
+    try:
+        job = tasks.add.enqueue(1, 2)
+        failing = tasks.fail.enqueue("no")
+        Worker(backend, burst=True).run()
+    finally:
+        for signal_ in (task_enqueued, task_started, task_finished):
+            signal_.disconnect(receiver)
+
+    by_signal = [(s, job_id, status) for s, sender, job_id, status in seen]
+    assert by_signal == [
+        (task_enqueued, job.id, TaskResultStatus.READY),
+        (task_enqueued, failing.id, TaskResultStatus.READY),
+        (task_started, job.id, TaskResultStatus.RUNNING),
+        (task_finished, job.id, TaskResultStatus.SUCCESSFUL),
+        (task_started, failing.id, TaskResultStatus.RUNNING),
+        (task_finished, failing.id, TaskResultStatus.FAILED),
+    ]
+    assert {sender for _, sender, _, _ in seen} == {type(backend)}
+    # task_finished is sent once the outcome is stored: a receiver can read it back.
+    assert stored_when_finished == [TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED]
