@@ -7,55 +7,17 @@ Starts a private redis-server on a free port; prints one line per figure.
 
 import argparse
 import os
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import redis
 
+from django_redisqueue.testing import RedisServer
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_redis() -> tuple[subprocess.Popen, str, str]:
-    port, directory = free_port(), tempfile.mkdtemp(prefix="bench-redis-")
-    server = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            directory,
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    return server, f"redis://127.0.0.1:{port}/0", directory
 
 
 def worker(*args: str) -> subprocess.Popen:
@@ -76,7 +38,9 @@ def main() -> None:
     parser.add_argument("--latency-jobs", type=int, default=300)
     options = parser.parse_args()
 
-    server, url, directory = start_redis()
+    server = RedisServer()
+    server.start()
+    url = server.url
     os.environ["BENCH_REDIS_URL"] = url
     os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
     sys.path.insert(0, str(ROOT))
@@ -140,9 +104,7 @@ def main() -> None:
             f"p50 {statistics.median(latencies):.2f} ms, p99 {percentile(latencies, 99):.2f} ms"
         )
     finally:
-        server.kill()
-        server.wait()
-        shutil.rmtree(directory, ignore_errors=True)
+        server.stop()
 
 
 if __name__ == "__main__":

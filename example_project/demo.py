@@ -15,6 +15,8 @@ from urllib.parse import urlparse
 
 import redis
 
+from django_redisqueue.testing import RedisServer
+
 HERE = Path(__file__).resolve().parent
 REDIS_URL = os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
 ADDRESS = os.environ.get("DEMO_ADDRESS", "127.0.0.1:8000")
@@ -27,7 +29,7 @@ def redis_answers() -> bool:
         return False
 
 
-def start_redis() -> subprocess.Popen | None:
+def start_redis() -> RedisServer | None:
     """Start a throw-away redis-server for REDIS_URL unless one answers there already."""
     if redis_answers():
         print(f"demo: using the Redis at {REDIS_URL}")
@@ -41,30 +43,10 @@ def start_redis() -> subprocess.Popen | None:
             "Install it (Debian/Ubuntu: sudo apt-get install redis-server; macOS: "
             "brew install redis) or point REDIS_URL at a running Redis."
         )
-    data = HERE / ".redis"
-    data.mkdir(exist_ok=True)
     print(f"demo: starting redis-server on port {url.port or 6379}")
-    server = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(url.port or 6379),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(data),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 10
-    while not redis_answers():
-        if server.poll() is not None or time.monotonic() > deadline:
-            sys.exit("demo: redis-server did not start; run it by hand to see why.")
-        time.sleep(0.05)
+    server = RedisServer(port=url.port or 6379, directory=str(HERE / ".redis"))
+    (HERE / ".redis").mkdir(exist_ok=True)
+    server.start()
     return server
 
 
@@ -103,8 +85,7 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 process.kill()
         if server is not None:
-            server.terminate()
-            server.wait()
+            server.stop()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,7 @@
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,13 +10,9 @@ import pytest
 import redis
 from django.test import override_settings
 
+from django_redisqueue.testing import RedisServer
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until(predicate, timeout: float = 10.0, message: str = "condition"):
@@ -33,58 +27,10 @@ def wait_until(predicate, timeout: float = 10.0, message: str = "condition"):
         time.sleep(0.01)
 
 
-class RedisServer:
-    """A private redis-server on a free loopback port, with its own directory."""
-
-    def __init__(self, *extra: str) -> None:
-        self.dir = tempfile.mkdtemp(prefix="redisqueue-test-")
-        self.port = free_port()
-        self.extra = extra
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self.dir,
-                *self.extra,
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=self.port)
-
-        def answers() -> bool:
-            try:
-                return bool(client.ping())
-            except redis.ConnectionError:
-                return False
-
-        wait_until(answers, message="redis-server to answer")
-
-    def stop(self) -> None:
-        if self.process:
-            self.process.kill()
-            self.process.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 @pytest.fixture(scope="session", autouse=True)
 def redis_server() -> Iterator[RedisServer]:
     if not shutil.which("redis-server"):
-        pytest.exit("redis-server is not installed: apt-get install redis-server", 2)
+        pytest.exit("redis-server is not installed: sudo apt-get install redis-server", 2)
     server = RedisServer()
     server.start()
     os.environ["REDISQUEUE_TEST_URL"] = server.url

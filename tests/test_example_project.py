@@ -12,7 +12,8 @@ import urllib.parse
 import urllib.request
 import uuid
 
-from tests.conftest import ROOT, free_port, wait_until
+from django_redisqueue.testing import free_port
+from tests.conftest import ROOT, wait_until
 
 
 class Browser:
