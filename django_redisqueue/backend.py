@@ -24,8 +24,14 @@ from .compat import (
     task_enqueued,
 )
 from .conf import parse_options
-from .exceptions import InvalidPayload, ResultTimeout, UnknownTask
-from .jobs import Envelope, ensure_json, from_ms, from_seconds
+from .exceptions import (
+    InvalidPayload,
+    JobCancelled,
+    NotCancellable,
+    ResultTimeout,
+    UnknownTask,
+)
+from .jobs import Envelope, ensure_json, error_info, from_ms, from_seconds, to_json
 from .keys import KeySchema
 from .registry import registry
 
@@ -43,7 +49,7 @@ def unregistered_task(*args: Any, **kwargs: Any) -> None:
 class RedisQueueBackend(BaseTaskBackend):
     task_class = RedisTask
 
-    supports_defer = False
+    supports_defer = True
     supports_async_task = True
     supports_get_result = True
     supports_priority = True
@@ -92,6 +98,7 @@ class RedisQueueBackend(BaseTaskBackend):
             ensure_json(value, f"Argument {name!r} of {task.module_path}()")
         job_id = uuid.uuid4().hex
         enqueued_at = time.time()
+        run_after = task.run_after.timestamp() if task.run_after else None
         payload = Envelope(
             task_path=task.module_path,
             args=list(args),
@@ -100,6 +107,7 @@ class RedisQueueBackend(BaseTaskBackend):
             priority=task.priority,
             backend=self.alias,
             enqueued_at=enqueued_at,
+            run_after=run_after,
         ).dumps()
         size = len(payload.encode())
         if size > self.config.max_payload_bytes:
@@ -108,7 +116,9 @@ class RedisQueueBackend(BaseTaskBackend):
                 f"{self.config.max_payload_bytes}-byte MAX_PAYLOAD_BYTES limit: pass "
                 "a reference (a primary key, a file path) instead of the data."
             )
-        self.broker.enqueue(job_id, task.queue_name, task.priority, payload)
+        # A run_after already past goes straight to the queue.
+        due_ms = int(run_after * 1000) if run_after and run_after > enqueued_at else 0
+        self.broker.enqueue(job_id, task.queue_name, task.priority, payload, due_ms)
         result = RedisTaskResult(
             task=task,
             id=job_id,
@@ -148,6 +158,18 @@ class RedisQueueBackend(BaseTaskBackend):
                 )
             self.broker.wait_finished(result_id, min(remaining, WAIT_SLICE))
 
+    def cancel(self, result_id: str) -> None:
+        """Cancel a job that has not started; raise NotCancellable if it has."""
+        error = JobCancelled(f"Job {result_id} was cancelled before it started.")
+        status = self.broker.cancel(result_id, to_json(error_info(error)))
+        if status is None:
+            raise TaskResultDoesNotExist(result_id)
+        if status != "CANCELLED":
+            raise NotCancellable(
+                f"Job {result_id} is {status}: only a job that has not started (READY) "
+                "can be cancelled."
+            )
+
     # Building results from stored jobs
 
     def result_from_job(
@@ -186,7 +208,11 @@ class RedisQueueBackend(BaseTaskBackend):
         if envelope is None or registry.get(envelope.task_path) is None:
             return _unregistered(self.alias, self.queue_names[0])
         return _task_variant(
-            envelope.task_path, envelope.queue_name, envelope.priority, self.alias
+            envelope.task_path,
+            envelope.queue_name,
+            envelope.priority,
+            self.alias,
+            envelope.run_after,
         )
 
 
@@ -202,13 +228,22 @@ def _unregistered(backend: str, queue_name: str) -> Task:
 
 
 @lru_cache(maxsize=1024)
-def _task_variant(path: str, queue_name: str, priority: int, backend: str) -> Task:
+def _task_variant(
+    path: str, queue_name: str, priority: int, backend: str, run_after: float | None
+) -> Task:
     task = registry.get(path)
     assert task is not None
-    if (task.queue_name, task.priority, task.backend) == (queue_name, priority, backend):
+    wanted = (queue_name, priority, backend, from_seconds(run_after))
+    if (task.queue_name, task.priority, task.backend, task.run_after) == wanted:
         return task
     try:
-        return dataclasses.replace(task, queue_name=queue_name, priority=priority, backend=backend)
+        return dataclasses.replace(
+            task,
+            queue_name=queue_name,
+            priority=priority,
+            backend=backend,
+            run_after=from_seconds(run_after),
+        )
     except (InvalidTask, ValueError):
         # The settings changed since the job was queued; the registered task still runs.
         return task

@@ -7,6 +7,7 @@ the task directly; the backend's ``task_class`` is ``RedisTask``, so Django's ow
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -26,9 +27,49 @@ from .exceptions import TaskFailed
 
 DEFAULT_BACKEND_ALIAS = "default"
 
+# The longest wait between two attempts, whatever the backoff says.
+MAX_RETRY_DELAY = 3600.0
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RedisTask(Task):
+    """Django's Task, plus a retry policy and a few shortcuts.
+
+    ``retries``: how many times a job that raised one of ``retry_on`` is tried again.
+    The n-th retry waits ``retry_backoff * 2**(n-1)`` seconds (at most an hour); with
+    ``retry_jitter`` a random time between half that and all of it, so that jobs that
+    failed together do not retry together.
+    """
+
+    retries: int = 0
+    retry_backoff: float = 1.0
+    retry_jitter: bool = True
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.retries, int) or self.retries < 0:
+            raise ValueError(f"retries must be a whole number >= 0, not {self.retries!r}.")
+        if not isinstance(self.retry_backoff, int | float) or self.retry_backoff < 0:
+            raise ValueError(f"retry_backoff must be seconds >= 0, not {self.retry_backoff!r}.")
+        if not (
+            isinstance(self.retry_on, tuple)
+            and all(isinstance(c, type) and issubclass(c, BaseException) for c in self.retry_on)
+        ):
+            raise ValueError(
+                f"retry_on must be a tuple of exception classes, not {self.retry_on!r}."
+            )
+        Task.__post_init__(self)
+
+    def retry_delay(self, exc: BaseException, failures: int) -> float | None:
+        """Seconds to wait before trying again after ``failures`` failed attempts
+        (this one included), or None if the job should fail now."""
+        if failures > self.retries or not isinstance(exc, self.retry_on):
+            return None
+        delay = min(self.retry_backoff * 2 ** (failures - 1), MAX_RETRY_DELAY)
+        if self.retry_jitter:
+            delay = random.uniform(delay / 2, delay)
+        return delay
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the task inline, in this process, as a plain function call."""
         return self.call(*args, **kwargs)
@@ -76,6 +117,14 @@ class RedisTaskResult(TaskResult):
             raise TaskFailed(self)
         return self.return_value
 
+    def cancel(self) -> None:
+        """Cancel the job if it has not started; raise ``NotCancellable`` otherwise.
+
+        A cancelled job ends FAILED, with a ``JobCancelled`` error.
+        """
+        task_backends[self.backend].cancel(self.id)
+        self.refresh()
+
 
 @overload
 def task(function: Callable[..., Any], /) -> RedisTask: ...
@@ -86,6 +135,10 @@ def task(
     queue_name: str = ...,
     backend: str = ...,
     takes_context: bool = ...,
+    retries: int = ...,
+    retry_backoff: float = ...,
+    retry_jitter: bool = ...,
+    retry_on: tuple[type[BaseException], ...] = ...,
 ) -> Callable[[Callable[..., Any]], RedisTask]: ...
 def task(
     function: Callable[..., Any] | None = None,
@@ -94,6 +147,10 @@ def task(
     queue_name: str = DEFAULT_TASK_QUEUE_NAME,
     backend: str = DEFAULT_BACKEND_ALIAS,
     takes_context: bool = False,
+    retries: int = 0,
+    retry_backoff: float = 1.0,
+    retry_jitter: bool = True,
+    retry_on: tuple[type[BaseException], ...] = (Exception,),
 ) -> RedisTask | Callable[[Callable[..., Any]], RedisTask]:
     """Make a function a task, bare (``@task``) or with options (``@task(...)``)."""
 
@@ -105,6 +162,10 @@ def task(
             backend=backend,
             run_after=None,
             takes_context=takes_context,
+            retries=retries,
+            retry_backoff=retry_backoff,
+            retry_jitter=retry_jitter,
+            retry_on=retry_on,
         )
 
     if function is not None:

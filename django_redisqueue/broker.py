@@ -20,6 +20,7 @@ from .keys import KeySchema
 
 SUCCESSFUL = "SUCCESSFUL"
 FAILED = "FAILED"
+RETRY = "RETRY"  # an outcome only: the job goes back to the delayed set, READY
 
 
 def _load_script(client: redis.Redis, name: str) -> Any:
@@ -45,9 +46,10 @@ class Claimed:
 
     job_id: str
     payload: bytes
-    attempts: int
-    owner: str
+    attempts: int  # claims so far, this one included
+    owner: str  # the fencing token: only this owner may finish the job
     worker_ids: list[str]
+    lost: int  # how many of the earlier attempts ended with their worker lost
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +58,34 @@ class Outcome:
 
     job_id: str
     owner: str
-    status: str  # SUCCESSFUL or FAILED
+    status: str  # SUCCESSFUL, FAILED or RETRY
     result: str = ""  # JSON return value
     error: str = ""  # JSON {"exception_class_path": ..., "traceback": ...}
+    retry_at: int = 0  # ms, for RETRY
 
     def as_args(self, result_ttl: int) -> list[Any]:
-        return [self.job_id, self.owner, self.status, self.result, self.error, result_ttl]
+        return [
+            self.job_id,
+            self.owner,
+            self.status,
+            self.result,
+            self.error,
+            result_ttl,
+            self.retry_at,
+        ]
+
+
+NO_OUTCOME = ["", "", "", "", "", 0, 0]
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """What one scheduler step did, and when the next step is due."""
+
+    promoted: int
+    recovered: int
+    failed: int
+    next_at: int | None  # ms; None when nothing is delayed or running; 0 to go again
 
 
 class Broker:
@@ -74,22 +98,28 @@ class Broker:
         self.keys = keys
         self.lease_ms = int(lease * 1000)
         self.result_ttl = result_ttl
-        self._enqueue = _load_script(client, "enqueue")
-        self._claim = _load_script(client, "claim")
-        self._finish = _load_script(client, "finish")
-        self._extend_leases = _load_script(client, "extend_leases")
-        self._watch = _load_script(client, "watch")
+        self._scripts = {
+            name: _load_script(client, name)
+            for name in ("enqueue", "claim", "finish", "extend_leases", "watch", "tick", "cancel")
+        }
+
+    def _run(self, script: str, *args: Any) -> Any:
+        return self._scripts[script](keys=self.keys.script_keys, args=args)
 
     # Producers
 
-    def enqueue(self, job_id: str, queue: str, priority: int, payload: str) -> bool:
-        """Store a job and make it ready; False if the id is taken."""
-        keys = self.keys
-        stored = self._enqueue(
-            keys=[keys.job(job_id), keys.queue(queue), keys.wake(queue), keys.seq],
-            args=[job_id, payload, priority],
-        )
-        return bool(stored)
+    def enqueue(
+        self, job_id: str, queue: str, priority: int, payload: str, due_ms: int = 0
+    ) -> bool:
+        """Store a job, ready now or (``due_ms`` > 0) in the delayed set until then.
+
+        Returns False, changing nothing, if the id is taken.
+        """
+        return bool(self._run("enqueue", job_id, payload, queue, priority, due_ms))
+
+    def cancel(self, job_id: str, error: str) -> str | None:
+        """Cancel a READY job; return "CANCELLED", or the status that prevents it."""
+        return text(self._run("cancel", job_id, now_ms(), self.result_ttl, error)) or None
 
     # Workers
 
@@ -101,38 +131,25 @@ class Broker:
         Returns whether the finish was stored (None if none was asked) and the claimed
         job, or None when every queue is empty.
         """
-        keys = self.keys
-        args: list[Any] = [now_ms(), self.lease_ms, worker_id]
-        args += finish.as_args(self.result_ttl) if finish else ["", "", "", "", "", 0]
-        reply = self._claim(
-            keys=[
-                keys.running,
-                keys.job_prefix,
-                *(keys.queue(q) for q in queues),
-                *(keys.wake(q) for q in queues),
-            ],
-            args=args,
-        )
+        outcome = finish.as_args(self.result_ttl) if finish else NO_OUTCOME
+        reply = self._run("claim", now_ms(), self.lease_ms, worker_id, *outcome, *queues)
         finished = None if reply[0] == -1 else bool(reply[0])
         if len(reply) == 1:
             return finished, None
-        _, job_id, payload, attempts, owner, workers = reply
+        _, job_id, payload, attempts, owner, workers, lost = reply
         claimed = Claimed(
             job_id=text(job_id) or "",
             payload=payload,
             attempts=int(attempts),
             owner=text(owner) or "",
             worker_ids=(text(workers) or "").split(","),
+            lost=int(lost),
         )
         return finished, claimed
 
     def finish(self, outcome: Outcome) -> bool:
         """Store a job's outcome; False if the caller no longer owns the job."""
-        stored = self._finish(
-            keys=[self.keys.running, self.keys.job_prefix],
-            args=[now_ms(), *outcome.as_args(self.result_ttl)],
-        )
-        return bool(stored)
+        return bool(self._run("finish", now_ms(), *outcome.as_args(self.result_ttl)))
 
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Block until a wake-up token arrives for one of ``queues``, or the timeout."""
@@ -145,8 +162,21 @@ class Broker:
         args: list[Any] = [now_ms() + self.lease_ms]
         for job_id, owner in owned.items():
             args += [job_id, owner]
-        lost = self._extend_leases(keys=[self.keys.running, self.keys.job_prefix], args=args)
-        return [text(job_id) or "" for job_id in lost]
+        return [text(job_id) or "" for job_id in self._run("extend_leases", *args)]
+
+    # Schedulers
+
+    def tick(self, *, batch: int, lost_limit: int, lost_error: str) -> Tick:
+        """Promote due delayed jobs and recover jobs whose lease has passed."""
+        promoted, recovered, failed, next_at = self._run(
+            "tick", now_ms(), batch, lost_limit, self.result_ttl, lost_error
+        )
+        next_at = int(next_at)
+        return Tick(int(promoted), int(recovered), int(failed), None if next_at < 0 else next_at)
+
+    def wait_for_schedule(self, timeout: float) -> bool:
+        """Block until a job becomes the first due, or the timeout (~0.1 s precise)."""
+        return self.client.blpop([self.keys.scheduler_wake], timeout) is not None
 
     # Results
 
@@ -159,7 +189,7 @@ class Broker:
 
     def watch(self, job_id: str) -> str | None:
         """Ask to be woken when the job finishes; return its status (None: no such job)."""
-        return text(self._watch(keys=[self.keys.job(job_id)])) or None
+        return text(self._run("watch", job_id)) or None
 
     def wait_finished(self, job_id: str, timeout: float) -> bool:
         """Block until a watched job finishes; True if it did within ``timeout``.
@@ -173,6 +203,9 @@ class Broker:
 
     def queue_length(self, queue: str) -> int:
         return int(self.client.zcard(self.keys.queue(queue)))
+
+    def delayed_count(self) -> int:
+        return int(self.client.zcard(self.keys.delayed))
 
     def running_count(self) -> int:
         return int(self.client.zcard(self.keys.running))

@@ -28,6 +28,7 @@ class Options:
     result_ttl: int = 24 * 3600  # seconds a finished job's result is kept
     lease: float = 60.0  # seconds a worker holds a job without a heartbeat
     max_payload_bytes: int = 512 * 1024
+    max_recoveries: int = 2  # times a job whose worker was lost is queued again
 
     @property
     def redis_url(self) -> str:
@@ -41,6 +42,7 @@ OPTION_NAMES = {
     "RESULT_TTL": "result_ttl",
     "LEASE": "lease",
     "MAX_PAYLOAD_BYTES": "max_payload_bytes",
+    "MAX_RECOVERIES": "max_recoveries",
 }
 
 
@@ -74,10 +76,11 @@ def parse_options(alias: str, params: Mapping[str, Any]) -> Options:
         raise ConfigurationError(
             f"{where}['OPTIONS'] sets both CONNECTION and URL; keep one of them."
         )
-    for name in ("result_ttl", "max_payload_bytes"):
-        if name in values and (not isinstance(values[name], int) or values[name] <= 0):
+    for name, least in (("result_ttl", 1), ("max_payload_bytes", 1), ("max_recoveries", 0)):
+        value = values.get(name, least)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ConfigurationError(
-                f"{where}['OPTIONS']['{name.upper()}'] must be a positive whole number."
+                f"{where}['OPTIONS']['{name.upper()}'] must be a whole number >= {least}."
             )
     if "lease" in values and (not isinstance(values["lease"], int | float) or values["lease"] < 1):
         raise ConfigurationError(

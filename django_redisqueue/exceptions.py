@@ -36,5 +36,17 @@ class TaskFailed(RedisQueueError):
         super().__init__(f"Task {result.task.module_path} ({result.id}) failed: {reason}")
 
 
+class NotCancellable(RedisQueueError):
+    """``cancel()`` on a job that is running or finished: only READY jobs can be."""
+
+
+class JobCancelled(RedisQueueError):
+    """Recorded as the error of a job cancelled before it started."""
+
+
+class WorkerLost(RedisQueueError):
+    """Recorded as the error of a job whose workers kept dying while running it."""
+
+
 class ResultTimeout(RedisQueueError, TimeoutError):
     """Raised by ``wait()`` when the job has not finished within the timeout."""

@@ -2,8 +2,9 @@
 
 Envelope, version 1: ``{"v": 1, "task": "app.tasks.func", "args": [...],
 "kwargs": {...}, "queue": "default", "priority": 0, "backend": "default",
-"enqueued_at": 1700000000.123}``. Unknown fields are ignored, so an older worker can
-read a newer job of the same version; a newer version is refused with a clear reason.
+"enqueued_at": 1700000000.123, "run_after": null}``, times in seconds since the epoch.
+Unknown fields are ignored, so an older worker can read a newer job of the same
+version; a newer version is refused with a clear reason.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Envelope:
     priority: int
     backend: str
     enqueued_at: float  # seconds since the epoch
+    run_after: float | None = None  # seconds since the epoch
 
     def dumps(self) -> str:
         return to_json(
@@ -75,6 +77,7 @@ class Envelope:
                 "priority": self.priority,
                 "backend": self.backend,
                 "enqueued_at": self.enqueued_at,
+                "run_after": self.run_after,
             }
         )
 
@@ -111,6 +114,7 @@ class Envelope:
                 priority=data.get("priority", 0),
                 backend=data.get("backend", ""),
                 enqueued_at=data.get("enqueued_at", 0.0),
+                run_after=data.get("run_after"),
             )
         except KeyError:
             raise InvalidPayload("envelope names no task") from None
@@ -120,6 +124,7 @@ class Envelope:
             and isinstance(envelope.kwargs, dict)
             and isinstance(envelope.priority, int)
             and isinstance(envelope.enqueued_at, int | float)
+            and isinstance(envelope.run_after, int | float | None)
         ):
             raise InvalidPayload("envelope fields have the wrong types")
         return envelope

@@ -8,28 +8,34 @@ single atomic step, which Cluster allows only within one hash slot.
 key                           type    contents (written by)
 ============================  ======  ===========================================
 ``{P}:queue:<name>``          zset    ids of READY jobs; score orders by priority
-                                      then arrival (enqueue.lua, claim.lua)
-``{P}:wake:<name>``           list    wake-up tokens for idle workers, at most
-                                      one; a hint, never data (enqueue.lua,
-                                      claim.lua; BLPOPed by workers)
-``{P}:seq``                   string  arrival counter for FIFO order (enqueue.lua)
+                                      then arrival (enqueue, claim, tick, cancel)
+``{P}:wake:<name>``           list    wake-up token for the queue's idle workers,
+                                      at most one; a hint, never data (enqueue,
+                                      claim, tick; BLPOPed by workers)
+``{P}:seq``                   string  arrival counter for FIFO order
+``{P}:delayed``               zset    ids of READY jobs not yet due (run_after,
+                                      retries); score is the due time in ms
+``{P}:scheduler:wake``        list    wake-up token for schedulers when a job
+                                      becomes the first due; at most one
 ``{P}:running``               zset    ids of RUNNING jobs; score is the lease
-                                      deadline in ms (claim.lua, finish.lua,
-                                      Broker.extend_leases)
+                                      deadline in ms (claim, finish, tick,
+                                      extend_leases)
 ``{P}:job:<id>``              hash    the job: ``payload`` (JSON envelope),
-                                      ``status``, ``attempts``, ``workers``,
+                                      ``queue``, ``priority``, ``status``,
+                                      ``attempts``, ``lost``, ``workers``,
                                       ``owner`` (fencing token while RUNNING),
                                       ``started_at``, ``last_attempted_at``,
-                                      ``finished_at`` (ms), ``result`` or
+                                      ``finished_at`` (ms), ``result`` and
                                       ``errors`` (JSON); ``waiters`` while a
                                       client waits. TTL once finished.
 ``{P}:job:<id>:done``         list    one token pushed on finish when a client
-                                      waits (finish.lua); short TTL
+                                      waits; 60 s TTL
 ============================  ======  ===========================================
 
-Lua scripts get fixed keys through ``KEYS[]``; per-job keys are built inside the
-scripts as ``job_prefix .. id`` (and ``.. ':done'``), because a claim learns the id
-only inside the script. Those keys share the hash tag, so Cluster still accepts them.
+Every Lua script gets the same ``KEYS`` (``script_keys``): the fixed keys and the
+prefixes of the per-job and per-queue keys, which the scripts complete with an id or
+a queue name because a claim or a promotion learns them only inside the script. Those
+keys carry the same hash tag, so Cluster still accepts them.
 """
 
 from __future__ import annotations
@@ -47,11 +53,17 @@ class KeySchema:
     def for_backend(cls, key_prefix: str) -> KeySchema:
         return cls(prefix="{" + key_prefix + "}")
 
-    def queue(self, name: str) -> str:
-        return f"{self.prefix}:queue:{name}"
+    @property
+    def job_prefix(self) -> str:
+        return f"{self.prefix}:job:"
 
-    def wake(self, name: str) -> str:
-        return f"{self.prefix}:wake:{name}"
+    @property
+    def queue_prefix(self) -> str:
+        return f"{self.prefix}:queue:"
+
+    @property
+    def wake_prefix(self) -> str:
+        return f"{self.prefix}:wake:"
 
     @property
     def seq(self) -> str:
@@ -62,8 +74,31 @@ class KeySchema:
         return f"{self.prefix}:running"
 
     @property
-    def job_prefix(self) -> str:
-        return f"{self.prefix}:job:"
+    def delayed(self) -> str:
+        return f"{self.prefix}:delayed"
+
+    @property
+    def scheduler_wake(self) -> str:
+        return f"{self.prefix}:scheduler:wake"
+
+    @property
+    def script_keys(self) -> list[str]:
+        """The KEYS every Lua script receives, in the order lua/common.lua names them."""
+        return [
+            self.job_prefix,
+            self.queue_prefix,
+            self.wake_prefix,
+            self.seq,
+            self.running,
+            self.delayed,
+            self.scheduler_wake,
+        ]
+
+    def queue(self, name: str) -> str:
+        return f"{self.queue_prefix}{name}"
+
+    def wake(self, name: str) -> str:
+        return f"{self.wake_prefix}{name}"
 
     def job(self, job_id: str) -> str:
         return f"{self.job_prefix}{job_id}"

@@ -21,8 +21,8 @@ from types import FrameType
 from django.db import close_old_connections
 
 from .backend import RedisQueueBackend
-from .base import RedisTaskResult
-from .broker import FAILED, SUCCESSFUL, Claimed, Outcome
+from .base import RedisTask, RedisTaskResult
+from .broker import FAILED, RETRY, SUCCESSFUL, Claimed, Outcome, now_ms
 from .compat import TaskContext, TaskError, TaskResultStatus, task_finished, task_started
 from .exceptions import InvalidPayload, UnknownTask
 from .jobs import Envelope, error_info, from_seconds, to_json
@@ -165,7 +165,7 @@ class Worker:
                 outcome.job_id,
                 outcome.status,
             )
-        elif result is not None:
+        elif result is not None and outcome.status != RETRY:
             task_finished.send_robust(type(self.backend), task_result=result)
 
     def execute(self, claimed: Claimed) -> tuple[Outcome, RedisTaskResult | None]:
@@ -209,22 +209,36 @@ class Worker:
             outcome = Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result=to_json(value))
         except Exception as exc:
             info = error_info(exc)
-            outcome = Outcome(claimed.job_id, claimed.owner, FAILED, error=to_json(info))
             result.errors.append(TaskError(**info))
+            outcome = self._failure(task, claimed, exc, to_json(info))
         else:
             object.__setattr__(result, "_return_value", value)
         finally:
             close_old_connections()
-        object.__setattr__(result, "status", TaskResultStatus(outcome.status))
-        object.__setattr__(result, "finished_at", datetime.now(tz=UTC))
+        retrying = outcome.status == RETRY
+        object.__setattr__(
+            result, "status", TaskResultStatus.READY if retrying else outcome.status
+        )
+        if not retrying:
+            object.__setattr__(result, "finished_at", datetime.now(tz=UTC))
         logger.info(
-            "Job %s %s %s in %.1f ms",
+            "Job %s %s %s in %.1f ms%s",
             claimed.job_id,
             envelope.task_path,
             outcome.status,
             (time.perf_counter() - started) * 1000,
+            f", again in {(outcome.retry_at - now_ms()) / 1000:.1f} s" if retrying else "",
         )
         return outcome, result
+
+    def _failure(self, task: object, claimed: Claimed, exc: Exception, error: str) -> Outcome:
+        """FAILED, or RETRY later if the task's retry policy says so."""
+        failures = claimed.attempts - claimed.lost  # attempts that ended in an exception
+        delay = task.retry_delay(exc, failures) if isinstance(task, RedisTask) else None
+        if delay is None:
+            return Outcome(claimed.job_id, claimed.owner, FAILED, error=error)
+        retry_at = now_ms() + int(delay * 1000)
+        return Outcome(claimed.job_id, claimed.owner, RETRY, error=error, retry_at=retry_at)
 
     def stop(self) -> None:
         """Finish the job in hand, take no new one, and return from ``run()``."""

@@ -1,5 +1,5 @@
-"""Run the example project: Redis (started here if none answers), the web server and a
-worker, together. Ctrl-C stops them all.
+"""Run the example project: Redis (started here if none answers), the web server, a
+worker and the scheduler, together. Ctrl-C stops them all.
 
     python example_project/demo.py      (the README's `make demo` does the setup first)
 """
@@ -60,6 +60,7 @@ def main() -> None:
     processes = [
         subprocess.Popen(manage("runserver", ADDRESS, "--noreload")),
         subprocess.Popen(manage("runworker")),
+        subprocess.Popen(manage("runscheduler")),
     ]
     print(f"demo: open http://{ADDRESS}/ and press Ctrl-C here to stop everything")
 

@@ -37,7 +37,8 @@ def redis_server() -> Iterator[RedisServer]:
     from django.conf import settings
 
     tasks = {alias: dict(conf) for alias, conf in settings.TASKS.items()}
-    tasks["default"]["OPTIONS"] = {"URL": server.url}
+    for alias in ("default", "leased"):
+        tasks[alias]["OPTIONS"] = {**tasks[alias]["OPTIONS"], "URL": server.url}
     caches = {"default": {**settings.CACHES["default"], "LOCATION": server.url}}
     with override_settings(TASKS=tasks, CACHES=caches):
         yield server
@@ -59,6 +60,11 @@ def backend():
     return task_backends["default"]
 
 
+def blocked_clients(client: redis.Redis) -> list[dict]:
+    """The connections blocked in BLPOP: idle workers and sleeping schedulers."""
+    return [c for c in client.client_list() if c.get("cmd") == "blpop"]
+
+
 def manage(*args: str, **kwargs) -> subprocess.CompletedProcess:
     """Run ``python -m django ARGS`` with the test settings and wait for it."""
     kwargs.setdefault("timeout", 60)
@@ -73,11 +79,12 @@ def manage(*args: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 def start_manage(*args: str) -> subprocess.Popen:
-    """Start ``python -m django ARGS`` in the background."""
+    """Start ``python -m django ARGS`` in the background, in its own process group."""
     return subprocess.Popen(
         [sys.executable, "-m", "django", *args],
         cwd=ROOT,
         env=child_env(),
+        start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -37,6 +37,12 @@ TASKS = {
         "QUEUES": ["high", "default", "low"],
         "OPTIONS": {"URL": REDIS_URL},
     },
+    # Short leases, for the tests of lost workers.
+    "leased": {
+        "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {"URL": REDIS_URL, "LEASE": 1, "MAX_RECOVERIES": 2},
+    },
     "cached": {
         "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
         "QUEUES": ["default"],

@@ -2,6 +2,8 @@
 can see what ran, in which order, across processes."""
 
 import os
+import signal
+import time
 
 import redis
 
@@ -71,3 +73,26 @@ def block_until_released(label, timeout):
     released = r.blpop("test:release", timeout) is not None
     r.rpush(LOG, f"done:{label}")
     return released
+
+
+@task(retries=3, retry_backoff=0.2, retry_jitter=False)
+def always_fails(label):
+    client().rpush(f"test:attempts:{label}", time.time())
+    raise ValueError(f"attempt failed: {label}")
+
+
+@task(retries=2, retry_backoff=0.05)
+def fails_once(label):
+    if client().incr(f"test:tries:{label}") == 1:
+        raise ConnectionError("first try fails")
+    return "second try worked"
+
+
+@task(retries=3, retry_on=(KeyError,))
+def fails_with_value_error():
+    raise ValueError("not a KeyError: no retry")
+
+
+@task
+def kill_own_worker():
+    os.kill(os.getpid(), signal.SIGKILL)

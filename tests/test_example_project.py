@@ -69,6 +69,7 @@ def test_demo_runs_a_job_enqueued_from_the_page():
     assert "starting redis-server" in output
     assert "Welcome!" in output  # the console email backend printed the email
     assert "stopped after" in output  # the worker stopped gracefully
+    assert re.search(r"Scheduler \S+ stopped", output)  # so did the scheduler
 
 
 def _try(get, path):

@@ -1,4 +1,14 @@
--- Shared helpers, prepended to every script when the broker loads it.
+-- Shared by every script: the backend's keys and the steps that move a job.
+-- The broker prepends this file to each script.
+--
+-- Every script gets the same KEYS (KeySchema.script_keys):
+--   KEYS[1] job key prefix ({P}:job:)      KEYS[2] queue key prefix ({P}:queue:)
+--   KEYS[3] wake-up key prefix ({P}:wake:) KEYS[4] arrival counter ({P}:seq)
+--   KEYS[5] running zset                   KEYS[6] delayed zset
+--   KEYS[7] the scheduler's wake-up list
+-- Per-job and per-queue keys are built from the prefixes; all share one hash tag.
+local JOB, QUEUE, WAKE, SEQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local RUNNING, DELAYED, SCHEDULER_WAKE = KEYS[5], KEYS[6], KEYS[7]
 
 -- Order within a queue: higher priority first, then arrival order (FIFO). Priority is
 -- -100..100 and the arrival counter stays below 2^44, so the score is an exact integer
@@ -7,43 +17,85 @@ local function queue_score(priority, seq)
   return string.format('%.0f', (100 - priority) * 17592186044416 + seq)
 end
 
--- Leave one wake-up token for the idle workers of a queue. The list never holds more
--- than one: a token is a hint that the queue may have work, not a count.
+-- Leave one wake-up token on a list. It never holds more than one: a token is a hint
+-- that there may be work, not a count.
 local function leave_wake_token(wake)
   if redis.call('LLEN', wake) == 0 then
     redis.call('RPUSH', wake, '1')
   end
 end
 
--- Finish a RUNNING job, fenced: only the owner recorded at claim time may finish it.
--- status is SUCCESSFUL or FAILED; result is the JSON return value or ''; error is one
--- JSON error object or '', appended to the job's error history.
--- Returns 1 when stored, 0 when the caller no longer owns the job.
-local function finish_job(running, job_prefix, id, owner, status, now, result, error, ttl)
-  local job = job_prefix .. id
-  if redis.call('HGET', job, 'owner') ~= owner then
-    return 0
+-- Make a job READY on its queue, behind the jobs of its priority already there.
+local function push_ready(id, queue, priority)
+  redis.call('HSET', JOB .. id, 'status', 'READY')
+  redis.call('ZADD', QUEUE .. queue, queue_score(tonumber(priority), redis.call('INCR', SEQ)), id)
+  leave_wake_token(WAKE .. queue)
+end
+
+-- Make a job READY in the delayed set, due at `due` (ms). Wake the scheduler when this
+-- job is now the first due, so that it does not sleep past it.
+local function push_delayed(id, due)
+  redis.call('HSET', JOB .. id, 'status', 'READY')
+  redis.call('ZADD', DELAYED, due, id)
+  if redis.call('ZRANGE', DELAYED, 0, 0)[1] == id then
+    leave_wake_token(SCHEDULER_WAKE)
   end
-  redis.call('ZREM', running, id)
-  redis.call('HDEL', job, 'owner')
+end
+
+-- Put a job whose queue and priority are stored in its hash back on its queue.
+local function requeue(id)
+  local fields = redis.call('HMGET', JOB .. id, 'queue', 'priority')
+  if not fields[1] then
+    return false -- the job hash is gone (expired or deleted): nothing to run
+  end
+  push_ready(id, fields[1], fields[2])
+  return true
+end
+
+-- Append one JSON error object to the job's JSON list of errors.
+local function append_error(job, error)
+  local errors = redis.call('HGET', job, 'errors')
+  if errors then
+    errors = string.sub(errors, 1, -2) .. ',' .. error .. ']'
+  else
+    errors = '[' .. error .. ']'
+  end
+  redis.call('HSET', job, 'errors', errors)
+end
+
+-- Record a final outcome (SUCCESSFUL or FAILED), start the result TTL, wake waiters.
+local function record_outcome(id, status, now, result, error, ttl)
+  local job = JOB .. id
   redis.call('HSET', job, 'status', status, 'finished_at', now)
   if result ~= '' then
     redis.call('HSET', job, 'result', result)
   end
   if error ~= '' then
-    local errors = redis.call('HGET', job, 'errors')
-    if errors then
-      errors = string.sub(errors, 1, -2) .. ',' .. error .. ']'
-    else
-      errors = '[' .. error .. ']'
-    end
-    redis.call('HSET', job, 'errors', errors)
+    append_error(job, error)
   end
   redis.call('EXPIRE', job, ttl)
   if redis.call('HEXISTS', job, 'waiters') == 1 then
     local done = job .. ':done'
     redis.call('RPUSH', done, status)
     redis.call('EXPIRE', done, 60)
+  end
+end
+
+-- Finish a RUNNING job, fenced: only the owner recorded at claim time may finish it.
+-- status is SUCCESSFUL, FAILED, or RETRY (back to the delayed set, due at retry_at).
+-- Returns 1 when stored, 0 when the caller no longer owns the job.
+local function finish_job(id, owner, status, now, result, error, ttl, retry_at)
+  local job = JOB .. id
+  if redis.call('HGET', job, 'owner') ~= owner then
+    return 0
+  end
+  redis.call('ZREM', RUNNING, id)
+  redis.call('HDEL', job, 'owner')
+  if status == 'RETRY' then
+    append_error(job, error)
+    push_delayed(id, retry_at)
+  else
+    record_outcome(id, status, now, result, error, ttl)
   end
   return 1
 end

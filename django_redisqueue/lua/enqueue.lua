@@ -1,12 +1,16 @@
--- Store a job and make it READY on its queue, leaving a wake-up token.
--- KEYS[1] job hash, KEYS[2] queue zset, KEYS[3] queue's wake list, KEYS[4] seq counter
--- ARGV[1] job id, ARGV[2] payload (JSON envelope), ARGV[3] priority (-100..100)
+-- Store a job and make it READY: on its queue, or in the delayed set until it is due.
+-- ARGV[1] job id, ARGV[2] payload (JSON envelope), ARGV[3] queue name,
+-- ARGV[4] priority (-100..100), ARGV[5] due time (ms), or 0 to queue it now
 -- Returns 1, or 0 when a job with this id exists already (nothing is changed).
-if redis.call('EXISTS', KEYS[1]) == 1 then
+local id = ARGV[1]
+if redis.call('EXISTS', JOB .. id) == 1 then
   return 0
 end
-redis.call('HSET', KEYS[1], 'payload', ARGV[2], 'status', 'READY')
-local seq = redis.call('INCR', KEYS[4])
-redis.call('ZADD', KEYS[2], queue_score(tonumber(ARGV[3]), seq), ARGV[1])
-leave_wake_token(KEYS[3])
+redis.call('HSET', JOB .. id, 'payload', ARGV[2], 'queue', ARGV[3], 'priority', ARGV[4])
+local due = tonumber(ARGV[5])
+if due > 0 then
+  push_delayed(id, due)
+else
+  push_ready(id, ARGV[3], ARGV[4])
+end
 return 1

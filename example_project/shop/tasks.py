@@ -21,6 +21,17 @@ def send_welcome_email(user_id: int) -> str:
     return user.email
 
 
+@task(retries=3, retry_backoff=2.0)
+def send_tips_email(user_id: int) -> str:
+    """Sent a little after signing up (the view enqueues it with a delay); retried with
+    backoff if the mail server fails."""
+    user = User.objects.get(pk=user_id)
+    send_mail(
+        "Three tips to get started", "1. ... 2. ... 3. ...", "shop@example.com", [user.email]
+    )
+    return user.email
+
+
 @task
 def build_report(report_id: int) -> int:
     """Count the primes below the report's limit (slowly on purpose) and save it."""

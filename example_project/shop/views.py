@@ -8,12 +8,13 @@ from django.views.decorators.http import require_POST
 from django_redisqueue.compat import TaskResultDoesNotExist, task_backends
 
 from .models import Report
-from .tasks import build_report, send_welcome_email, tidy_up
+from .tasks import build_report, send_tips_email, send_welcome_email, tidy_up
 
 
 def index(request: HttpRequest) -> HttpResponse:
     backend = task_backends["default"]
     queues = {name: backend.broker.queue_length(name) for name in backend.queue_names}
+    queues["delayed"] = backend.broker.delayed_count()
     reports = Report.objects.order_by("-created_at")[:10]
     return render(
         request,
@@ -30,7 +31,8 @@ def signup(request: HttpRequest) -> HttpResponse:
         return redirect("index")
     user = User.objects.create_user(username, email=f"{username}@example.com")
     result = send_welcome_email.enqueue(user.pk)  # high queue: runs before anything else
-    messages.success(request, f"Welcome email queued as job {result.id}.")
+    send_tips_email.using(delay=20).enqueue(user.pk)  # runscheduler queues it in 20 s
+    messages.success(request, f"Welcome email queued as job {result.id}; tips in 20 s.")
     return redirect("index")
 
 

@@ -35,7 +35,7 @@ def configure_logging(verbosity: int) -> None:
         logger.propagate = False
 
 
-def get_backend(alias: str) -> RedisQueueBackend:
+def get_backend(alias: str, command: str = "runworker") -> RedisQueueBackend:
     try:
         backend = task_backends[alias]
     except Exception as exc:
@@ -43,7 +43,7 @@ def get_backend(alias: str) -> RedisQueueBackend:
     if not isinstance(backend, RedisQueueBackend):
         raise CommandError(
             f"TASKS[{alias!r}] uses {type(backend).__module__}.{type(backend).__name__}; "
-            "runworker runs django_redisqueue.backend.RedisQueueBackend only."
+            f"{command} serves django_redisqueue.backend.RedisQueueBackend only."
         )
     return backend
 

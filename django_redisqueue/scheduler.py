@@ -1,0 +1,122 @@
+"""The scheduler loop: promote delayed jobs when due, recover jobs of lost workers.
+
+Each step is one atomic script (``lua/tick.lua``), so any number of schedulers may run
+side by side. Between steps the scheduler sleeps until the next due job or lease
+deadline: blocked on Redis (BLPOP on the scheduler wake-up list, pushed when a job
+becomes the first due), and, for the last moments, on a local clock, because Redis
+ends a blocking command's timeout only about every 100 ms (``hz 10``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import time
+from types import FrameType
+
+from .backend import RedisQueueBackend
+from .broker import now_ms
+from .exceptions import WorkerLost
+from .jobs import error_info, to_json
+
+logger = logging.getLogger(__name__)
+
+# Longest sleep when nothing is due: also how often an idle scheduler checks in.
+IDLE_WAIT = 5.0
+# Below this, sleep on the local clock: Redis's blocking timeouts are ~0.1 s coarse.
+LOCAL_SLEEP_BELOW = 0.25
+# Most jobs each kind of move handles per step; a full batch runs the next step at once.
+BATCH = 500
+
+
+class _Interrupted(Exception):
+    """Raised by the signal handler to end a blocking wait at once."""
+
+
+class Scheduler:
+    def __init__(
+        self, backend: RedisQueueBackend, *, burst: bool = False, idle_wait: float = IDLE_WAIT
+    ) -> None:
+        self.backend = backend
+        self.idle_wait = idle_wait
+        self.broker = backend.broker
+        self.burst = burst
+        self.scheduler_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+        self.stopping = False
+        self.waiting = False
+        self.lost_error = to_json(
+            error_info(
+                WorkerLost(
+                    "The worker running this job was lost (killed, or stalled past its "
+                    f"lease) more than {backend.config.max_recoveries} time(s); the task "
+                    "may be what kills its worker."
+                )
+            )
+        )
+
+    def run(self) -> None:
+        """Promote and recover until stopped (or, in burst mode, until nothing is due)."""
+        logger.info("Scheduler %s started (backend %r)", self.scheduler_id, self.backend.alias)
+        with contextlib.suppress(_Interrupted):
+            self._loop()
+        logger.info("Scheduler %s stopped", self.scheduler_id)
+
+    def _loop(self) -> None:
+        while not self.stopping:
+            tick = self.broker.tick(
+                batch=BATCH,
+                lost_limit=self.backend.config.max_recoveries,
+                lost_error=self.lost_error,
+            )
+            if tick.promoted or tick.recovered or tick.failed:
+                logger.info(
+                    "Scheduler %s: promoted %d due job(s), recovered %d lost job(s), "
+                    "failed %d lost too often",
+                    self.scheduler_id,
+                    tick.promoted,
+                    tick.recovered,
+                    tick.failed,
+                )
+            if tick.next_at == 0:
+                continue  # a batch was full
+            if self.burst:
+                break
+            self.sleep_until(tick.next_at)
+
+    def sleep_until(self, next_at: int | None) -> None:
+        """Sleep until ``next_at`` (ms), at most ``idle_wait``; wake early when a job
+        becomes the first due."""
+        wait = self.idle_wait
+        if next_at is not None:
+            wait = min((next_at - now_ms()) / 1000, wait)
+        if wait <= 0:
+            return
+        self.waiting = True
+        try:
+            if wait < LOCAL_SLEEP_BELOW:
+                time.sleep(wait)
+            else:
+                self.broker.wait_for_schedule(wait - LOCAL_SLEEP_BELOW / 2)
+        finally:
+            self.waiting = False
+
+    def stop(self) -> None:
+        self.stopping = True
+
+    def install_signal_handlers(self) -> None:
+        """Make SIGTERM and SIGINT (Ctrl-C) stop the scheduler after its current step."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        logger.info(
+            "Scheduler %s: %s received, stopping", self.scheduler_id, signal.Signals(signum).name
+        )
+        self.stop()
+        if self.waiting:
+            # Nothing is half done while waiting: end the wait rather than sit it out.
+            raise _Interrupted

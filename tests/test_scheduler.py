@@ -1,0 +1,217 @@
+"""Delayed jobs, retries, lease recovery and cancel: ``runscheduler`` and friends."""
+
+import itertools
+import os
+import re
+import signal
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from django_redisqueue import TaskFailed
+from django_redisqueue.broker import now_ms
+from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
+from django_redisqueue.exceptions import NotCancellable
+from django_redisqueue.scheduler import Scheduler
+from tests import tasks
+from tests.conftest import blocked_clients, manage, start_manage, wait_until
+
+DELAYED = "{drq:default}:delayed"
+
+
+def stop(process) -> str:
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=30)[0]
+    assert process.returncode == 0, output
+    return output
+
+
+def test_a_delayed_job_waits_until_due_then_runs(r, backend):
+    result = tasks.add.using(delay=1).enqueue(1, 2)
+    due = r.zscore(DELAYED, result.id)
+
+    assert result.status == TaskResultStatus.READY
+    assert backend.get_result(result.id).task.run_after is not None
+    assert backend.broker.queue_length("default") == 0
+    Scheduler(backend, burst=True).run()
+    assert r.zscore(DELAYED, result.id) == due  # not due yet: left alone
+
+    wait_until(lambda: now_ms() >= due, 10, "the due time")
+    assert manage("runscheduler", "--burst").returncode == 0
+    assert r.zcard(DELAYED) == 0
+    assert backend.broker.queue_length("default") == 1
+    assert manage("runworker", "--burst").returncode == 0
+    assert result.wait(timeout=5) == 3
+
+
+def test_run_after_and_delay(r, backend):
+    past = tasks.add.using(run_after=timezone.now() - timedelta(hours=1)).enqueue(1, 1)
+    later = tasks.add.using(delay=timedelta(minutes=5)).enqueue(1, 1)
+
+    assert backend.broker.queue_length("default") == 1  # a past run_after is due now
+    assert r.zrange(DELAYED, 0, -1) == [later.id]
+    assert r.zscore(DELAYED, later.id) / 1000 == pytest.approx(time.time() + 300, abs=5)
+    assert backend.get_result(past.id).status == TaskResultStatus.READY
+    with pytest.raises(TypeError, match="either delay or run_after"):
+        tasks.add.using(delay=1, run_after=timezone.now())
+
+
+def test_an_earlier_job_wakes_the_sleeping_scheduler(r, backend):
+    scheduler = Scheduler(backend, idle_wait=120)
+    thread = threading.Thread(target=scheduler.run)
+    thread.start()
+    try:
+        late = tasks.add.using(delay=100).enqueue(1, 1)
+        wait_until(
+            lambda: scheduler.waiting and r.llen("{drq:default}:scheduler:wake") == 0,
+            10,
+            "the scheduler to sleep until the first job",
+        )
+        soon = tasks.add.using(delay=0.2).enqueue(2, 2)
+        # Without the wake-up the scheduler would sleep for 100 s.
+        wait_until(lambda: backend.broker.queue_length("default") == 1, 30, "promotion")
+        assert r.zrange("{drq:default}:queue:default", 0, -1) == [soon.id]
+        assert r.zrange(DELAYED, 0, -1) == [late.id]
+    finally:
+        scheduler.stop()
+        r.rpush("{drq:default}:scheduler:wake", 1)
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+def test_parallel_schedulers_promote_each_job_exactly_once(r, backend):
+    schedulers = [start_manage("runscheduler") for _ in range(3)]
+    try:
+        for i in range(300):
+            tasks.record.using(delay=(i % 100 + 1) / 100).enqueue(f"job{i}")
+        wait_until(lambda: backend.broker.queue_length("default") == 300, 30, "promotion")
+    finally:
+        outputs = [stop(s) for s in schedulers]
+    promoted = [int(n) for out in outputs for n in re.findall(r"promoted (\d+)", out)]
+    assert sum(promoted) == 300
+    assert manage("runworker", "--burst").returncode == 0
+    log = r.lrange(tasks.LOG, 0, -1)
+    assert sorted(log) == sorted(f"job{i}" for i in range(300))
+
+
+def test_sigterm_stops_an_idle_scheduler(r):
+    scheduler = start_manage("runscheduler")
+    wait_until(lambda: blocked_clients(r), 30, "the scheduler to block on Redis")
+    assert "stopped" in stop(scheduler)
+
+
+def test_the_job_of_a_killed_worker_runs_again_after_its_lease(r):
+    leased = task_backends["leased"]
+    job = tasks.block_until_released.using(backend="leased").enqueue("x", 60)
+    worker = start_manage("runworker", "--backend", "leased")
+    wait_until(lambda: "started:x" in r.lrange(tasks.LOG, 0, -1), 30, "the job to start")
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait()
+
+    assert leased.get_result(job.id).status == TaskResultStatus.RUNNING
+    deadline = r.zscore("{drq:leased}:running", job.id)
+    wait_until(lambda: now_ms() > deadline, 10, "the lease to run out")
+    recovered = manage("runscheduler", "--burst", "--backend", "leased")
+    assert "recovered 1 lost job(s)" in recovered.stderr
+    assert leased.get_result(job.id).status == TaskResultStatus.READY
+
+    r.rpush("test:release", 1)
+    assert manage("runworker", "--burst", "--backend", "leased").returncode == 0
+    stored = leased.get_result(job.id)
+    assert stored.status == TaskResultStatus.SUCCESSFUL
+    assert stored.attempts == 2 and len(set(stored.worker_ids)) == 2
+
+
+def test_a_job_that_keeps_killing_its_worker_fails_after_max_recoveries(r):
+    leased = task_backends["leased"]  # MAX_RECOVERIES 2: three attempts in all
+    job = tasks.kill_own_worker.using(backend="leased").enqueue()
+    for _ in range(3):
+        died = manage("runworker", "--burst", "--backend", "leased")
+        assert died.returncode == -signal.SIGKILL
+        deadline = r.zscore("{drq:leased}:running", job.id)
+        wait_until(lambda: now_ms() > deadline, 10, "the lease to run out")  # noqa: B023
+        assert manage("runscheduler", "--burst", "--backend", "leased").returncode == 0
+    stored = leased.get_result(job.id)
+    assert stored.status == TaskResultStatus.FAILED
+    assert stored.attempts == 3
+    assert stored.errors[-1].exception_class_path == "django_redisqueue.exceptions.WorkerLost"
+    # The other jobs are not held up: a worker runs them as usual.
+    ok = tasks.add.using(backend="leased").enqueue(1, 1)
+    assert manage("runworker", "--burst", "--backend", "leased").returncode == 0
+    assert leased.get_result(ok.id).return_value == 2
+
+
+def test_retries_back_off_and_keep_every_error(r, backend):
+    job = tasks.always_fails.enqueue("a")  # retries=3, backoff 0.2 s, no jitter
+    scheduler, worker = start_manage("runscheduler"), start_manage("runworker")
+    try:
+        with pytest.raises(TaskFailed, match="attempt failed: a"):
+            job.wait(timeout=60)
+    finally:
+        stop(scheduler), stop(worker)
+    stored = backend.get_result(job.id)
+    assert stored.attempts == 4
+    assert [e.exception_class_path for e in stored.errors] == ["builtins.ValueError"] * 4
+    times = [float(t) for t in r.lrange("test:attempts:a", 0, -1)]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    # A retry never runs before it is due: 0.2, 0.4 and 0.8 s after the failure.
+    assert all(gap >= 0.2 * 2**n for n, gap in enumerate(gaps)), gaps
+
+
+def test_a_retry_can_succeed_and_retry_on_limits_what_retries(backend):
+    flaky = tasks.fails_once.enqueue("b")
+    wrong_error = tasks.fails_with_value_error.enqueue()
+    assert manage("runworker", "--burst").returncode == 0
+    assert backend.get_result(wrong_error.id).status == TaskResultStatus.FAILED
+    assert backend.get_result(flaky.id).status == TaskResultStatus.READY  # waiting to retry
+
+    scheduler, worker = start_manage("runscheduler"), start_manage("runworker")
+    try:
+        assert flaky.wait(timeout=30) == "second try worked"
+    finally:
+        stop(scheduler), stop(worker)
+    stored = backend.get_result(flaky.id)
+    assert stored.attempts == 2
+    assert [e.exception_class_path for e in stored.errors] == ["builtins.ConnectionError"]
+    assert backend.get_result(wrong_error.id).attempts == 1
+
+
+def test_cancel(r, backend):
+    queued = tasks.add.enqueue(1, 1)
+    delayed = tasks.add.using(delay=60).enqueue(1, 1)
+    running = tasks.add.enqueue(1, 1)
+
+    queued.cancel()
+    delayed.cancel()
+    assert queued.status == delayed.status == TaskResultStatus.FAILED
+    assert "was cancelled" in queued.errors[0].traceback
+    assert r.zcard(DELAYED) == 0
+    with pytest.raises(TaskFailed, match="cancelled"):
+        delayed.wait(timeout=1)
+
+    backend.broker.claim(["default"], "w1")
+    with pytest.raises(NotCancellable, match="is RUNNING"):
+        running.cancel()
+    with pytest.raises(NotCancellable, match="is FAILED"):
+        queued.cancel()
+    with pytest.raises(TaskResultDoesNotExist):
+        backend.cancel("no-such-job")
+    assert manage("runworker", "--burst").returncode == 0  # nothing left to run
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"retries": -1}, "retries must be"),
+        ({"retry_backoff": "1"}, "retry_backoff must be"),
+        ({"retry_on": ValueError}, "retry_on must be a tuple"),
+    ],
+)
+def test_bad_retry_options(options, message):
+    from django_redisqueue import task
+
+    with pytest.raises(ValueError, match=message):
+        task(**options)(tasks.add.func)
