@@ -12,8 +12,10 @@ import urllib.parse
 import urllib.request
 import uuid
 
+import redis
+
 from django_redisqueue.testing import free_port
-from tests.conftest import ROOT, wait_until
+from tests.conftest import ROOT, blocked_clients, wait_until
 
 
 class Browser:
@@ -37,7 +39,10 @@ class Browser:
 
 
 def test_demo_runs_a_job_enqueued_from_the_page():
-    redis_port, web_port = free_port(), free_port()  # nothing answers: the demo starts Redis
+    redis_port = free_port()  # nothing answers there: the demo starts its own Redis
+    web_port = free_port()
+    while web_port == redis_port:
+        web_port = free_port()
     demo = subprocess.Popen(
         [sys.executable, str(ROOT / "example_project" / "demo.py")],
         env={
@@ -62,6 +67,9 @@ def test_demo_runs_a_job_enqueued_from_the_page():
 
         status = wait_until(job_done, 30, "the welcome email job")
         assert status["return_value"] == f"{username}@example.com"
+        demo_redis = redis.Redis(port=redis_port)
+        # The worker and the scheduler are both up and waiting on Redis.
+        wait_until(lambda: len(blocked_clients(demo_redis)) >= 2, 30, "worker and scheduler")
     finally:
         demo.send_signal(signal.SIGINT)
         output = demo.communicate(timeout=60)[0]
