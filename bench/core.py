@@ -84,6 +84,13 @@ def main() -> None:
         client.flushall()
 
         started = time.perf_counter()
+        for i in range(options.jobs):
+            client.rpush("bench:bare", i)
+        bare_rate = options.jobs / (time.perf_counter() - started)
+        print(f"bare redis-py RPUSH loop (one round trip each): {bare_rate:,.0f} /s")
+        client.delete("bench:bare")
+
+        started = time.perf_counter()
         ids = [noop.enqueue().id for _ in range(options.jobs)]
         enqueue_rate = options.jobs / (time.perf_counter() - started)
         print(f"enqueue, one at a time: {enqueue_rate:,.0f} jobs/s ({options.jobs} jobs)")
