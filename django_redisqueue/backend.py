@@ -13,7 +13,7 @@ import redis
 
 from . import broker as broker_module
 from .base import RedisTask, RedisTaskResult
-from .broker import Broker
+from .broker import CONNECTION_ERRORS, Broker
 from .compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -25,6 +25,7 @@ from .compat import (
 )
 from .conf import parse_options
 from .exceptions import (
+    BrokerUnavailable,
     InvalidPayload,
     JobCancelled,
     NotCancellable,
@@ -118,7 +119,13 @@ class RedisQueueBackend(BaseTaskBackend):
             )
         # A run_after already past goes straight to the queue.
         due_ms = int(run_after * 1000) if run_after and run_after > enqueued_at else 0
-        self.broker.enqueue(job_id, task.queue_name, task.priority, payload, due_ms)
+        try:
+            self.broker.enqueue(job_id, task.queue_name, task.priority, payload, due_ms)
+        except CONNECTION_ERRORS as exc:
+            raise BrokerUnavailable(
+                f"Could not enqueue {task.module_path}(): the {self.alias!r} task "
+                f"backend's Redis did not answer ({exc})."
+            ) from exc
         result = RedisTaskResult(
             task=task,
             id=job_id,

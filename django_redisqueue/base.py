@@ -35,6 +35,9 @@ MAX_RETRY_DELAY = 3600.0
 class RedisTask(Task):
     """Django's Task, plus a retry policy and a few shortcuts.
 
+    ``timeout``: seconds a job may run; past it, ``JobTimeout`` is raised inside the
+    task, which fails it (or retries it: ``JobTimeout`` is an ``Exception``).
+
     ``retries``: how many times a job that raised one of ``retry_on`` is tried again.
     The n-th retry waits ``retry_backoff * 2**(n-1)`` seconds (at most an hour); with
     ``retry_jitter`` a random time between half that and all of it, so that jobs that
@@ -45,12 +48,17 @@ class RedisTask(Task):
     retry_backoff: float = 1.0
     retry_jitter: bool = True
     retry_on: tuple[type[BaseException], ...] = (Exception,)
+    timeout: float | None = None  # seconds; a job past it fails with JobTimeout
 
     def __post_init__(self) -> None:
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"retries must be a whole number >= 0, not {self.retries!r}.")
         if not isinstance(self.retry_backoff, int | float) or self.retry_backoff < 0:
             raise ValueError(f"retry_backoff must be seconds >= 0, not {self.retry_backoff!r}.")
+        if self.timeout is not None and (
+            not isinstance(self.timeout, int | float) or self.timeout <= 0
+        ):
+            raise ValueError(f"timeout must be seconds > 0 or None, not {self.timeout!r}.")
         if not (
             isinstance(self.retry_on, tuple)
             and all(isinstance(c, type) and issubclass(c, BaseException) for c in self.retry_on)
@@ -139,6 +147,7 @@ def task(
     retry_backoff: float = ...,
     retry_jitter: bool = ...,
     retry_on: tuple[type[BaseException], ...] = ...,
+    timeout: float | None = ...,
 ) -> Callable[[Callable[..., Any]], RedisTask]: ...
 def task(
     function: Callable[..., Any] | None = None,
@@ -151,6 +160,7 @@ def task(
     retry_backoff: float = 1.0,
     retry_jitter: bool = True,
     retry_on: tuple[type[BaseException], ...] = (Exception,),
+    timeout: float | None = None,
 ) -> RedisTask | Callable[[Callable[..., Any]], RedisTask]:
     """Make a function a task, bare (``@task``) or with options (``@task(...)``)."""
 
@@ -166,6 +176,7 @@ def task(
             retry_backoff=retry_backoff,
             retry_jitter=retry_jitter,
             retry_on=retry_on,
+            timeout=timeout,
         )
 
     if function is not None:

@@ -8,6 +8,8 @@ by SHA. ``docs/protocol.md`` explains the delivery protocol.
 
 from __future__ import annotations
 
+import logging
+import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +23,10 @@ from .keys import KeySchema
 SUCCESSFUL = "SUCCESSFUL"
 FAILED = "FAILED"
 RETRY = "RETRY"  # an outcome only: the job goes back to the delayed set, READY
+RELEASE = "RELEASE"  # an outcome only: given back unfinished to its queue, READY
+
+# What a lost or refused connection to Redis raises.
+CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 
 
 def _load_script(client: redis.Redis, name: str) -> Any:
@@ -58,7 +64,7 @@ class Outcome:
 
     job_id: str
     owner: str
-    status: str  # SUCCESSFUL, FAILED or RETRY
+    status: str  # SUCCESSFUL, FAILED, RETRY or RELEASE
     result: str = ""  # JSON return value
     error: str = ""  # JSON {"exception_class_path": ..., "traceback": ...}
     retry_at: int = 0  # ms, for RETRY
@@ -75,9 +81,6 @@ class Outcome:
         ]
 
 
-NO_OUTCOME = ["", "", "", "", "", 0, 0]
-
-
 @dataclass(frozen=True, slots=True)
 class Tick:
     """What one scheduler step did, and when the next step is due."""
@@ -86,6 +89,31 @@ class Tick:
     recovered: int
     failed: int
     next_at: int | None  # ms; None when nothing is delayed or running; 0 to go again
+
+
+class Reconnector:
+    """Backoff for a loop that must outlive Redis restarts: call ``failed(exc)`` when a
+    command could not reach Redis (it sleeps), ``succeeded()`` after one that did."""
+
+    def __init__(self, logger: logging.Logger, who: str) -> None:
+        self.logger = logger
+        self.who = who
+        self.failures = 0
+
+    def failed(self, exc: Exception) -> None:
+        delay = min(0.1 * 2**self.failures, 5.0) * random.uniform(0.5, 1.0)
+        self.failures += 1
+        self.logger.warning(
+            "%s: Redis unreachable (%s); retry %d in %.2f s", self.who, exc, self.failures, delay
+        )
+        time.sleep(delay)
+
+    def succeeded(self) -> None:
+        if self.failures:
+            self.logger.warning(
+                "%s: Redis reachable again after %d retries", self.who, self.failures
+            )
+            self.failures = 0
 
 
 class Broker:
@@ -131,7 +159,10 @@ class Broker:
         Returns whether the finish was stored (None if none was asked) and the claimed
         job, or None when every queue is empty.
         """
-        outcome = finish.as_args(self.result_ttl) if finish else NO_OUTCOME
+        if finish:
+            outcome = finish.as_args(self.result_ttl)
+        else:
+            outcome = ["", "", "", "", "", self.result_ttl, 0]
         reply = self._run("claim", now_ms(), self.lease_ms, worker_id, *outcome, *queues)
         finished = None if reply[0] == -1 else bool(reply[0])
         if len(reply) == 1:

@@ -48,5 +48,21 @@ class WorkerLost(RedisQueueError):
     """Recorded as the error of a job whose workers kept dying while running it."""
 
 
+class BrokerUnavailable(RedisQueueError, ConnectionError):
+    """Redis did not answer when enqueueing; the message says where and why."""
+
+
+class JobTimeout(RedisQueueError):
+    """Raised inside a task that runs past its ``timeout``."""
+
+
+class WorkerShutdown(BaseException):
+    """Raised inside a task when the worker is told to stop a second time.
+
+    A BaseException, like KeyboardInterrupt, so that a task's ``except Exception``
+    does not swallow it; the worker gives the job back to its queue.
+    """
+
+
 class ResultTimeout(RedisQueueError, TimeoutError):
     """Raised by ``wait()`` when the job has not finished within the timeout."""

@@ -95,7 +95,7 @@ class Envelope:
             )
         try:
             data = json.loads(payload)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise InvalidPayload(f"payload is not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise InvalidPayload("payload is not a JSON object")

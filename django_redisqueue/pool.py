@@ -37,13 +37,16 @@ def run_pool(make_worker: Callable[[], Worker], concurrency: int, *, restart: bo
         connections.close_all()  # a forked child must not share the parent's sockets
         pid = os.fork()
         if pid == 0:
-            # The supervisor's handlers were inherited; the worker installs its own.
+            # The supervisor's handlers were inherited; the worker installs its own. A
+            # terminal's Ctrl-C reaches every process of the group: the supervisor
+            # forwards it as SIGTERM, so children ignore SIGINT itself (else one Ctrl-C
+            # would count twice and interrupt the jobs).
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             code = 1
             try:
                 worker = make_worker()
-                worker.install_signal_handlers()
+                worker.install_signal_handlers([signal.SIGTERM])
                 worker.run()
                 code = 0
             except BaseException:

@@ -19,7 +19,7 @@ import time
 from types import FrameType
 
 from .backend import RedisQueueBackend
-from .broker import now_ms
+from .broker import CONNECTION_ERRORS, Reconnector, now_ms
 from .exceptions import WorkerLost
 from .jobs import error_info, to_json
 
@@ -66,12 +66,18 @@ class Scheduler:
         logger.info("Scheduler %s stopped", self.scheduler_id)
 
     def _loop(self) -> None:
+        reconnect = Reconnector(logger, f"Scheduler {self.scheduler_id}")
         while not self.stopping:
-            tick = self.broker.tick(
-                batch=BATCH,
-                lost_limit=self.backend.config.max_recoveries,
-                lost_error=self.lost_error,
-            )
+            try:
+                tick = self.broker.tick(
+                    batch=BATCH,
+                    lost_limit=self.backend.config.max_recoveries,
+                    lost_error=self.lost_error,
+                )
+                reconnect.succeeded()
+            except CONNECTION_ERRORS as exc:
+                reconnect.failed(exc)
+                continue
             if tick.promoted or tick.recovered or tick.failed:
                 logger.info(
                     "Scheduler %s: promoted %d due job(s), recovered %d lost job(s), "
@@ -85,7 +91,10 @@ class Scheduler:
                 continue  # a batch was full
             if self.burst:
                 break
-            self.sleep_until(tick.next_at)
+            try:
+                self.sleep_until(tick.next_at)
+            except CONNECTION_ERRORS as exc:
+                reconnect.failed(exc)
 
     def sleep_until(self, next_at: int | None) -> None:
         """Sleep until ``next_at`` (ms), at most ``idle_wait``; wake early when a job

@@ -14,7 +14,8 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from types import FrameType
 
@@ -22,9 +23,19 @@ from django.db import close_old_connections
 
 from .backend import RedisQueueBackend
 from .base import RedisTask, RedisTaskResult
-from .broker import FAILED, RETRY, SUCCESSFUL, Claimed, Outcome, now_ms
+from .broker import (
+    CONNECTION_ERRORS,
+    FAILED,
+    RELEASE,
+    RETRY,
+    SUCCESSFUL,
+    Claimed,
+    Outcome,
+    Reconnector,
+    now_ms,
+)
 from .compat import TaskContext, TaskError, TaskResultStatus, task_finished, task_started
-from .exceptions import InvalidPayload, UnknownTask
+from .exceptions import InvalidPayload, JobTimeout, UnknownTask, WorkerShutdown
 from .jobs import Envelope, error_info, from_seconds, to_json
 from .registry import registry
 
@@ -34,6 +45,31 @@ logger = logging.getLogger(__name__)
 WAIT_TIMEOUT = 1.0
 # Wake-ups are hints; an idle worker claims anyway after this many quiet waits.
 IDLE_WAITS_BEFORE_CLAIM = 5
+# Tries to store the last outcome when stopping while Redis is unreachable.
+FINISH_ATTEMPTS_ON_EXIT = 5
+
+
+@contextmanager
+def time_limit(seconds: float | None, what: str) -> Iterator[None]:
+    """Raise JobTimeout inside the block once it has run ``seconds`` (SIGALRM).
+
+    Only in the main thread, where the worker runs its jobs. A task blocked inside C
+    code that does not return to Python is stopped only when it does.
+    """
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
+        raise JobTimeout(f"{what} ran past its timeout of {seconds} s and was stopped")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 class QueueOrder:
@@ -80,8 +116,8 @@ class Heartbeat(threading.Thread):
                 continue
             try:
                 lost = self.worker.broker.extend_leases(owned)
-            except Exception:
-                logger.exception("Could not extend the job leases; will retry")
+            except CONNECTION_ERRORS as exc:
+                logger.warning("Could not extend the job leases (%s); will retry", exc)
                 continue
             for job_id in lost:
                 logger.warning("Job %s: lease lost, another worker may run it", job_id)
@@ -106,6 +142,7 @@ class Worker:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self.jobs_done = 0
         self.stopping = False
+        self.in_task = False
 
     def run(self) -> None:
         """Run jobs until stopped (``stop()``), out of work (burst) or max_jobs."""
@@ -118,23 +155,43 @@ class Worker:
             ", ".join(self.queues),
             self.backend.alias,
         )
+        reconnect = Reconnector(logger, f"Worker {self.worker_id}")
         pending: tuple[Outcome, RedisTaskResult | None] | None = None
         try:
             while not self._should_stop():
-                claimed = self._finish_and_claim(pending)
-                pending = None
-                if claimed is None:
-                    if self.burst:
-                        break
-                    self._wait_for_work()
+                try:
+                    claimed = self._finish_and_claim(pending)
+                    pending = None
+                    reconnect.succeeded()
+                    if claimed is None:
+                        if self.burst:
+                            break
+                        self._wait_for_work()
+                        continue
+                except CONNECTION_ERRORS as exc:
+                    reconnect.failed(exc)  # keeps ``pending``: it is finished on reconnect
                     continue
                 pending = self.execute(claimed)
                 self.jobs_done += 1
         finally:
-            if pending is not None:
-                self._report(pending, self.broker.finish(pending[0]))
             heartbeat.stopped.set()
+            if pending is not None:
+                self._finish_last(pending, reconnect)
         logger.info("Worker %s stopped after %d job(s)", self.worker_id, self.jobs_done)
+
+    def _finish_last(
+        self, pending: tuple[Outcome, RedisTaskResult | None], reconnect: Reconnector
+    ) -> None:
+        for _ in range(FINISH_ATTEMPTS_ON_EXIT):
+            try:
+                self._report(pending, self.broker.finish(pending[0]))
+                return
+            except CONNECTION_ERRORS as exc:
+                reconnect.failed(exc)
+        logger.error(
+            "Job %s: could not store its outcome; it runs again once its lease runs out",
+            pending[0].job_id,
+        )
 
     def _should_stop(self) -> bool:
         return self.stopping or (self.max_jobs is not None and self.jobs_done >= self.max_jobs)
@@ -165,7 +222,7 @@ class Worker:
                 outcome.job_id,
                 outcome.status,
             )
-        elif result is not None and outcome.status != RETRY:
+        elif result is not None and outcome.status not in (RETRY, RELEASE):
             task_finished.send_robust(type(self.backend), task_result=result)
 
     def execute(self, claimed: Claimed) -> tuple[Outcome, RedisTaskResult | None]:
@@ -201,12 +258,16 @@ class Worker:
         )
         task_started.send_robust(type(self.backend), task_result=result)
         close_old_connections()
+        self.in_task = True
         try:
             args = envelope.args
             if task.takes_context:
                 args = [TaskContext(task_result=result), *args]
-            value = task.call(*args, **envelope.kwargs)
+            with time_limit(getattr(task, "timeout", None), envelope.task_path):
+                value = task.call(*args, **envelope.kwargs)
             outcome = Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result=to_json(value))
+        except WorkerShutdown:
+            outcome = Outcome(claimed.job_id, claimed.owner, RELEASE)
         except Exception as exc:
             info = error_info(exc)
             result.errors.append(TaskError(**info))
@@ -214,8 +275,9 @@ class Worker:
         else:
             object.__setattr__(result, "_return_value", value)
         finally:
+            self.in_task = False
             close_old_connections()
-        retrying = outcome.status == RETRY
+        retrying = outcome.status in (RETRY, RELEASE)
         object.__setattr__(
             result, "status", TaskResultStatus.READY if retrying else outcome.status
         )
@@ -227,7 +289,9 @@ class Worker:
             envelope.task_path,
             outcome.status,
             (time.perf_counter() - started) * 1000,
-            f", again in {(outcome.retry_at - now_ms()) / 1000:.1f} s" if retrying else "",
+            f", again in {(outcome.retry_at - now_ms()) / 1000:.1f} s"
+            if outcome.status == RETRY
+            else "",
         )
         return outcome, result
 
@@ -244,16 +308,28 @@ class Worker:
         """Finish the job in hand, take no new one, and return from ``run()``."""
         self.stopping = True
 
-    def install_signal_handlers(self) -> None:
-        """Make SIGTERM and SIGINT (Ctrl-C) stop the worker gracefully."""
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+    def install_signal_handlers(
+        self, signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT)
+    ) -> None:
+        """Stop gracefully on the first of ``signals``; on the second, give the running
+        job back to its queue and stop at once."""
+        for signum in signals:
+            signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.stopping and self.in_task:
+            logger.warning(
+                "Worker %s: %s again, giving the running job back to its queue",
+                self.worker_id,
+                name,
+            )
+            raise WorkerShutdown
         if not self.stopping:
             logger.info(
-                "Worker %s: %s received, finishing the job in hand and stopping",
+                "Worker %s: %s received, finishing the job in hand and stopping "
+                "(send it again to give the job back and stop now)",
                 self.worker_id,
-                signal.Signals(signum).name,
+                name,
             )
         self.stop()

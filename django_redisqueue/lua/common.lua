@@ -81,8 +81,21 @@ local function record_outcome(id, status, now, result, error, ttl)
   end
 end
 
+-- Forget the latest attempt of a job given back unfinished: it does not count.
+local function forget_attempt(job)
+  redis.call('HINCRBY', job, 'attempts', -1)
+  local workers = redis.call('HGET', job, 'workers') or ''
+  local last_comma = string.find(workers, ',[^,]*$')
+  if last_comma then
+    redis.call('HSET', job, 'workers', string.sub(workers, 1, last_comma - 1))
+  else
+    redis.call('HDEL', job, 'workers')
+  end
+end
+
 -- Finish a RUNNING job, fenced: only the owner recorded at claim time may finish it.
--- status is SUCCESSFUL, FAILED, or RETRY (back to the delayed set, due at retry_at).
+-- status is SUCCESSFUL or FAILED; RETRY (back to the delayed set, due at retry_at); or
+-- RELEASE (back to its queue, unfinished, when the worker was stopped in the middle).
 -- Returns 1 when stored, 0 when the caller no longer owns the job.
 local function finish_job(id, owner, status, now, result, error, ttl, retry_at)
   local job = JOB .. id
@@ -94,6 +107,9 @@ local function finish_job(id, owner, status, now, result, error, ttl, retry_at)
   if status == 'RETRY' then
     append_error(job, error)
     push_delayed(id, retry_at)
+  elseif status == 'RELEASE' then
+    forget_attempt(job)
+    requeue(id)
   else
     record_outcome(id, status, now, result, error, ttl)
   end
