@@ -4,6 +4,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,20 +28,50 @@ def wait_until(predicate, timeout: float = 10.0, message: str = "condition"):
         time.sleep(0.01)
 
 
+FIGURES: list[str] = []
+
+
+@pytest.fixture
+def report():
+    """Record a line of figures; they are printed at the end of the run."""
+    return FIGURES.append
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FIGURES:
+        terminalreporter.section("figures")
+        for line in FIGURES:
+            terminalreporter.write_line(line)
+
+
+@contextmanager
+def use_redis(url: str) -> Iterator[None]:
+    """Point every task backend, and the processes the tests start, at ``url``."""
+    from django.conf import settings
+
+    tasks = {alias: dict(conf) for alias, conf in settings.TASKS.items()}
+    for alias in ("default", "leased"):
+        tasks[alias]["OPTIONS"] = {**tasks[alias]["OPTIONS"], "URL": url}
+    caches = {"default": {**settings.CACHES["default"], "LOCATION": url}}
+    previous = os.environ.get("REDISQUEUE_TEST_URL")
+    os.environ["REDISQUEUE_TEST_URL"] = url
+    try:
+        with override_settings(TASKS=tasks, CACHES=caches):
+            yield
+    finally:
+        if previous is None:
+            del os.environ["REDISQUEUE_TEST_URL"]
+        else:
+            os.environ["REDISQUEUE_TEST_URL"] = previous
+
+
 @pytest.fixture(scope="session", autouse=True)
 def redis_server() -> Iterator[RedisServer]:
     if not shutil.which("redis-server"):
         pytest.exit("redis-server is not installed: sudo apt-get install redis-server", 2)
     server = RedisServer()
     server.start()
-    os.environ["REDISQUEUE_TEST_URL"] = server.url
-    from django.conf import settings
-
-    tasks = {alias: dict(conf) for alias, conf in settings.TASKS.items()}
-    for alias in ("default", "leased"):
-        tasks[alias]["OPTIONS"] = {**tasks[alias]["OPTIONS"], "URL": server.url}
-    caches = {"default": {**settings.CACHES["default"], "LOCATION": server.url}}
-    with override_settings(TASKS=tasks, CACHES=caches):
+    with use_redis(server.url):
         yield server
     server.stop()
 

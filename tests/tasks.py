@@ -8,13 +8,20 @@ import time
 import redis
 
 from django_redisqueue import task
-from django_redisqueue.compat import django_task
+from django_redisqueue.compat import django_task, task_started
 
 LOG = "test:log"
 
 
+_clients: dict[str, redis.Redis] = {}
+
+
 def client() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["REDISQUEUE_TEST_URL"], decode_responses=True)
+    """A client of the Redis the tests use, made once per process."""
+    url = os.environ["REDISQUEUE_TEST_URL"]
+    if url not in _clients:
+        _clients[url] = redis.Redis.from_url(url, decode_responses=True)
+    return _clients[url]
 
 
 @task
@@ -96,3 +103,67 @@ def fails_with_value_error():
 @task
 def kill_own_worker():
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+# Fault tests: what runs, counted in an append-only ledger, and deaths at chosen points.
+
+
+@task(retries=5, retry_backoff=0.2, retry_on=(redis.ConnectionError,))
+def ledger(i, sleep_ms):
+    """Run for a few ms and write to the ledger; retried if Redis is down for the write."""
+    time.sleep(sleep_ms / 1000)
+    client().rpush("test:ledger", i)
+
+
+@task(takes_context=True)
+def crash_on_start(context):
+    return f"attempt {context.attempt}"
+
+
+def die_when_crash_on_start_starts(sender, task_result, **kwargs):
+    """Between the claim and the task body: killed by a task_started receiver."""
+    if task_result.task.name == "crash_on_start" and task_result.attempts == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+task_started.connect(die_when_crash_on_start_starts)
+
+
+@task(takes_context=True)
+def crash_mid_job(context):
+    client().rpush(LOG, f"mid-job attempt {context.attempt}")
+    if context.attempt == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return f"attempt {context.attempt}"
+
+
+@task(takes_context=True)
+def pause_before_finish(context):
+    """On the first attempt, freeze Redis writes as the body ends, so the worker cannot
+    store the result before the test kills it."""
+    r = client()
+    r.rpush(LOG, f"body done, attempt {context.attempt}")
+    if context.attempt == 1:
+        r.client_pause(5000, all=False)  # WRITE: the worker's finish script must wait
+    return f"attempt {context.attempt}"
+
+
+@task(takes_context=True)
+def held(context, timeout):
+    """Report the start of each attempt, wait for its own release, return the pid."""
+    r = client()
+    r.rpush(LOG, f"started:{context.attempt}")
+    r.blpop(f"test:release:{context.attempt}", timeout)
+    return os.getpid()
+
+
+@task
+def sleep_for(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+@task(timeout=0.5)
+def overruns(seconds):
+    time.sleep(seconds)
+    return "finished"

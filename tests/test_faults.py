@@ -1,0 +1,313 @@
+"""No job lost: workers killed at every point, Redis restarted, hostile payloads.
+
+Each test runs its own redis-server (AOF on where it restarts it) and real
+``runworker`` / ``runscheduler`` processes in their own process groups. Jobs use the
+``leased`` backend (1 s leases) so that lost jobs come back quickly.
+"""
+
+import contextlib
+import json
+import os
+import random
+import select
+import signal
+import time
+
+import pytest
+import redis
+
+from django_redisqueue.compat import TaskResultStatus, task_backends
+from django_redisqueue.exceptions import BrokerUnavailable
+from django_redisqueue.testing import RedisServer
+from tests import tasks
+from tests.conftest import start_manage, use_redis, wait_until
+
+LEASED = ("--backend", "leased")
+
+
+@pytest.fixture
+def server():
+    server = RedisServer("--appendonly", "yes", "--appendfsync", "always")
+    server.start()
+    with use_redis(server.url):
+        yield server
+    server.stop()
+
+
+@pytest.fixture
+def rr(server):
+    return redis.Redis.from_url(server.url, decode_responses=True)
+
+
+class Processes:
+    """Background ``manage.py`` processes, each in its own process group."""
+
+    def __init__(self):
+        self.running = []
+        self.seen = {}  # output read so far, by process
+
+    def expect(self, process, text, timeout=30):
+        """Read the process's output until ``text`` appears."""
+        deadline = time.monotonic() + timeout
+        while text not in self.seen.get(process, ""):
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no {text!r} in {self.seen.get(process, '')!r}"
+            ready, _, _ = select.select([process.stdout], [], [], remaining)
+            if ready:
+                chunk = os.read(process.stdout.fileno(), 65536).decode()
+                assert chunk, f"the process ended without printing {text!r}"
+                self.seen[process] = self.seen.get(process, "") + chunk
+
+    def start(self, *args):
+        process = start_manage(*args)
+        self.running.append(process)
+        return process
+
+    def kill(self, process):
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        self.running.remove(process)
+
+    def stop(self, process, signal_first=True):
+        """SIGTERM, wait, and return the whole output."""
+        if signal_first:
+            process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0]
+        self.running.remove(process)
+        return self.seen.pop(process, "") + output
+
+    def stop_all(self):
+        return [self.stop(p) for p in list(self.running)]
+
+
+@pytest.fixture
+def procs():
+    processes = Processes()
+    yield processes
+    for process in processes.running:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def result(job_id):
+    return task_backends["leased"].get_result(job_id)
+
+
+def all_finished(ids):
+    return all(result(i).status == TaskResultStatus.SUCCESSFUL for i in ids)
+
+
+def test_kill_chaos_loses_nothing(rr, procs, report):
+    jobs = 3000
+    ids = [tasks.ledger.using(backend="leased").enqueue(i, 2).id for i in range(jobs)]
+    procs.start("runscheduler", *LEASED)
+    workers = [procs.start("runworker", *LEASED) for _ in range(3)]
+    kills = 0
+    deadline = time.monotonic() + 180
+    rng = random.Random(7)
+    while rr.llen("test:ledger") < jobs or not all_finished(ids[-50:]):
+        assert time.monotonic() < deadline, "the chaos run did not finish in time"
+        time.sleep(0.5)  # the pace of the chaos, not a wait for a condition
+        victim = rng.randrange(len(workers))
+        procs.kill(workers[victim])
+        kills += 1
+        workers[victim] = procs.start("runworker", *LEASED)
+    wait_until(lambda: all_finished(ids), 60, "every job to finish")
+
+    ran = rr.lrange("test:ledger", 0, -1)
+    lost = jobs - len(set(ran))
+    duplicates = len(ran) - len(set(ran))
+    report(f"kill chaos: jobs={jobs} kills={kills} lost={lost} duplicates={duplicates}")
+    assert lost == 0
+    assert duplicates <= kills * 1  # each worker process runs one job at a time
+
+
+@pytest.mark.parametrize(
+    ("task", "window"),
+    [
+        (tasks.crash_on_start, "after claim, before start"),
+        (tasks.crash_mid_job, "mid-job"),
+        (tasks.pause_before_finish, "after the body, before the result is stored"),
+    ],
+)
+def test_a_worker_killed_at_any_point_loses_nothing(rr, procs, report, task, window):
+    job = task.using(backend="leased").enqueue()
+    first = procs.start("runworker", *LEASED)
+    wait_until(lambda: result(job.id).status == TaskResultStatus.RUNNING, 30, "the claim")
+    if task is tasks.pause_before_finish:
+        wait_until(lambda: "body done, attempt 1" in rr.lrange(tasks.LOG, 0, -1), 30, "body")
+        procs.kill(first)
+        rr.client_unpause()
+    else:
+        assert first.wait(timeout=30) == -signal.SIGKILL  # the worker died by itself
+        procs.running.remove(first)
+    assert result(job.id).status == TaskResultStatus.RUNNING  # lost with its worker
+
+    procs.start("runscheduler", *LEASED)
+    procs.start("runworker", *LEASED)
+    wait_until(lambda: result(job.id).status == TaskResultStatus.SUCCESSFUL, 30, "a rerun")
+    stored = result(job.id)
+    report(f"killed {window}: attempts={stored.attempts} status={stored.status}")
+    assert stored.return_value == "attempt 2"
+    assert stored.attempts == 2
+
+
+def test_a_job_longer_than_its_lease_runs_once(rr, procs):
+    job = tasks.sleep_for.using(backend="leased").enqueue(3.5)  # the lease is 1 s
+    procs.start("runscheduler", *LEASED)
+    procs.start("runworker", *LEASED)
+    wait_until(lambda: result(job.id).status == TaskResultStatus.SUCCESSFUL, 30, "the job")
+    assert result(job.id).attempts == 1
+
+
+def test_a_stalled_worker_loses_its_job_and_its_late_finish_is_refused(rr, procs, report):
+    job = tasks.held.using(backend="leased").enqueue(60)
+    stalled = procs.start("runworker", *LEASED)
+    wait_until(lambda: "started:1" in rr.lrange(tasks.LOG, 0, -1), 30, "the first attempt")
+    os.killpg(stalled.pid, signal.SIGSTOP)
+
+    procs.start("runscheduler", *LEASED)
+    other = procs.start("runworker", *LEASED)
+    wait_until(lambda: "started:2" in rr.lrange(tasks.LOG, 0, -1), 30, "the second attempt")
+    rr.rpush("test:release:2", 1)
+    wait_until(lambda: result(job.id).status == TaskResultStatus.SUCCESSFUL, 30, "the rerun")
+
+    os.killpg(stalled.pid, signal.SIGCONT)
+    rr.rpush("test:release:1", 1)  # the stalled attempt now finishes too...
+    output = procs.stop(stalled)
+    stored = result(job.id)
+    assert "lease ran out before it finished" in output  # ...and is refused
+    assert stored.return_value == other.pid
+    assert stored.attempts == 2
+    report(f"stalled worker: refused late finish, attempts={stored.attempts}")
+
+
+def test_workers_and_scheduler_survive_a_redis_restart(server, rr, procs, report):
+    jobs = 600
+    ids = [tasks.ledger.using(backend="leased").enqueue(i, 5).id for i in range(jobs)]
+    delayed = tasks.ledger.using(backend="leased", delay=3).enqueue(-1, 0)
+    scheduler = procs.start("runscheduler", *LEASED)
+    workers = [procs.start("runworker", *LEASED) for _ in range(2)]
+    wait_until(lambda: rr.llen("test:ledger") >= 100, 60, "some jobs to run")
+
+    server.kill()
+    with pytest.raises(BrokerUnavailable, match="did not answer"):
+        tasks.ledger.using(backend="leased").enqueue(0, 0)
+    for process in (scheduler, *workers):
+        procs.expect(process, "Redis unreachable")
+    server.start()
+
+    wait_until(lambda: all_finished([*ids, delayed.id]), 120, "every job to finish")
+    outputs = [procs.stop(p) for p in (scheduler, *workers)]
+    ran = rr.lrange("test:ledger", 0, -1)
+    duplicates = len(ran) - len(set(ran))
+    report(f"redis restart: jobs={jobs + 1} lost=0 duplicates={duplicates}")
+    for output in outputs:
+        assert "Redis unreachable" in output
+        assert "Redis reachable again" in output
+    assert set(ran) == {str(i) for i in range(-1, jobs)}
+
+
+def test_a_job_that_kills_its_worker_fails_while_the_others_finish(rr, procs, report):
+    poison = tasks.kill_own_worker.using(backend="leased").enqueue()
+    ids = [tasks.ledger.using(backend="leased").enqueue(i, 1).id for i in range(200)]
+    procs.start("runscheduler", *LEASED)
+    pool = procs.start("runworker", "--concurrency", "2", *LEASED)
+    wait_until(lambda: result(poison.id).status == TaskResultStatus.FAILED, 60, "the poison")
+    wait_until(lambda: all_finished(ids), 60, "the other jobs")
+    stored = result(poison.id)
+    report(f"poison job: attempts={stored.attempts} status={stored.status}, 200/200 others")
+    assert stored.errors[-1].exception_class_path.endswith("WorkerLost")
+    assert stored.attempts == 3  # MAX_RECOVERIES = 2
+    assert pool.poll() is None  # the pool replaced its dead children and goes on
+
+
+def test_hostile_payloads_fail_with_a_reason_and_the_worker_lives_on(rr, procs, report):
+    backend = task_backends["default"]
+    keys = backend.keys
+    rng = random.Random(11)
+    garbage = {
+        bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))) for _ in range(1000)
+    }
+    raw = redis.Redis.from_url(os.environ["REDISQUEUE_TEST_URL"])
+    raw.zadd(keys.queue("default"), dict.fromkeys(garbage, 0))
+
+    good = json.dumps({"v": 1, "task": "tests.tasks.add", "args": [1, 2], "kwargs": {}})
+    bad_payloads = {
+        "truncated": good[:25],
+        "not-an-object": "[1, 2, 3]",
+        "version-2": good.replace('"v": 1', '"v": 2'),
+        "no-version": good.replace('"v": 1, ', ""),
+        "unknown-task": good.replace("tests.tasks.add", "tests.tasks.nope"),
+        "not-a-task": good.replace("tests.tasks.add", "tests.tasks.client"),
+        "os-system": good.replace("tests.tasks.add", "os.system").replace("[1, 2]", '["id"]'),
+        "importable": good.replace("tests.tasks.add", "tests.canary.boom"),
+        "bad-types": good.replace('"args": [1, 2]', '"args": "1, 2"'),
+        "wrong-arguments": good.replace("[1, 2]", "[1, 2, 3, 4]"),
+        "deep": "[" * 100_000,
+        "oversized": good.replace('"kwargs": {}', '"kwargs": {"x": "%s"}' % ("x" * 600_000)),
+        "binary": b"\xff\xfe\x00\x01",
+    }
+    for name, payload in bad_payloads.items():
+        raw.hset(keys.job(name), mapping={"payload": payload, "queue": "default", "priority": 0})
+        raw.zadd(keys.queue("default"), {name: 0})
+
+    worker = procs.start("runworker")
+    pid = worker.pid
+    wait_until(lambda: backend.broker.queue_length("default") == 0, 60, "the queue to drain")
+    ok = tasks.add.enqueue(2, 2)
+    assert ok.wait(timeout=30) == 4  # the same worker still runs good jobs
+
+    reasons = {name: backend.get_result(name).errors[-1].traceback for name in bad_payloads}
+    failed = [
+        key
+        for key in raw.scan_iter(match=keys.job("*"), _type="hash")
+        if raw.hget(key, "status") == b"FAILED"
+    ]
+    report(
+        f"hostile payloads: {len(garbage)} random ids + {len(bad_payloads)} bad payloads, "
+        f"{len(failed)} FAILED records, worker pid unchanged"
+    )
+    assert worker.poll() is None and worker.pid == pid
+    assert all(backend.get_result(n).status == TaskResultStatus.FAILED for n in bad_payloads)
+    assert "not valid JSON" in reasons["truncated"]
+    assert "version 2 is not supported" in reasons["version-2"]
+    assert "'tests.tasks.nope' is not registered" in reasons["unknown-task"]
+    assert "'tests.tasks.client' is not registered" in reasons["not-a-task"]
+    assert "'os.system' is not registered" in reasons["os-system"]
+    assert "over the 524288-byte limit" in reasons["oversized"]
+    assert "TypeError" in reasons["wrong-arguments"]
+    assert rr.get("test:canary") is None  # tests.canary was never imported
+    assert len(failed) >= len(garbage) + len(bad_payloads)
+
+
+def test_a_job_past_its_timeout_is_stopped(rr, procs):
+    slow = tasks.overruns.enqueue(30)  # timeout=0.5
+    after = tasks.add.enqueue(1, 1)
+    procs.start("runworker")
+    assert after.wait(timeout=30) == 2
+    stored = task_backends["default"].get_result(slow.id)
+    assert stored.status == TaskResultStatus.FAILED
+    assert stored.errors[0].exception_class_path.endswith("JobTimeout")
+    assert "ran past its timeout of 0.5 s" in stored.errors[0].traceback
+
+
+def test_a_second_sigterm_gives_the_job_back(rr, procs):
+    job = tasks.held.enqueue(60)
+    worker = procs.start("runworker")
+    wait_until(lambda: "started:1" in rr.lrange(tasks.LOG, 0, -1), 30, "the job to start")
+    worker.send_signal(signal.SIGTERM)
+    procs.expect(worker, "finishing the job in hand")  # the first signal was handled
+    worker.send_signal(signal.SIGTERM)
+    output = procs.stop(worker, signal_first=False)
+    assert worker.returncode == 0, output
+    assert "giving the running job back" in output
+    stored = task_backends["default"].get_result(job.id)
+    assert stored.status == TaskResultStatus.READY
+    assert stored.attempts == 0  # the interrupted attempt does not count
+    assert task_backends["default"].broker.queue_length("default") == 1
+
+    rr.rpush("test:release:1", 1)
+    procs.start("runworker")
+    assert job.wait(timeout=30) > 0
