@@ -8,6 +8,13 @@ from django_redisqueue import task
 _client = None
 
 
+def record(key: str, value: float) -> None:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(os.environ["BENCH_REDIS_URL"])
+    _client.rpush(key, value)
+
+
 @task
 def noop() -> None:
     return None
@@ -16,18 +23,10 @@ def noop() -> None:
 @task
 def stamp(enqueued_at: float) -> None:
     """Record how long after its enqueue this job started, in ms."""
-    global _client
-    started = time.time()
-    if _client is None:
-        _client = redis.Redis.from_url(os.environ["BENCH_REDIS_URL"])
-    _client.rpush("bench:latency", (started - enqueued_at) * 1000)
+    record("bench:latency", (time.time() - enqueued_at) * 1000)
 
 
 @task
 def stamp_due(due: float) -> None:
     """Record how long after its due time this delayed job started, in ms."""
-    global _client
-    started = time.time()
-    if _client is None:
-        _client = redis.Redis.from_url(os.environ["BENCH_REDIS_URL"])
-    _client.rpush("bench:lateness", (started - due) * 1000)
+    record("bench:lateness", (time.time() - due) * 1000)
