@@ -4,3 +4,4 @@ from django.apps import AppConfig
 class RedisQueueConfig(AppConfig):
     name = "django_redisqueue"
     verbose_name = "Redis queue"
+    default_auto_field = "django.db.models.AutoField"

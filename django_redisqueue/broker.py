@@ -25,14 +25,23 @@ FAILED = "FAILED"
 RETRY = "RETRY"  # an outcome only: the job goes back to the delayed set, READY
 RELEASE = "RELEASE"  # an outcome only: given back unfinished to its queue, READY
 
+# Seconds a worker's record outlives its last heartbeat.
+WORKER_TTL = 60
+
 # What a lost or refused connection to Redis raises.
 CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 
 
-def _load_script(client: redis.Redis, name: str) -> Any:
+def _load_scripts(client: redis.Redis) -> dict[str, Any]:
+    """Every script in lua/, with common.lua prepended, registered on the client (they
+    are called by SHA, and loaded again if Redis has forgotten them)."""
     lua = resources.files(__package__) / "lua"
     common = (lua / "common.lua").read_text()
-    return client.register_script(common + (lua / f"{name}.lua").read_text())
+    return {
+        file.name.removesuffix(".lua"): client.register_script(common + file.read_text())
+        for file in lua.iterdir()
+        if file.name.endswith(".lua") and file.name != "common.lua"
+    }
 
 
 def now_ms() -> int:
@@ -126,10 +135,7 @@ class Broker:
         self.keys = keys
         self.lease_ms = int(lease * 1000)
         self.result_ttl = result_ttl
-        self._scripts = {
-            name: _load_script(client, name)
-            for name in ("enqueue", "claim", "finish", "extend_leases", "watch", "tick", "cancel")
-        }
+        self._scripts = _load_scripts(client)
 
     def _run(self, script: str, *args: Any) -> Any:
         return self._scripts[script](keys=self.keys.script_keys, args=args)
@@ -197,10 +203,10 @@ class Broker:
 
     # Schedulers
 
-    def tick(self, *, batch: int, lost_limit: int, lost_error: str) -> Tick:
+    def tick(self, scheduler_id: str, *, batch: int, lost_limit: int, lost_error: str) -> Tick:
         """Promote due delayed jobs and recover jobs whose lease has passed."""
         promoted, recovered, failed, next_at = self._run(
-            "tick", now_ms(), batch, lost_limit, self.result_ttl, lost_error
+            "tick", now_ms(), batch, lost_limit, self.result_ttl, lost_error, scheduler_id
         )
         next_at = int(next_at)
         return Tick(int(promoted), int(recovered), int(failed), None if next_at < 0 else next_at)
@@ -229,6 +235,99 @@ class Broker:
         """
         done = self.keys.done(job_id)
         return self.client.blmove(done, done, timeout, "LEFT", "RIGHT") is not None
+
+    # Liveness, for the dashboard
+
+    def register_worker(self, worker_id: str, info: Mapping[str, str | int]) -> None:
+        """Record that a worker is alive (call at start and every few seconds)."""
+        now = now_ms()
+        key = self.keys.worker(worker_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(key, mapping=dict(info))
+        pipe.expire(key, WORKER_TTL)
+        pipe.zadd(self.keys.workers, {worker_id: now})
+        pipe.zremrangebyscore(self.keys.workers, "-inf", now - 3_600_000)
+        pipe.execute()
+
+    def unregister_worker(self, worker_id: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrem(self.keys.workers, worker_id)
+        pipe.delete(self.keys.worker(worker_id))
+        pipe.execute()
+
+    # Operators
+
+    def operate(self, action: str, queue: str, job_ids: Sequence[str] = (), limit: int = 0) -> int:
+        """Apply a dashboard action (see lua/operate.lua); return how many it changed."""
+        return int(self._run("operate", action, queue, limit or len(job_ids), *job_ids))
+
+    # Inspection: bounded reads only (no KEYS, no scans, pages of a known size)
+
+    def counts(self, queues: Sequence[str]) -> dict[str, dict[str, int | bool]]:
+        """Ready, delayed and failed jobs per queue, and whether it is paused."""
+        failed_since = now_ms() - self.result_ttl * 1000
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            pipe.zcard(self.keys.queue(queue))
+            pipe.zcount(self.keys.failed(queue), failed_since, "+inf")
+        pipe.hmget(self.keys.delayed_counts, list(queues))
+        pipe.smembers(self.keys.paused)
+        *per_queue, delayed, paused = pipe.execute()
+        paused_names = {text(name) for name in paused}
+        return {
+            queue: {
+                "ready": int(per_queue[2 * i]),
+                "failed": int(per_queue[2 * i + 1]),
+                "delayed": int(delayed[i] or 0),
+                "paused": queue in paused_names,
+            }
+            for i, queue in enumerate(queues)
+        }
+
+    def jobs(self, job_ids: Sequence[str], *fields: str) -> list[dict[str, str]]:
+        """The given fields of each job, in one round trip ({} for a job gone)."""
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(self.keys.job(job_id), list(fields))
+        return [
+            {f: text(v) or "" for f, v in zip(fields, values, strict=True) if v is not None}
+            for values in pipe.execute()
+        ]
+
+    def page(
+        self, key: str, offset: int, limit: int, *, newest_first: bool = False
+    ) -> list[tuple[str, float]]:
+        """A page of a sorted set (a queue, the delayed or running set, a failed
+        index): ids with their scores."""
+        rows = self.client.zrange(
+            key, offset, offset + limit - 1, desc=newest_first, withscores=True
+        )
+        return [(text(member) or "", score) for member, score in rows]
+
+    def size(self, key: str) -> int:
+        return int(self.client.zcard(key))
+
+    def finished_per_minute(self, minutes: int) -> list[tuple[int, dict[str, int]]]:
+        """Jobs finished per minute over the last ``minutes``, oldest first."""
+        this_minute = now_ms() // 60_000
+        span = range(this_minute - minutes + 1, this_minute + 1)
+        pipe = self.client.pipeline(transaction=False)
+        for minute in span:
+            pipe.hgetall(self.keys.stats(minute))
+        return [
+            (minute, {text(k) or "": int(v) for k, v in counts.items()})
+            for minute, counts in zip(span, pipe.execute(), strict=True)
+        ]
+
+    def alive(self, key: str, limit: int = 200) -> list[tuple[str, float]]:
+        """Workers or schedulers, most recently seen first, with their last-seen time."""
+        return self.page(key, 0, limit, newest_first=True)
+
+    def worker_info(self, worker_ids: Sequence[str]) -> list[dict[str, str]]:
+        pipe = self.client.pipeline(transaction=False)
+        for worker_id in worker_ids:
+            pipe.hgetall(self.keys.worker(worker_id))
+        return [{text(k) or "": text(v) or "" for k, v in info.items()} for info in pipe.execute()]
 
     # Inspection
 

@@ -30,6 +30,17 @@ key                           type    contents (written by)
                                       client waits. TTL once finished.
 ``{P}:job:<id>:done``         list    one token pushed on finish when a client
                                       waits; 60 s TTL
+``{P}:delayed:counts``        hash    delayed jobs per queue name
+``{P}:failed:<name>``         zset    ids of the queue's FAILED jobs by finish
+                                      time (ms); entries older than the result
+                                      TTL are dropped as new ones arrive
+``{P}:stats:<minute>``        hash    ``ok:<queue>`` / ``failed:<queue>``: jobs
+                                      finished in that minute; 2 h TTL
+``{P}:paused``                set     names of paused queues (workers skip them)
+``{P}:workers``               zset    worker ids by last heartbeat (ms)
+``{P}:worker:<id>``           hash    a worker's queues, pid, host, start time,
+                                      jobs done; 60 s TTL, renewed by heartbeat
+``{P}:schedulers``            zset    scheduler ids by last step (ms)
 ============================  ======  ===========================================
 
 Every Lua script gets the same ``KEYS`` (``script_keys``): the fixed keys and the
@@ -82,6 +93,30 @@ class KeySchema:
         return f"{self.prefix}:scheduler:wake"
 
     @property
+    def paused(self) -> str:
+        return f"{self.prefix}:paused"
+
+    @property
+    def failed_prefix(self) -> str:
+        return f"{self.prefix}:failed:"
+
+    @property
+    def stats_prefix(self) -> str:
+        return f"{self.prefix}:stats:"
+
+    @property
+    def delayed_counts(self) -> str:
+        return f"{self.prefix}:delayed:counts"
+
+    @property
+    def schedulers(self) -> str:
+        return f"{self.prefix}:schedulers"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.prefix}:workers"
+
+    @property
     def script_keys(self) -> list[str]:
         """The KEYS every Lua script receives, in the order lua/common.lua names them."""
         return [
@@ -92,6 +127,11 @@ class KeySchema:
             self.running,
             self.delayed,
             self.scheduler_wake,
+            self.paused,
+            self.failed_prefix,
+            self.stats_prefix,
+            self.delayed_counts,
+            self.schedulers,
         ]
 
     def queue(self, name: str) -> str:
@@ -105,3 +145,12 @@ class KeySchema:
 
     def done(self, job_id: str) -> str:
         return f"{self.job_prefix}{job_id}:done"
+
+    def failed(self, queue: str) -> str:
+        return f"{self.failed_prefix}{queue}"
+
+    def stats(self, minute: int) -> str:
+        return f"{self.stats_prefix}{minute}"
+
+    def worker(self, worker_id: str) -> str:
+        return f"{self.prefix}:worker:{worker_id}"

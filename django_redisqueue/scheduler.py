@@ -70,6 +70,7 @@ class Scheduler:
         while not self.stopping:
             try:
                 tick = self.broker.tick(
+                    self.scheduler_id,
                     batch=BATCH,
                     lost_limit=self.backend.config.max_recoveries,
                     lost_error=self.lost_error,

@@ -7,6 +7,7 @@ sends Redis about one command per second and starts a new job as soon as it land
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -45,6 +46,8 @@ logger = logging.getLogger(__name__)
 WAIT_TIMEOUT = 1.0
 # Wake-ups are hints; an idle worker claims anyway after this many quiet waits.
 IDLE_WAITS_BEFORE_CLAIM = 5
+# Longest time between two heartbeats (s).
+HEARTBEAT_INTERVAL = 10.0
 # Tries to store the last outcome when stopping while Redis is unreachable.
 FINISH_ATTEMPTS_ON_EXIT = 5
 
@@ -100,24 +103,24 @@ class QueueOrder:
 
 
 class Heartbeat(threading.Thread):
-    """Extends the lease of the running job while it runs longer than a third of it."""
+    """Keeps the worker's record alive for the dashboard, and extends the lease of the
+    running job, every few seconds (at most a third of the lease)."""
 
     def __init__(self, worker: Worker) -> None:
         super().__init__(name="redisqueue-heartbeat", daemon=True)
         self.worker = worker
-        self.interval = worker.backend.config.lease / 3
+        self.interval = min(worker.backend.config.lease / 3, HEARTBEAT_INTERVAL)
         self.owned: dict[str, str] = {}
         self.stopped = threading.Event()
 
     def run(self) -> None:
         while not self.stopped.wait(self.interval):
             owned = dict(self.owned)
-            if not owned:
-                continue
             try:
+                self.worker.register()
                 lost = self.worker.broker.extend_leases(owned)
             except CONNECTION_ERRORS as exc:
-                logger.warning("Could not extend the job leases (%s); will retry", exc)
+                logger.warning("Could not send the heartbeat (%s); will retry", exc)
                 continue
             for job_id in lost:
                 logger.warning("Job %s: lease lost, another worker may run it", job_id)
@@ -140,6 +143,7 @@ class Worker:
         self.burst = burst
         self.max_jobs = max_jobs
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+        self.started_at = now_ms()
         self.jobs_done = 0
         self.stopping = False
         self.in_task = False
@@ -157,6 +161,10 @@ class Worker:
         )
         reconnect = Reconnector(logger, f"Worker {self.worker_id}")
         pending: tuple[Outcome, RedisTaskResult | None] | None = None
+        try:
+            self.register()
+        except CONNECTION_ERRORS as exc:
+            reconnect.failed(exc)  # the heartbeat registers it once Redis answers
         try:
             while not self._should_stop():
                 try:
@@ -177,7 +185,22 @@ class Worker:
             heartbeat.stopped.set()
             if pending is not None:
                 self._finish_last(pending, reconnect)
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                self.broker.unregister_worker(self.worker_id)
         logger.info("Worker %s stopped after %d job(s)", self.worker_id, self.jobs_done)
+
+    def register(self) -> None:
+        """Tell the dashboard this worker is alive, and what it serves."""
+        self.broker.register_worker(
+            self.worker_id,
+            {
+                "queues": ",".join(self.queues),
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started_at": self.started_at,
+                "jobs_done": self.jobs_done,
+            },
+        )
 
     def _finish_last(
         self, pending: tuple[Outcome, RedisTaskResult | None], reconnect: Reconnector

@@ -57,12 +57,21 @@ def manage(*args: str) -> list[str]:
 def main() -> None:
     server = start_redis()
     subprocess.run(manage("migrate", "--noinput", "-v0"), check=True)
+    # A local-only admin account, so that the queue dashboard can be opened at once.
+    subprocess.run(
+        manage("createsuperuser", "--noinput", "--username", "admin", "--email", "a@example.com"),
+        env={**os.environ, "DJANGO_SUPERUSER_PASSWORD": "admin"},
+        capture_output=True,  # "already taken" on later runs: fine
+    )
     processes = [
         subprocess.Popen(manage("runserver", ADDRESS, "--noreload")),
         subprocess.Popen(manage("runworker")),
         subprocess.Popen(manage("runscheduler")),
     ]
-    print(f"demo: open http://{ADDRESS}/ and press Ctrl-C here to stop everything")
+    print(
+        f"demo: open http://{ADDRESS}/ (queue dashboard: http://{ADDRESS}/admin/, user admin, "
+        "password admin); press Ctrl-C here to stop everything"
+    )
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt

@@ -11,8 +11,12 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 
 INSTALLED_APPS = [
-    "django.contrib.contenttypes",
+    "django.contrib.admin",
     "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
     "django_redisqueue",
     "tests",
 ]
@@ -20,6 +24,29 @@ if django.VERSION < (6, 0):
     INSTALLED_APPS.append("django_tasks")
 
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDISQUEUE_TEST_URL", "redis://127.0.0.1:6379/15")
@@ -49,3 +76,6 @@ TASKS = {
         "OPTIONS": {"CONNECTION": "default"},
     },
 }
+
+# Tests log users in often; a slow hasher only slows them down.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

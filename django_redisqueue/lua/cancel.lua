@@ -10,7 +10,7 @@ end
 if fields[1] ~= 'READY' then
   return fields[1]
 end
-redis.call('ZREM', DELAYED, id)
+pop_delayed(id, fields[2])
 redis.call('ZREM', QUEUE .. fields[2], id)
 record_outcome(id, 'FAILED', tonumber(ARGV[2]), '', ARGV[4], ARGV[3])
 return 'CANCELLED'

@@ -4,7 +4,7 @@
 -- ARGV[4..10] the job to finish first, or ARGV[4] = '' for none: id, owner token,
 --   status, result JSON or '', error JSON or '', result TTL (s), retry due time (ms);
 --   the result TTL is given either way
--- ARGV[11..] the names of the queues to try, in order
+-- ARGV[11..] the names of the queues to try, in order; paused queues are skipped
 -- Returns {finished, id, payload, attempts, owner, workers, lost}, or {finished} when
 -- every queue is empty; finished is 1 (stored), 0 (fenced out: no longer the owner)
 -- or -1 (none asked).
@@ -30,7 +30,7 @@ end
 
 for i = 11, #ARGV do
   local queue = QUEUE .. ARGV[i]
-  while true do
+  while redis.call('SISMEMBER', PAUSED, ARGV[i]) == 0 do
     local id = redis.call('ZPOPMIN', queue)[1]
     if not id then
       break
@@ -51,7 +51,8 @@ for i = 11, #ARGV do
       redis.call('ZADD', RUNNING, now + lease, id)
       -- Pass the wake-up on: another idle worker may take what is left.
       for j = 11, #ARGV do
-        if redis.call('ZCARD', QUEUE .. ARGV[j]) > 0 then
+        if redis.call('ZCARD', QUEUE .. ARGV[j]) > 0
+            and redis.call('SISMEMBER', PAUSED, ARGV[j]) == 0 then
           leave_wake_token(WAKE .. ARGV[j])
         end
       end

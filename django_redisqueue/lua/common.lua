@@ -5,10 +5,17 @@
 --   KEYS[1] job key prefix ({P}:job:)      KEYS[2] queue key prefix ({P}:queue:)
 --   KEYS[3] wake-up key prefix ({P}:wake:) KEYS[4] arrival counter ({P}:seq)
 --   KEYS[5] running zset                   KEYS[6] delayed zset
---   KEYS[7] the scheduler's wake-up list
+--   KEYS[7] the scheduler's wake-up list   KEYS[8] paused queues (set)
+--   KEYS[9] failed index prefix ({P}:failed:)
+--   KEYS[10] per-minute stats prefix ({P}:stats:)
+--   KEYS[11] delayed jobs per queue (hash) KEYS[12] schedulers (zset)
 -- Per-job and per-queue keys are built from the prefixes; all share one hash tag.
 local JOB, QUEUE, WAKE, SEQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local RUNNING, DELAYED, SCHEDULER_WAKE = KEYS[5], KEYS[6], KEYS[7]
+local RUNNING, DELAYED, SCHEDULER_WAKE, PAUSED = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local FAILED, STATS, DELAYED_COUNTS, SCHEDULERS = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+
+-- How long the per-minute finish counts are kept (s): the dashboard shows an hour.
+local STATS_TTL = 7200
 
 -- Order within a queue: higher priority first, then arrival order (FIFO). Priority is
 -- -100..100 and the arrival counter stays below 2^44, so the score is an exact integer
@@ -34,22 +41,34 @@ end
 
 -- Make a job READY in the delayed set, due at `due` (ms). Wake the scheduler when this
 -- job is now the first due, so that it does not sleep past it.
-local function push_delayed(id, due)
+local function push_delayed(id, due, queue)
   redis.call('HSET', JOB .. id, 'status', 'READY')
-  redis.call('ZADD', DELAYED, due, id)
+  if redis.call('ZADD', DELAYED, due, id) == 1 then
+    redis.call('HINCRBY', DELAYED_COUNTS, queue, 1)
+  end
   if redis.call('ZRANGE', DELAYED, 0, 0)[1] == id then
     leave_wake_token(SCHEDULER_WAKE)
   end
 end
 
+-- Take a job out of the delayed set; true if it was there.
+local function pop_delayed(id, queue)
+  if redis.call('ZREM', DELAYED, id) == 1 then
+    redis.call('HINCRBY', DELAYED_COUNTS, queue, -1)
+    return true
+  end
+  return false
+end
+
 -- Put a job whose queue and priority are stored in its hash back on its queue.
+-- Returns the queue's name, or false if the job hash is gone (expired or deleted).
 local function requeue(id)
   local fields = redis.call('HMGET', JOB .. id, 'queue', 'priority')
   if not fields[1] then
-    return false -- the job hash is gone (expired or deleted): nothing to run
+    return false
   end
   push_ready(id, fields[1], fields[2])
-  return true
+  return fields[1]
 end
 
 -- Append one JSON error object to the job's JSON list of errors.
@@ -63,10 +82,20 @@ local function append_error(job, error)
   redis.call('HSET', job, 'errors', errors)
 end
 
--- Record a final outcome (SUCCESSFUL or FAILED), start the result TTL, wake waiters.
+-- Record a final outcome (SUCCESSFUL or FAILED), start the result TTL, wake waiters,
+-- count it in this minute's stats, and index a failure for the dashboard. The failed
+-- index drops entries as old as the TTL, when their job hashes expire.
 local function record_outcome(id, status, now, result, error, ttl)
   local job = JOB .. id
+  local queue = redis.call('HGET', job, 'queue') or ''
   redis.call('HSET', job, 'status', status, 'finished_at', now)
+  local stats = STATS .. math.floor(now / 60000)
+  redis.call('HINCRBY', stats, (status == 'FAILED' and 'failed:' or 'ok:') .. queue, 1)
+  redis.call('EXPIRE', stats, STATS_TTL)
+  if status == 'FAILED' then
+    redis.call('ZADD', FAILED .. queue, now, id)
+    redis.call('ZREMRANGEBYSCORE', FAILED .. queue, '-inf', now - ttl * 1000)
+  end
   if result ~= '' then
     redis.call('HSET', job, 'result', result)
   end
@@ -106,7 +135,7 @@ local function finish_job(id, owner, status, now, result, error, ttl, retry_at)
   redis.call('HDEL', job, 'owner')
   if status == 'RETRY' then
     append_error(job, error)
-    push_delayed(id, retry_at)
+    push_delayed(id, retry_at, redis.call('HGET', job, 'queue'))
   elseif status == 'RELEASE' then
     forget_attempt(job)
     requeue(id)

@@ -9,7 +9,7 @@ end
 redis.call('HSET', JOB .. id, 'payload', ARGV[2], 'queue', ARGV[3], 'priority', ARGV[4])
 local due = tonumber(ARGV[5])
 if due > 0 then
-  push_delayed(id, due)
+  push_delayed(id, due, ARGV[3])
 else
   push_ready(id, ARGV[3], ARGV[4])
 end

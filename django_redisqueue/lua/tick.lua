@@ -8,11 +8,17 @@
 -- job or lease deadline, -1 if there is none, or 0 if a batch was full (call again).
 local now, batch, lost_limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 
+-- Who is alive, for the dashboard; entries silent for an hour are dropped.
+redis.call('ZADD', SCHEDULERS, now, ARGV[6])
+redis.call('ZREMRANGEBYSCORE', SCHEDULERS, '-inf', now - 3600000)
+
 local promoted = 0
 local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, batch)
 for _, id in ipairs(due) do
+  local queue = requeue(id)
   redis.call('ZREM', DELAYED, id)
-  if requeue(id) then
+  if queue then
+    redis.call('HINCRBY', DELAYED_COUNTS, queue, -1)
     promoted = promoted + 1
   end
 end

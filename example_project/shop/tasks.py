@@ -1,5 +1,7 @@
 """The example project's background tasks, at three priorities."""
 
+import random
+
 from django.contrib.auth.models import User
 from django.core.mail import send_mail
 from django.utils import timezone
@@ -50,3 +52,11 @@ def build_report(report_id: int) -> int:
 @task(queue_name="low")
 def tidy_up(batch: int) -> str:
     return f"tidied batch {batch}"
+
+
+@task(queue_name="low", retries=2, retry_backoff=1.0)
+def sync_inventory(batch: int) -> str:
+    """Talks to a flaky supplier: fails now and then, is retried, sometimes for good."""
+    if random.random() < 0.4:
+        raise ConnectionError(f"supplier timed out on batch {batch}")
+    return f"synced batch {batch}"

@@ -8,7 +8,7 @@ from django.views.decorators.http import require_POST
 from django_redisqueue.compat import TaskResultDoesNotExist, task_backends
 
 from .models import Report
-from .tasks import build_report, send_tips_email, send_welcome_email, tidy_up
+from .tasks import build_report, send_tips_email, send_welcome_email, sync_inventory, tidy_up
 
 
 def index(request: HttpRequest) -> HttpResponse:
@@ -56,7 +56,8 @@ def _enqueue_report(report: Report) -> None:
 def tidy(request: HttpRequest) -> HttpResponse:
     for batch in range(20):
         tidy_up.enqueue(batch)
-    messages.success(request, "20 low-priority jobs queued.")
+        sync_inventory.enqueue(batch)
+    messages.success(request, "40 low-priority jobs queued (some inventory syncs will fail).")
     return redirect("index")
 
 

@@ -1,0 +1,289 @@
+"""The queue dashboard, inside the Django admin.
+
+An unmanaged model (``models.Dashboard``) puts it on the admin index; its pages are
+extra admin URLs wrapped in ``admin_site.admin_view``. Looking needs
+``django_redisqueue.view_dashboard``; acting needs ``django_redisqueue.manage_queues``.
+Actions are POST with CSRF; destructive ones are confirmed on a page of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from .backend import RedisQueueBackend
+from .compat import TaskResultDoesNotExist, task_backends
+from .dashboard import Dashboard as DashboardData
+from .exceptions import NotCancellable
+from .models import Dashboard
+
+VIEW = "django_redisqueue.view_dashboard"
+MANAGE = "django_redisqueue.manage_queues"
+# Jobs changed per script call by the "all" actions, so that Redis never blocks long.
+ACTION_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class Action:
+    label: str
+    destructive: bool
+    needs_job: bool = False  # acts on one job only
+
+
+ACTIONS = {
+    "retry_failed": Action("Retry failed jobs", destructive=False),
+    "delete_failed": Action("Delete failed jobs", destructive=True),
+    "run_now": Action("Run the delayed job now", destructive=False, needs_job=True),
+    "cancel": Action("Cancel the job", destructive=True, needs_job=True),
+    "pause": Action("Pause the queue", destructive=False),
+    "resume": Action("Resume the queue", destructive=False),
+    "empty": Action("Delete every waiting job of the queue", destructive=True),
+}
+
+
+def redisqueue_aliases() -> list[str]:
+    """The TASKS aliases served by this app, in settings order."""
+    return [
+        alias
+        for alias, conf in task_backends.settings.items()
+        if conf.get("BACKEND", "").endswith(".RedisQueueBackend")
+    ]
+
+
+@admin.register(Dashboard)
+class DashboardAdmin(admin.ModelAdmin):
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(VIEW)
+
+    def has_view_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return request.user.has_perm(VIEW)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[URLPattern]:
+        def view(function, route: str, name: str) -> URLPattern:
+            return path(route, self.admin_site.admin_view(function), name=f"redisqueue_{name}")
+
+        return [
+            # The admin index links to the model's "changelist": the overview.
+            path(
+                "",
+                self.admin_site.admin_view(self.index_view),
+                name="django_redisqueue_dashboard_changelist",
+            ),
+            view(self.overview_view, "<str:alias>/", "overview"),
+            view(self.queue_view, "<str:alias>/queue/<str:queue>/", "queue"),
+            view(self.delayed_view, "<str:alias>/delayed/", "delayed"),
+            view(self.running_view, "<str:alias>/running/", "running"),
+            view(self.failed_index_view, "<str:alias>/failed/", "failed_index"),
+            view(self.failed_view, "<str:alias>/failed/<str:queue>/", "failed"),
+            view(self.job_lookup_view, "<str:alias>/job/", "job_lookup"),
+            view(self.job_view, "<str:alias>/job/<str:job_id>/", "job"),
+            view(self.confirm_view, "<str:alias>/confirm/<str:action>/", "confirm"),
+            view(self.action_view, "<str:alias>/act/<str:action>/", "act"),
+        ]
+
+    # Helpers
+
+    def _backend(self, request: HttpRequest, alias: str) -> RedisQueueBackend:
+        if not request.user.has_perm(VIEW):
+            raise PermissionDenied
+        if alias not in redisqueue_aliases():
+            raise Http404(f"No django_redisqueue backend {alias!r} in settings.TASKS")
+        return task_backends[alias]
+
+    def _render(
+        self, request: HttpRequest, template: str, alias: str, title: str, **context: object
+    ) -> TemplateResponse:
+        backend = task_backends[alias]
+        base = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": title,
+            "alias": alias,
+            "aliases": redisqueue_aliases(),
+            "queues": backend.queue_names,
+            "can_manage": request.user.has_perm(MANAGE),
+            "refresh_seconds": 5,
+        }
+        name = f"admin/django_redisqueue/{template}"
+        if request.GET.get("partial"):
+            name = name.replace(".html", "_live.html")
+        return TemplateResponse(request, name, {**base, **context})
+
+    @staticmethod
+    def _page_number(request: HttpRequest) -> int:
+        try:
+            return int(request.GET.get("page", 1))
+        except ValueError:
+            return 1
+
+    def _queue(self, backend: RedisQueueBackend, queue: str) -> str:
+        if queue not in backend.queue_names:
+            raise Http404(f"No queue {queue!r} in backend {backend.alias!r}")
+        return queue
+
+    # Pages
+
+    def index_view(self, request: HttpRequest) -> HttpResponse:
+        if not request.user.has_perm(VIEW):
+            raise PermissionDenied
+        aliases = redisqueue_aliases()
+        if not aliases:
+            raise Http404("settings.TASKS has no django_redisqueue backend")
+        return HttpResponseRedirect(reverse("admin:redisqueue_overview", args=[aliases[0]]))
+
+    def overview_view(self, request: HttpRequest, alias: str) -> HttpResponse:
+        backend = self._backend(request, alias)
+        data = DashboardData(backend).overview()
+        return self._render(request, "overview.html", alias, "Queue dashboard", **data)
+
+    def queue_view(self, request: HttpRequest, alias: str, queue: str) -> HttpResponse:
+        backend = self._backend(request, alias)
+        self._queue(backend, queue)
+        page = DashboardData(backend).waiting(queue, self._page_number(request))
+        paused = backend.broker.counts([queue])[queue]["paused"]
+        return self._render(
+            request, "queue.html", alias, f"Queue {queue}", queue=queue, page=page, paused=paused
+        )
+
+    def delayed_view(self, request: HttpRequest, alias: str) -> HttpResponse:
+        backend = self._backend(request, alias)
+        page = DashboardData(backend).delayed(self._page_number(request))
+        return self._render(request, "delayed.html", alias, "Delayed jobs", page=page)
+
+    def running_view(self, request: HttpRequest, alias: str) -> HttpResponse:
+        backend = self._backend(request, alias)
+        rows = DashboardData(backend).running()
+        return self._render(request, "running.html", alias, "Running jobs", rows=rows)
+
+    def failed_index_view(self, request: HttpRequest, alias: str) -> HttpResponse:
+        """The failed jobs of the first queue that has any (of the first queue if none)."""
+        backend = self._backend(request, alias)
+        counts = backend.broker.counts(backend.queue_names)
+        queue = next((q for q, row in counts.items() if row["failed"]), backend.queue_names[0])
+        return HttpResponseRedirect(reverse("admin:redisqueue_failed", args=[alias, queue]))
+
+    def failed_view(self, request: HttpRequest, alias: str, queue: str) -> HttpResponse:
+        backend = self._backend(request, alias)
+        self._queue(backend, queue)
+        page = DashboardData(backend).failed(queue, self._page_number(request))
+        return self._render(
+            request, "failed.html", alias, f"Failed jobs: {queue}", queue=queue, page=page
+        )
+
+    def job_lookup_view(self, request: HttpRequest, alias: str) -> HttpResponse:
+        self._backend(request, alias)
+        job_id = request.GET.get("id", "").strip()
+        if not job_id or "/" in job_id:
+            messages.error(request, "Paste a job id to look it up.")
+            return HttpResponseRedirect(reverse("admin:redisqueue_overview", args=[alias]))
+        return HttpResponseRedirect(reverse("admin:redisqueue_job", args=[alias, job_id]))
+
+    def job_view(self, request: HttpRequest, alias: str, job_id: str) -> HttpResponse:
+        backend = self._backend(request, alias)
+        job = DashboardData(backend).job(job_id)
+        response = self._render(request, "job.html", alias, f"Job {job_id}", job=job)
+        if not job.exists:
+            response.status_code = 404
+        return response
+
+    # Actions
+
+    def confirm_view(self, request: HttpRequest, alias: str, action: str) -> HttpResponse:
+        return require_GET(self._confirm)(request, alias, action)
+
+    def _confirm(self, request: HttpRequest, alias: str, action: str) -> HttpResponse:
+        backend = self._backend(request, alias)
+        if not request.user.has_perm(MANAGE):
+            raise PermissionDenied
+        if action not in ACTIONS:
+            raise Http404(f"No action {action!r}")
+        queue = self._queue(backend, request.GET.get("queue", ""))
+        job_id = request.GET.get("job_id", "")
+        return self._render(
+            request,
+            "confirm.html",
+            alias,
+            f"{ACTIONS[action].label}?",
+            action=action,
+            action_label=ACTIONS[action].label,
+            queue=queue,
+            job_id=job_id,
+            next=request.GET.get("next", ""),
+        )
+
+    def action_view(self, request: HttpRequest, alias: str, action: str) -> HttpResponse:
+        return require_POST(self._act)(request, alias, action)
+
+    def _act(self, request: HttpRequest, alias: str, action: str) -> HttpResponse:
+        backend = self._backend(request, alias)
+        if not request.user.has_perm(MANAGE):
+            raise PermissionDenied
+        spec = ACTIONS.get(action)
+        if spec is None:
+            raise Http404(f"No action {action!r}")
+        queue = self._queue(backend, request.POST.get("queue", ""))
+        job_id = request.POST.get("job_id", "")
+        if spec.needs_job and not job_id:
+            messages.error(request, f"{spec.label}: which job?")
+        elif spec.destructive and request.POST.get("confirmed") != "yes":
+            messages.error(request, f"{spec.label}: not confirmed, nothing done.")
+        else:
+            self._apply(request, backend, action, queue, job_id)
+        target = request.POST.get("next", "")
+        if not url_has_allowed_host_and_scheme(
+            target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+        ):
+            target = reverse("admin:redisqueue_overview", args=[alias])
+        return HttpResponseRedirect(target)
+
+    def _apply(
+        self,
+        request: HttpRequest,
+        backend: RedisQueueBackend,
+        action: str,
+        queue: str,
+        job_id: str,
+    ) -> None:
+        broker = backend.broker
+        if action == "cancel":
+            try:
+                backend.cancel(job_id)
+            except (NotCancellable, TaskResultDoesNotExist) as exc:
+                messages.error(request, f"Job {job_id} was not cancelled: {exc}")
+            else:
+                messages.success(request, f"Job {job_id} cancelled.")
+            return
+        if action in ("pause", "resume"):
+            broker.operate(action, queue)
+            messages.success(request, f"Queue {queue} {action}d.")
+            return
+        if job_id:
+            changed = broker.operate(action, queue, [job_id])
+        else:
+            changed = 0
+            while batch := broker.operate(action, queue, limit=ACTION_BATCH):
+                changed += batch
+        done = {
+            "retry_failed": "put back on their queue",
+            "delete_failed": "deleted",
+            "run_now": "queued to run now",
+            "empty": "deleted from the queue",
+        }[action]
+        level = messages.success if changed else messages.warning
+        level(request, f"{changed} job(s) of queue {queue} {done}.")

@@ -1,0 +1,60 @@
+-- What an operator does from the dashboard, on up to ARGV[3] jobs of one queue.
+-- ARGV[1] action: 'retry_failed' (back to the queue, errors kept), 'delete_failed',
+--   'run_now' (a delayed job, queued at once), 'empty' (delete READY jobs), 'pause',
+--   'resume'
+-- ARGV[2] queue name, ARGV[3] most jobs to handle, ARGV[4..] the job ids, or none to
+--   take them from the queue's failed index or waiting list (delayed jobs need ids)
+-- Returns how many jobs (or queues) it changed.
+local action, queue, limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
+
+if action == 'pause' then
+  return redis.call('SADD', PAUSED, queue)
+elseif action == 'resume' then
+  local changed = redis.call('SREM', PAUSED, queue)
+  if redis.call('ZCARD', QUEUE .. queue) > 0 then
+    leave_wake_token(WAKE .. queue)
+  end
+  return changed
+end
+
+local ids = {}
+for i = 4, #ARGV do
+  ids[#ids + 1] = ARGV[i]
+end
+if #ids == 0 then
+  if action == 'empty' then
+    ids = redis.call('ZRANGE', QUEUE .. queue, 0, limit - 1)
+  elseif action == 'retry_failed' or action == 'delete_failed' then
+    ids = redis.call('ZRANGE', FAILED .. queue, 0, limit - 1)
+  end
+end
+
+local changed = 0
+for _, id in ipairs(ids) do
+  local job = JOB .. id
+  if action == 'retry_failed' then
+    if redis.call('ZREM', FAILED .. queue, id) == 1 and redis.call('EXISTS', job) == 1 then
+      redis.call('PERSIST', job)
+      redis.call('HDEL', job, 'finished_at', 'result', 'waiters')
+      requeue(id)
+      changed = changed + 1
+    end
+  elseif action == 'delete_failed' then
+    if redis.call('ZREM', FAILED .. queue, id) == 1 then
+      redis.call('DEL', job, job .. ':done')
+      changed = changed + 1
+    end
+  elseif action == 'run_now' then
+    local own_queue = redis.call('HGET', job, 'queue')
+    if own_queue and pop_delayed(id, own_queue) then
+      requeue(id)
+      changed = changed + 1
+    end
+  elseif action == 'empty' then
+    if redis.call('ZREM', QUEUE .. queue, id) == 1 then
+      redis.call('DEL', job)
+      changed = changed + 1
+    end
+  end
+end
+return changed

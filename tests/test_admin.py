@@ -1,0 +1,271 @@
+"""The queue dashboard in the admin: pages, actions, permissions, CSRF, escaping."""
+
+import re
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client, override_settings
+
+from django_redisqueue.broker import now_ms
+from django_redisqueue.compat import TaskResultStatus
+from django_redisqueue.worker import Worker
+from tests import tasks
+
+pytestmark = pytest.mark.django_db
+
+BASE = "/admin/django_redisqueue/dashboard/default/"
+PAGES = [
+    "/admin/django_redisqueue/dashboard/",
+    BASE,
+    BASE + "queue/default/",
+    BASE + "delayed/",
+    BASE + "running/",
+    BASE + "failed/default/",
+    BASE + "job/some-id/",
+    BASE + "confirm/empty/?queue=low",
+]
+ACTIONS = [
+    (BASE + "act/pause/", {"queue": "low"}),
+    (BASE + "act/retry_failed/", {"queue": "default"}),
+    (BASE + "act/empty/", {"queue": "low", "confirmed": "yes"}),
+]
+
+
+def user(name, *perms, **flags):
+    account = User.objects.create_user(name, password="pw", **flags)
+    for codename in perms:
+        account.user_permissions.add(Permission.objects.get(codename=codename))
+    client = Client()
+    client.force_login(account)
+    return client
+
+
+@pytest.fixture
+def clients():
+    return {
+        "anonymous": Client(),
+        "staff": user("staff", is_staff=True),
+        "viewer": user("viewer", "view_dashboard", is_staff=True),
+        "manager": user("manager", "view_dashboard", "manage_queues", is_staff=True),
+        "superuser": user("root", is_staff=True, is_superuser=True),
+    }
+
+
+@pytest.fixture
+def manager(clients):
+    return clients["manager"]
+
+
+def run_worker(backend):
+    Worker(backend, burst=True).run()
+
+
+@pytest.mark.parametrize(
+    ("who", "page_status", "action_status"),
+    [
+        ("anonymous", 302, 302),  # to the admin login
+        ("staff", 403, 403),
+        ("viewer", 200, 403),
+        ("manager", 200, 302),  # an action redirects back with a message
+        ("superuser", 200, 302),
+    ],
+)
+def test_permission_matrix(clients, who, page_status, action_status):
+    client = clients[who]
+    for url in PAGES:
+        response = client.get(url, follow=url.endswith("dashboard/"))
+        expected = page_status
+        if page_status == 200 and "/job/" in url:
+            expected = 404  # no such job: the page says so
+        if who == "viewer" and "/confirm/" in url:
+            expected = 403  # confirming is acting
+        if who == "anonymous":
+            assert "/admin/login/" in response.headers.get(
+                "Location", response.request["PATH_INFO"]
+            )
+        else:
+            assert response.status_code == expected, (who, url)
+    for url, data in ACTIONS:
+        response = client.post(url, data)
+        assert response.status_code == action_status, (who, url)
+        if who == "anonymous":
+            assert response.headers["Location"].startswith("/admin/login/")
+
+
+def test_the_admin_index_links_the_dashboard(clients):
+    assert "/admin/django_redisqueue/dashboard/" in clients["viewer"].get("/admin/").text
+    assert "/admin/django_redisqueue/dashboard/" not in clients["staff"].get("/admin/").text
+
+
+def test_actions_refuse_get_and_need_csrf(manager):
+    assert manager.get(BASE + "act/pause/?queue=low").status_code == 405
+    assert manager.post(BASE + "confirm/empty/", {"queue": "low"}).status_code == 405
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(User.objects.get(username="manager"))
+    assert strict.post(BASE + "act/pause/", {"queue": "low"}).status_code == 403
+
+
+def test_overview_counts_match_redis(manager, backend, r):
+    for _ in range(3):
+        tasks.add.enqueue(1, 1)
+    tasks.add.using(queue_name="low").enqueue(1, 1)
+    tasks.fail.enqueue("x")
+    run_worker(backend)  # 3 ok + 1 failed + 1 ok in low
+    for _ in range(2):
+        tasks.add.using(queue_name="high").enqueue(1, 1)
+    tasks.add.using(delay=300).enqueue(1, 1)
+
+    page = manager.get(BASE).text
+    high = row(page, "high")
+    assert (high["ready"], high["delayed"], high["failed"]) == ("2", "0", "0")
+    default = row(page, "default")
+    assert (default["ready"], default["delayed"], default["failed"]) == ("0", "1", "1")
+    assert default["finished"] == "4"
+    assert row(page, "low")["finished"] == "1"
+    assert "5 in all" in page  # the chart's label: jobs finished in the last hour
+    assert "No worker is running" in page
+    assert "No scheduler is running" in page
+    assert r.zcard("{drq:default}:queue:high") == 2
+
+
+def row(page, queue):
+    """The numbers of one queue's row in the overview table."""
+    match = re.search(rf'<tr data-queue="{queue}">(.*?)</tr>', page, re.S)
+    cells = dict(re.findall(r'class="drq-(\w+)">(?:<a [^>]*>)?(\d+)', match[1]))
+    return cells
+
+
+def test_partial_refresh_returns_only_the_live_part(manager):
+    full = manager.get(BASE).text
+    partial = manager.get(BASE + "?partial=1").text
+    assert 'id="drq-live"' in full and "<html" in full
+    assert "<html" not in partial and "drq-queues" in partial
+
+
+def test_the_pages_list_jobs_in_order_and_escape_arguments(manager, backend):
+    first = tasks.record.enqueue("<script>alert(1)</script>")
+    urgent = tasks.record.using(priority=50).enqueue("urgent")
+    page = manager.get(BASE + "queue/default/").text
+    assert page.index(urgent.id[:10]) < page.index(first.id[:10])
+    assert "<script>alert(1)</script>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+    later = tasks.record.using(delay=600).enqueue("later")
+    sooner = tasks.record.using(delay=60).enqueue("sooner")
+    page = manager.get(BASE + "delayed/").text
+    assert page.index(sooner.id[:10]) < page.index(later.id[:10])
+
+
+def test_failed_jobs_show_their_errors_and_can_be_retried_or_deleted(manager, backend, r):
+    jobs = [tasks.fail.enqueue(f"<b>boom {i}</b>") for i in range(3)]
+    run_worker(backend)
+    page = manager.get(BASE + "failed/default/").text
+    assert "ValueError: &lt;b&gt;boom 0&lt;/b&gt;" in page
+
+    detail = manager.get(BASE + f"job/{jobs[0].id}/").text
+    assert "Error 1 of 1: builtins.ValueError" in detail
+    assert "raise ValueError(message)" in detail  # the whole traceback
+
+    response = manager.post(
+        BASE + "act/retry_failed/", {"queue": "default", "job_id": jobs[0].id}, follow=True
+    )
+    assert "1 job(s) of queue default put back on their queue" in response.text
+    assert backend.get_result(jobs[0].id).status == TaskResultStatus.READY
+    assert jobs[0].id not in manager.get(BASE + "failed/default/").text
+    assert r.zrange("{drq:default}:queue:default", 0, -1) == [jobs[0].id]
+
+    not_confirmed = manager.post(BASE + "act/delete_failed/", {"queue": "default"}, follow=True)
+    assert "not confirmed, nothing done" in not_confirmed.text
+    confirm = manager.get(BASE + f"confirm/delete_failed/?queue=default&job_id={jobs[1].id}")
+    assert "Yes, I'm sure" in confirm.text
+    manager.post(
+        BASE + "act/delete_failed/",
+        {"queue": "default", "job_id": jobs[1].id, "confirmed": "yes"},
+    )
+    assert r.exists(f"{{drq:default}}:job:{jobs[1].id}") == 0
+
+    manager.post(BASE + "act/retry_failed/", {"queue": "default"})  # all that are left
+    assert backend.get_result(jobs[2].id).status == TaskResultStatus.READY
+    run_worker(backend)
+    stored = backend.get_result(jobs[2].id)
+    assert stored.status == TaskResultStatus.FAILED and stored.attempts == 2
+    assert len(stored.errors) == 2  # the history is kept across the retry
+
+    manager.post(BASE + "act/delete_failed/", {"queue": "default", "confirmed": "yes"})
+    assert r.zcard("{drq:default}:failed:default") == 0
+
+
+def test_run_a_delayed_job_now_and_cancel_jobs(manager, backend, r):
+    delayed = tasks.add.using(delay=600).enqueue(1, 2)
+    manager.post(BASE + "act/run_now/", {"queue": "default", "job_id": delayed.id})
+    assert r.zrange("{drq:default}:queue:default", 0, -1) == [delayed.id]
+    assert r.hget("{drq:default}:delayed:counts", "default") == "0"
+
+    waiting = tasks.add.enqueue(1, 1)
+    response = manager.post(
+        BASE + "act/cancel/",
+        {"queue": "default", "job_id": waiting.id, "confirmed": "yes"},
+        follow=True,
+    )
+    assert f"Job {waiting.id} cancelled" in response.text
+    assert backend.get_result(waiting.id).status == TaskResultStatus.FAILED
+
+    run_worker(backend)
+    again = manager.post(
+        BASE + "act/cancel/",
+        {"queue": "default", "job_id": delayed.id, "confirmed": "yes"},
+        follow=True,
+    )
+    assert "was not cancelled" in again.text and "SUCCESSFUL" in again.text
+
+
+def test_pause_resume_and_empty_a_queue(manager, backend, r):
+    job = tasks.add.using(queue_name="low").enqueue(1, 1)
+    manager.post(BASE + "act/pause/", {"queue": "low"})
+    assert "paused" in manager.get(BASE + "queue/low/").text
+    run_worker(backend)
+    assert backend.get_result(job.id).status == TaskResultStatus.READY  # skipped
+
+    manager.post(BASE + "act/resume/", {"queue": "low"})
+    assert r.llen("{drq:default}:wake:low") == 1  # idle workers look again
+    run_worker(backend)
+    assert backend.get_result(job.id).status == TaskResultStatus.SUCCESSFUL
+
+    for i in range(5):
+        tasks.add.using(queue_name="low").enqueue(i, i)
+    response = manager.post(BASE + "act/empty/", {"queue": "low", "confirmed": "yes"}, follow=True)
+    assert "5 job(s) of queue low deleted from the queue" in response.text
+    assert r.zcard("{drq:default}:queue:low") == 0
+
+
+def test_running_jobs_and_workers_alive(manager, backend, r):
+    job = tasks.add.enqueue(1, 1)
+    worker = Worker(backend)
+    worker.register()
+    _, _claimed = backend.broker.claim(["default"], worker.worker_id)
+    page = manager.get(BASE + "running/").text
+    assert job.id[:10] in page and worker.worker_id in page
+    overview = manager.get(BASE).text
+    assert worker.worker_id in overview and "tests.tasks.add" in overview
+    assert "Workers (1)" in overview
+
+
+def test_job_lookup_and_time_zone(manager, backend):
+    job = tasks.add.enqueue(1, 1)
+    response = manager.get(BASE + "job/", {"id": job.id})
+    assert response.headers["Location"] == BASE + f"job/{job.id}/"
+    assert manager.get(BASE + "job/no-such-job/").status_code == 404
+
+    with override_settings(TIME_ZONE="Asia/Tokyo"):
+        page = manager.get(BASE + f"job/{job.id}/").text
+    tokyo = job.enqueued_at.astimezone(__import__("zoneinfo").ZoneInfo("Asia/Tokyo"))
+    assert tokyo.strftime("%Y-%m-%d %H:%M") in page
+
+
+def test_pages_stay_bounded_with_many_jobs(manager, backend):
+    for i in range(120):
+        tasks.add.enqueue(i, i)
+    page = manager.get(BASE + "queue/default/?page=3").text
+    assert "page 3 of 3" in page
+    assert page.count('class="drq-args"') == 20
+    assert now_ms() > 0
