@@ -162,6 +162,7 @@ def test_bad_arguments_are_command_errors(args, message):
     assert message in done.stderr
 
 
+@pytest.mark.django_db  # the worker closes stale DB connections around each job
 def test_signals_are_sent_around_each_job(backend):
     from django_redisqueue.compat import task_enqueued, task_finished, task_started
     from django_redisqueue.worker import Worker
