@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test demo lint redis-server-installed
+.PHONY: test demo lint system-packages
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,16 +12,24 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev,django52,hiredis]'
 	touch $@
 
-redis-server-installed:
-	@command -v redis-server >/dev/null || { \
-	  echo "redis-server is needed: sudo apt-get install redis-server (macOS: brew install redis)"; \
-	  exit 1; }
+# redis-server runs the tests' private Redis; Debian's chromium runs the browser tests
+# (Playwright cannot download its own browser here). As root, install what is missing.
+system-packages:
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && apt-get install -y -qq $$missing; \
+	elif [ -n "$$missing" ]; then \
+	  echo "Missing:$$missing. Install with: sudo apt-get install$$missing"; \
+	  command -v redis-server >/dev/null; \
+	fi
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: $(VENV)/.installed redis-server-installed lint
+test: $(VENV)/.installed system-packages lint
 	$(BIN)/pytest
 
 demo: $(VENV)/.installed

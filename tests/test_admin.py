@@ -269,3 +269,21 @@ def test_pages_stay_bounded_with_many_jobs(manager, backend):
     assert "page 3 of 3" in page
     assert page.count('class="drq-args"') == 20
     assert now_ms() > 0
+
+
+def test_queuestats_prints_the_overview(backend):
+    import json as json_module
+
+    from tests.conftest import manage
+
+    tasks.add.enqueue(1, 1)
+    tasks.add.using(queue_name="low", delay=60).enqueue(1, 1)
+    table = manage("queuestats")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["queue", "ready", "running", "delayed", "failed", "finished"]
+    assert lines[2].split() == ["default", "1", "0", "0", "0", "0"]
+    assert lines[3].split() == ["low", "0", "0", "1", "0", "0"]
+    data = json_module.loads(manage("queuestats", "--json").stdout)
+    assert data["queues"]["default"]["ready"] == 1
+    assert data["queues"]["low"]["delayed"] == 1
