@@ -341,18 +341,20 @@ class Worker:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        if self.stopping and self.in_task:
-            logger.warning(
-                "Worker %s: %s again, giving the running job back to its queue",
-                self.worker_id,
-                name,
-            )
-            raise WorkerShutdown
-        if not self.stopping:
-            logger.info(
-                "Worker %s: %s received, finishing the job in hand and stopping "
-                "(send it again to give the job back and stop now)",
-                self.worker_id,
-                name,
-            )
+        if self.stopping:
+            if self.in_task:
+                logger.warning(
+                    "Worker %s: %s again, giving the running job back to its queue",
+                    self.worker_id,
+                    name,
+                )
+                raise WorkerShutdown
+            return
+        # Stop first: a second signal may arrive while this one is being logged.
         self.stop()
+        logger.info(
+            "Worker %s: %s received, finishing the job in hand and stopping "
+            "(send it again to give the job back and stop now)",
+            self.worker_id,
+            name,
+        )

@@ -301,10 +301,10 @@ def test_a_second_sigterm_gives_the_job_back(rr, procs):
     procs.expect(worker, "finishing the job in hand")  # the first signal was handled
     worker.send_signal(signal.SIGTERM)
     output = procs.stop(worker, signal_first=False)
-    assert worker.returncode == 0, output
-    assert "giving the running job back" in output
     stored = task_backends["default"].get_result(job.id)
-    assert stored.status == TaskResultStatus.READY
+    assert worker.returncode == 0, output
+    assert stored.status == TaskResultStatus.READY, (stored.errors, output)
+    assert "giving the running job back" in output
     assert stored.attempts == 0  # the interrupted attempt does not count
     assert task_backends["default"].broker.queue_length("default") == 1
 
