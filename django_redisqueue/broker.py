@@ -78,16 +78,8 @@ class Outcome:
     error: str = ""  # JSON {"exception_class_path": ..., "traceback": ...}
     retry_at: int = 0  # ms, for RETRY
 
-    def as_args(self, result_ttl: int) -> list[Any]:
-        return [
-            self.job_id,
-            self.owner,
-            self.status,
-            self.result,
-            self.error,
-            result_ttl,
-            self.retry_at,
-        ]
+    def as_args(self) -> list[Any]:
+        return [self.job_id, self.owner, self.status, self.result, self.error, self.retry_at]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,39 +150,59 @@ class Broker:
     # Workers
 
     def claim(
-        self, queues: Sequence[str], worker_id: str, finish: Outcome | None = None
-    ) -> tuple[bool | None, Claimed | None]:
-        """Finish ``finish`` (if given) and claim the next job from ``queues``, in order.
+        self,
+        queues: Sequence[str],
+        worker_id: str,
+        finish: Sequence[Outcome] = (),
+        count: int = 1,
+        *,
+        client: redis.Redis | None = None,
+    ) -> tuple[list[bool], list[Claimed]]:
+        """Store the outcomes in ``finish``, then claim up to ``count`` jobs from the
+        first non-empty queue of ``queues``.
 
-        Returns whether the finish was stored (None if none was asked) and the claimed
-        job, or None when every queue is empty.
+        Returns, per outcome, whether it was stored (False: the caller no longer owned
+        the job), and the jobs claimed (none when every queue is empty).
         """
-        if finish:
-            outcome = finish.as_args(self.result_ttl)
-        else:
-            outcome = ["", "", "", "", "", self.result_ttl, 0]
-        reply = self._run("claim", now_ms(), self.lease_ms, worker_id, *outcome, *queues)
-        finished = None if reply[0] == -1 else bool(reply[0])
-        if len(reply) == 1:
-            return finished, None
-        _, job_id, payload, attempts, owner, workers, lost = reply
-        claimed = Claimed(
-            job_id=text(job_id) or "",
-            payload=payload,
-            attempts=int(attempts),
-            owner=text(owner) or "",
-            worker_ids=(text(workers) or "").split(","),
-            lost=int(lost),
+        args = self._claim_args(queues, worker_id, finish, count)
+        stored, claimed = self._scripts["claim"](
+            keys=self.keys.script_keys, args=args, client=client or self.client
         )
-        return finished, claimed
+        return [bool(flag) for flag in stored], [
+            Claimed(
+                job_id=text(job_id) or "",
+                payload=payload,
+                attempts=int(attempts),
+                owner=text(owner) or "",
+                worker_ids=(text(workers) or "").split(","),
+                lost=int(lost),
+            )
+            for job_id, payload, attempts, owner, workers, lost in claimed
+        ]
+
+    def _claim_args(
+        self, queues: Sequence[str], worker_id: str, finish: Sequence[Outcome], count: int
+    ) -> list[Any]:
+        args: list[Any] = [now_ms(), self.lease_ms, worker_id, self.result_ttl]
+        args += [len(finish), count]
+        for outcome in finish:
+            args += outcome.as_args()
+        return args + list(queues)
+
+    def session(self) -> WorkerSession:
+        """A connection of its own for one worker loop; see WorkerSession."""
+        return WorkerSession(self)
 
     def finish(self, outcome: Outcome) -> bool:
         """Store a job's outcome; False if the caller no longer owns the job."""
-        return bool(self._run("finish", now_ms(), *outcome.as_args(self.result_ttl)))
+        return self.claim((), "", [outcome], count=0)[0][0]
 
-    def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
+    def wait_for_work(
+        self, queues: Sequence[str], timeout: float, *, client: redis.Redis | None = None
+    ) -> bool:
         """Block until a wake-up token arrives for one of ``queues``, or the timeout."""
-        return self.client.blpop([self.keys.wake(q) for q in queues], timeout) is not None
+        client = client or self.client
+        return client.blpop([self.keys.wake(q) for q in queues], timeout) is not None
 
     def extend_leases(self, owned: Mapping[str, str]) -> list[str]:
         """Extend the leases of the jobs still owned; return the ids no longer owned."""
@@ -339,3 +351,99 @@ class Broker:
 
     def running_count(self) -> int:
         return int(self.client.zcard(self.keys.running))
+
+
+class WorkerSession:
+    """The connection of one worker loop, with outcomes written behind.
+
+    A worker claims several short jobs per round trip. To still store each outcome as
+    soon as its job ends (so a worker killed later re-runs at most the job in hand), it
+    sends the finish at once and reads the reply later, before the next command that
+    needs an answer: one connection, so Redis runs the commands in the order sent.
+    Outcomes whose reply was not read when the connection broke are sent again with the
+    next claim; the fencing token makes a repeat harmless (it is refused).
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._client: redis.Redis | None = None
+        self.unread: list[tuple[Outcome, Any]] = []  # sent, reply not read yet
+        self.unsent: list[tuple[Outcome, Any]] = []  # to send with the next claim
+
+    @property
+    def client(self) -> redis.Redis:
+        """The session's own connection, made on first use (Redis may be down at start)."""
+        if self._client is None:
+            self._client = redis.Redis(
+                connection_pool=self.broker.client.connection_pool,
+                single_connection_client=True,
+            )
+        return self._client
+
+    def finish_soon(self, outcome: Outcome, tag: Any = None) -> None:
+        """Send a job's outcome now; its reply is read by the next ``claim``."""
+        if self.unsent:
+            self.unsent.append((outcome, tag))
+            return
+        script = self.broker._scripts["claim"]
+        keys = self.broker.keys.script_keys
+        args = self.broker._claim_args((), "", [outcome], 0)
+        try:
+            connection = self.client.connection
+            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except CONNECTION_ERRORS:
+            self.reset()
+            self.unsent.append((outcome, tag))
+            return
+        self.unread.append((outcome, tag))
+
+    def claim(
+        self, queues: Sequence[str], worker_id: str, count: int
+    ) -> tuple[list[tuple[Outcome, Any, bool]], list[Claimed]]:
+        """Read what finish_soon sent, send what it could not, and claim up to ``count``
+        jobs. Returns each outcome now settled with its tag and whether it was stored,
+        and the jobs claimed."""
+        settled = self._read_unread()
+        pending = self.unsent
+        try:
+            stored, claimed = self.broker.claim(
+                queues, worker_id, [o for o, _ in pending], count, client=self.client
+            )
+        except CONNECTION_ERRORS:
+            self.reset()
+            raise
+        self.unsent = []
+        settled += [(o, tag, flag) for (o, tag), flag in zip(pending, stored, strict=True)]
+        return settled, claimed
+
+    def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
+        try:
+            return self.broker.wait_for_work(queues, timeout, client=self.client)
+        except CONNECTION_ERRORS:
+            self.reset()
+            raise
+
+    def _read_unread(self) -> list[tuple[Outcome, Any, bool]]:
+        settled = []
+        while self.unread:
+            outcome, tag = self.unread[0]
+            try:
+                stored, _ = self.client.connection.read_response()
+            except redis.exceptions.NoScriptError:
+                # Redis restarted and forgot the script: send it again with the claim.
+                self.unread.pop(0)
+                self.unsent.append((outcome, tag))
+                continue
+            except CONNECTION_ERRORS:
+                self.reset()
+                raise
+            self.unread.pop(0)
+            settled.append((outcome, tag, bool(stored[0])))
+        return settled
+
+    def reset(self) -> None:
+        """Drop the connection; outcomes without a reply go out again with the next claim."""
+        if self._client is not None and self._client.connection is not None:
+            self._client.connection.disconnect()
+        self.unsent = self.unread + self.unsent
+        self.unread = []

@@ -15,6 +15,7 @@ import signal
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -33,6 +34,7 @@ from .broker import (
     Claimed,
     Outcome,
     Reconnector,
+    WorkerSession,
     now_ms,
 )
 from .compat import TaskContext, TaskError, TaskResultStatus, task_finished, task_started
@@ -42,10 +44,18 @@ from .registry import registry
 
 logger = logging.getLogger(__name__)
 
+# A job that has run, with its outcome, and its result for the task_finished signal.
+Finished = tuple[Outcome, RedisTaskResult | None]
+
 # Seconds an idle worker blocks on its wake-up lists per call.
 WAIT_TIMEOUT = 1.0
 # Wake-ups are hints; an idle worker claims anyway after this many quiet waits.
 IDLE_WAITS_BEFORE_CLAIM = 5
+# A worker claims several short jobs at once, up to this many and this much expected
+# work: a job claimed ahead, or a newly arrived job of a higher queue, waits that long
+# at most behind them.
+MAX_CLAIM_AHEAD = 20
+CLAIM_AHEAD_SECONDS = 0.02
 # Longest time between two heartbeats (s).
 HEARTBEAT_INTERVAL = 10.0
 # Tries to store the last outcome when stopping while Redis is unreachable.
@@ -89,9 +99,23 @@ class QueueOrder:
         self.weights = dict(weights or {})
         self._current = dict.fromkeys(self.queues, 0)
 
-    def next(self) -> list[str]:
-        if not self.weights:
-            return self.queues
+    def next(self, size: int = 1) -> tuple[list[str], int]:
+        """The queue order for the next claim, and how many jobs it may take: with
+        weights, only as many as the first queue would win in a row, so that a claim of
+        several jobs keeps the proportions."""
+        if not self.weights or size == 0:
+            return self.queues, size
+        first = self._pick()
+        count = 1
+        while count < size and self._winner() == first:
+            self._pick()
+            count += 1
+        return [first, *(q for q in self.queues if q != first)], count
+
+    def _winner(self) -> str:
+        return max(self.queues, key=lambda q: self._current[q] + self.weights.get(q, 1))
+
+    def _pick(self) -> str:
         total = 0
         for queue in self.queues:
             weight = self.weights.get(queue, 1)
@@ -99,7 +123,7 @@ class QueueOrder:
             total += weight
         first = max(self.queues, key=self._current.__getitem__)
         self._current[first] -= total
-        return [first, *(q for q in self.queues if q != first)]
+        return first
 
 
 class Heartbeat(threading.Thread):
@@ -147,6 +171,7 @@ class Worker:
         self.jobs_done = 0
         self.stopping = False
         self.in_task = False
+        self.job_seconds: float | None = None  # moving average of job run times
 
     def run(self) -> None:
         """Run jobs until stopped (``stop()``), out of work (burst) or max_jobs."""
@@ -160,31 +185,35 @@ class Worker:
             self.backend.alias,
         )
         reconnect = Reconnector(logger, f"Worker {self.worker_id}")
-        pending: tuple[Outcome, RedisTaskResult | None] | None = None
+        session = self.broker.session()
+        ahead: deque[Claimed] = deque()  # claimed, not started yet
         try:
             self.register()
         except CONNECTION_ERRORS as exc:
             reconnect.failed(exc)  # the heartbeat registers it once Redis answers
         try:
             while not self._should_stop():
-                try:
-                    claimed = self._finish_and_claim(pending)
-                    pending = None
-                    reconnect.succeeded()
-                    if claimed is None:
-                        if self.burst:
-                            break
-                        self._wait_for_work()
+                if not ahead:
+                    try:
+                        ahead.extend(self._claim(session))
+                        reconnect.succeeded()
+                        if not ahead:
+                            if self.burst:
+                                break
+                            self._wait_for_work(session)
+                            continue
+                    except CONNECTION_ERRORS as exc:
+                        reconnect.failed(exc)  # outcomes not yet stored go with the next claim
                         continue
-                except CONNECTION_ERRORS as exc:
-                    reconnect.failed(exc)  # keeps ``pending``: it is finished on reconnect
-                    continue
-                pending = self.execute(claimed)
+                outcome, result = self.execute(ahead.popleft())
                 self.jobs_done += 1
+                session.finish_soon(outcome, result)
         finally:
             heartbeat.stopped.set()
-            if pending is not None:
-                self._finish_last(pending, reconnect)
+            # Jobs claimed ahead and never started go back to their queue, uncounted.
+            for job in ahead:
+                session.finish_soon(Outcome(job.job_id, job.owner, RELEASE))
+            self._settle(session, reconnect)
             with contextlib.suppress(*CONNECTION_ERRORS):
                 self.broker.unregister_worker(self.worker_id)
         logger.info("Worker %s stopped after %d job(s)", self.worker_id, self.jobs_done)
@@ -202,55 +231,71 @@ class Worker:
             },
         )
 
-    def _finish_last(
-        self, pending: tuple[Outcome, RedisTaskResult | None], reconnect: Reconnector
-    ) -> None:
+    def _settle(self, session: WorkerSession, reconnect: Reconnector) -> None:
+        """Make sure every outcome sent is stored before the worker goes."""
         for _ in range(FINISH_ATTEMPTS_ON_EXIT):
             try:
-                self._report(pending, self.broker.finish(pending[0]))
+                self._claim(session, count=0)
                 return
             except CONNECTION_ERRORS as exc:
                 reconnect.failed(exc)
         logger.error(
-            "Job %s: could not store its outcome; it runs again once its lease runs out",
-            pending[0].job_id,
+            "Could not store the outcome of job(s) %s; they run again once their lease runs out",
+            ", ".join(outcome.job_id for outcome, _ in session.unsent),
         )
 
     def _should_stop(self) -> bool:
         return self.stopping or (self.max_jobs is not None and self.jobs_done >= self.max_jobs)
 
-    def _finish_and_claim(
-        self, pending: tuple[Outcome, RedisTaskResult | None] | None
-    ) -> Claimed | None:
-        outcome = pending[0] if pending else None
-        finished, claimed = self.broker.claim(self.order.next(), self.worker_id, outcome)
-        if pending is not None:
-            self._report(pending, bool(finished))
-        if claimed is not None:
-            self.heartbeat.owned = {claimed.job_id: claimed.owner}
+    def _claim_size(self) -> int:
+        """How many jobs to claim at once: more when jobs are short, so that one round
+        trip serves several, but never more than CLAIM_AHEAD_SECONDS of expected work,
+        which bounds how long a job held ahead waits, and how long a newly arrived job
+        of a higher queue waits behind them."""
+        size = MAX_CLAIM_AHEAD
+        if self.max_jobs is not None:
+            size = min(size, self.max_jobs - self.jobs_done)
+        if self.job_seconds is None:
+            return 1
+        return max(1, min(size, int(CLAIM_AHEAD_SECONDS / max(self.job_seconds, 1e-6))))
+
+    def _claim(self, session: WorkerSession, count: int | None = None) -> list[Claimed]:
+        """Settle the outcomes sent so far and claim the next jobs, in one round trip."""
+        queues, size = self.order.next(self._claim_size() if count is None else count)
+        settled, claimed = session.claim(queues, self.worker_id, size)
+        for outcome, result, stored in settled:
+            self._report(outcome, result, stored)
+        if count is None:
+            self.heartbeat.owned = {job.job_id: job.owner for job in claimed}
         return claimed
 
-    def _wait_for_work(self) -> None:
+    def _wait_for_work(self, session: WorkerSession) -> None:
         for _ in range(IDLE_WAITS_BEFORE_CLAIM):
-            if self.stopping or self.broker.wait_for_work(self.queues, WAIT_TIMEOUT):
+            if self.stopping or session.wait_for_work(self.queues, WAIT_TIMEOUT):
                 return
 
-    def _report(self, pending: tuple[Outcome, RedisTaskResult | None], stored: bool) -> None:
-        outcome, result = pending
-        self.heartbeat.owned = {}
+    def _report(self, outcome: Outcome, result: RedisTaskResult | None, stored: bool) -> None:
         if not stored:
             logger.warning(
-                "Job %s: its lease ran out before it finished; this outcome (%s) is "
-                "dropped and the job's current owner decides it",
+                "Job %s: its lease ran out before it finished (or its outcome was stored "
+                "before the connection dropped); this outcome (%s) is not stored again",
                 outcome.job_id,
                 outcome.status,
             )
         elif result is not None and outcome.status not in (RETRY, RELEASE):
             task_finished.send_robust(type(self.backend), task_result=result)
 
-    def execute(self, claimed: Claimed) -> tuple[Outcome, RedisTaskResult | None]:
+    def execute(self, claimed: Claimed) -> Finished:
         """Run one claimed job; never raises for anything the job does."""
         started = time.perf_counter()
+        try:
+            return self._execute(claimed, started)
+        finally:
+            elapsed = time.perf_counter() - started
+            last = self.job_seconds
+            self.job_seconds = elapsed if last is None else 0.8 * last + 0.2 * elapsed
+
+    def _execute(self, claimed: Claimed, started: float) -> Finished:
         try:
             envelope = Envelope.loads(claimed.payload, self.backend.config.max_payload_bytes)
             if registry.get(envelope.task_path) is None:

@@ -242,7 +242,7 @@ def test_running_jobs_and_workers_alive(manager, backend, r):
     job = tasks.add.enqueue(1, 1)
     worker = Worker(backend)
     worker.register()
-    _, _claimed = backend.broker.claim(["default"], worker.worker_id)
+    backend.broker.claim(["default"], worker.worker_id)
     page = manager.get(BASE + "running/").text
     assert job.id[:10] in page and worker.worker_id in page
     overview = manager.get(BASE).text

@@ -13,13 +13,16 @@ def broker(backend):
     return backend.broker
 
 
+def claim_one(broker, queues=QUEUES):
+    _, claimed = broker.claim(queues, "w1")
+    return claimed[0] if claimed else None
+
+
 def claim_all(broker, queues=QUEUES):
     ids = []
-    while True:
-        _, claimed = broker.claim(queues, "w1")
-        if claimed is None:
-            return ids
+    while claimed := claim_one(broker, queues):
         ids.append(claimed.job_id)
+    return ids
 
 
 def test_priority_then_fifo_inside_a_queue(broker):
@@ -41,7 +44,7 @@ def test_strict_priority_across_queues(broker):
 
 def test_claim_records_a_lease_and_finish_is_fenced(r, broker, backend):
     job = tasks.add.enqueue(1, 2)
-    _, claimed = broker.claim(QUEUES, "w1")
+    claimed = claim_one(broker)
     assert claimed.job_id == job.id and claimed.attempts == 1
     assert r.zscore("{drq:default}:running", job.id) is not None
     assert backend.get_result(job.id).status == "RUNNING"
@@ -61,18 +64,33 @@ def test_claim_records_a_lease_and_finish_is_fenced(r, broker, backend):
 
 def test_finish_and_claim_in_one_call(broker, backend):
     first, second = tasks.noop.enqueue(), tasks.noop.enqueue()
-    _, claimed = broker.claim(QUEUES, "w1")
-    finished, following = broker.claim(
-        QUEUES, "w1", Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result="null")
+    claimed = claim_one(broker)
+    stored, following = broker.claim(
+        QUEUES, "w1", [Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result="null")]
     )
-    assert finished is True
-    assert (claimed.job_id, following.job_id) == (first.id, second.id)
+    assert stored == [True]
+    assert (claimed.job_id, following[0].job_id) == (first.id, second.id)
     assert backend.get_result(first.id).status == SUCCESSFUL
+
+
+def test_a_batch_claims_from_one_queue_in_order_and_finishes_many(broker, backend):
+    high = [tasks.noop.using(queue_name="high").enqueue().id for _ in range(2)]
+    default = [tasks.noop.enqueue().id for _ in range(5)]
+    _, batch = broker.claim(QUEUES, "w1", count=10)
+    assert [job.job_id for job in batch] == high  # a batch never reaches a lower queue
+    _, batch = broker.claim(QUEUES, "w1", count=3)
+    assert [job.job_id for job in batch] == default[:3]
+    outcomes = [Outcome(job.job_id, job.owner, SUCCESSFUL, result="1") for job in batch]
+    outcomes.append(Outcome(default[3], "w9/1", SUCCESSFUL))  # not claimed: refused
+    stored, rest = broker.claim(QUEUES, "w1", outcomes, count=10)
+    assert stored == [True, True, True, False]
+    assert [job.job_id for job in rest] == default[3:]
+    assert all(backend.get_result(i).return_value == 1 for i in default[:3])
 
 
 def test_extend_leases_reports_jobs_no_longer_owned(r, broker):
     job = tasks.noop.enqueue()
-    _, claimed = broker.claim(QUEUES, "w1")
+    claimed = claim_one(broker)
     before = r.zscore("{drq:default}:running", job.id)
     assert broker.extend_leases({job.id: claimed.owner, "gone": "w1/1"}) == ["gone"]
     assert r.zscore("{drq:default}:running", job.id) >= before
@@ -90,7 +108,7 @@ def test_wake_tokens_stay_bounded_and_are_passed_on(r, broker):
 def test_errors_accumulate_as_a_json_list(broker, backend):
     job = tasks.fail.enqueue("x")
     for attempt in (1, 2):
-        _, claimed = broker.claim(QUEUES, "w1")
+        claimed = claim_one(broker)
         error = f'{{"exception_class_path":"builtins.ValueError","traceback":"try {attempt}"}}'
         broker.finish(Outcome(claimed.job_id, claimed.owner, FAILED, error=error))
         # put it back by hand: retries come with the scheduler
