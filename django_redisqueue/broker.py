@@ -1,7 +1,7 @@
 """The one class that speaks to Redis: every command this app sends goes through here.
 
 The rest of the code speaks verbs (``enqueue``, ``claim``, ``finish``,
-``wait_for_work``, ``extend_leases``, ``watch``); the keys come from ``keys.py`` and
+``wait_for_work``, ``heartbeat``, ``watch``); the keys come from ``keys.py`` and
 the atomic steps are the Lua scripts in ``lua/``, loaded once per client and called
 by SHA. ``docs/protocol.md`` explains the delivery protocol.
 """
@@ -204,14 +204,18 @@ class Broker:
         client = client or self.client
         return client.blpop([self.keys.wake(q) for q in queues], timeout) is not None
 
-    def extend_leases(self, owned: Mapping[str, str]) -> list[str]:
-        """Extend the leases of the jobs still owned; return the ids no longer owned."""
-        if not owned:
-            return []
-        args: list[Any] = [now_ms() + self.lease_ms]
+    def heartbeat(
+        self, worker_id: str, info: Mapping[str, str | int], owned: Mapping[str, str]
+    ) -> list[str]:
+        """Record the worker as alive (for the dashboard) and extend the leases of the
+        jobs it still owns; return the ids it no longer owns."""
+        now = now_ms()
+        args: list[Any] = [now, now + self.lease_ms, worker_id, WORKER_TTL, len(info)]
+        for name, value in info.items():
+            args += [name, value]
         for job_id, owner in owned.items():
             args += [job_id, owner]
-        return [text(job_id) or "" for job_id in self._run("extend_leases", *args)]
+        return [text(job_id) or "" for job_id in self._run("heartbeat", *args)]
 
     # Schedulers
 
@@ -249,17 +253,6 @@ class Broker:
         return self.client.blmove(done, done, timeout, "LEFT", "RIGHT") is not None
 
     # Liveness, for the dashboard
-
-    def register_worker(self, worker_id: str, info: Mapping[str, str | int]) -> None:
-        """Record that a worker is alive (call at start and every few seconds)."""
-        now = now_ms()
-        key = self.keys.worker(worker_id)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hset(key, mapping=dict(info))
-        pipe.expire(key, WORKER_TTL)
-        pipe.zadd(self.keys.workers, {worker_id: now})
-        pipe.zremrangebyscore(self.keys.workers, "-inf", now - 3_600_000)
-        pipe.execute()
 
     def unregister_worker(self, worker_id: str) -> None:
         pipe = self.client.pipeline(transaction=False)

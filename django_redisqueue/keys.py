@@ -19,7 +19,7 @@ key                           type    contents (written by)
                                       becomes the first due; at most one
 ``{P}:running``               zset    ids of RUNNING jobs; score is the lease
                                       deadline in ms (claim, finish, tick,
-                                      extend_leases)
+                                      heartbeat)
 ``{P}:job:<id>``              hash    the job: ``payload`` (JSON envelope),
                                       ``queue``, ``priority``, ``status``,
                                       ``attempts``, ``lost``, ``workers``,
@@ -132,6 +132,8 @@ class KeySchema:
             self.stats_prefix,
             self.delayed_counts,
             self.schedulers,
+            self.workers,
+            self.worker(""),
         ]
 
     def queue(self, name: str) -> str:

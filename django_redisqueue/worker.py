@@ -139,10 +139,8 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.wait(self.interval):
-            owned = dict(self.owned)
             try:
-                self.worker.register()
-                lost = self.worker.broker.extend_leases(owned)
+                lost = self.worker.register(dict(self.owned))
             except CONNECTION_ERRORS as exc:
                 logger.warning("Could not send the heartbeat (%s); will retry", exc)
                 continue
@@ -218,18 +216,17 @@ class Worker:
                 self.broker.unregister_worker(self.worker_id)
         logger.info("Worker %s stopped after %d job(s)", self.worker_id, self.jobs_done)
 
-    def register(self) -> None:
-        """Tell the dashboard this worker is alive, and what it serves."""
-        self.broker.register_worker(
-            self.worker_id,
-            {
-                "queues": ",".join(self.queues),
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "started_at": self.started_at,
-                "jobs_done": self.jobs_done,
-            },
-        )
+    def register(self, owned: Mapping[str, str] | None = None) -> list[str]:
+        """Tell the dashboard this worker is alive and what it serves, and extend the
+        leases of the jobs it ``owned``; return the ids it no longer owns."""
+        info = {
+            "queues": ",".join(self.queues),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started_at": self.started_at,
+            "jobs_done": self.jobs_done,
+        }
+        return self.broker.heartbeat(self.worker_id, info, owned or {})
 
     def _settle(self, session: WorkerSession, reconnect: Reconnector) -> None:
         """Make sure every outcome sent is stored before the worker goes."""

@@ -88,11 +88,15 @@ def test_a_batch_claims_from_one_queue_in_order_and_finishes_many(broker, backen
     assert all(backend.get_result(i).return_value == 1 for i in default[:3])
 
 
-def test_extend_leases_reports_jobs_no_longer_owned(r, broker):
+def test_heartbeat_records_the_worker_and_reports_jobs_no_longer_owned(r, broker):
     job = tasks.noop.enqueue()
     claimed = claim_one(broker)
     before = r.zscore("{drq:default}:running", job.id)
-    assert broker.extend_leases({job.id: claimed.owner, "gone": "w1/1"}) == ["gone"]
+    lost = broker.heartbeat("w1", {"pid": 7}, {job.id: claimed.owner, "gone": "w1/1"})
+    assert lost == ["gone"]
+    assert r.hget("{drq:default}:worker:w1", "pid") == "7"
+    assert 0 < r.ttl("{drq:default}:worker:w1") <= 60
+    assert r.zscore("{drq:default}:workers", "w1") is not None
     assert r.zscore("{drq:default}:running", job.id) >= before
 
 

@@ -9,10 +9,12 @@
 --   KEYS[9] failed index prefix ({P}:failed:)
 --   KEYS[10] per-minute stats prefix ({P}:stats:)
 --   KEYS[11] delayed jobs per queue (hash) KEYS[12] schedulers (zset)
+--   KEYS[13] workers (zset)                KEYS[14] worker record prefix ({P}:worker:)
 -- Per-job and per-queue keys are built from the prefixes; all share one hash tag.
 local JOB, QUEUE, WAKE, SEQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local RUNNING, DELAYED, SCHEDULER_WAKE, PAUSED = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local FAILED, STATS, DELAYED_COUNTS, SCHEDULERS = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local WORKERS, WORKER = KEYS[13], KEYS[14]
 
 -- How long the per-minute finish counts are kept (s): the dashboard shows an hour.
 local STATS_TTL = 7200
