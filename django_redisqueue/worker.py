@@ -325,11 +325,14 @@ class Worker:
                 name,
             )
             raise WorkerShutdown
-        if not self.stopping:
+        first = not self.stopping
+        # Stop before logging: a second signal may run this handler again, nested,
+        # while the first is still writing its log line.
+        self.stop()
+        if first:
             logger.info(
                 "Worker %s: %s received, finishing the job in hand and stopping "
                 "(send it again to give the job back and stop now)",
                 self.worker_id,
                 name,
             )
-        self.stop()
