@@ -92,8 +92,13 @@ def backend():
 
 
 def blocked_clients(client: redis.Redis) -> list[dict]:
-    """The connections blocked in BLPOP: idle workers and sleeping schedulers."""
-    return [c for c in client.client_list() if c.get("cmd") == "blpop"]
+    """The connections blocked in BLPOP now: idle workers and sleeping schedulers.
+
+    ``cmd`` is a connection's last command, blocked or not; flag ``b`` says it waits.
+    """
+    return [
+        c for c in client.client_list() if c.get("cmd") == "blpop" and "b" in c.get("flags", "")
+    ]
 
 
 def manage(*args: str, **kwargs) -> subprocess.CompletedProcess:
