@@ -23,7 +23,7 @@ from .compat import (
     TaskResultStatus,
     task_enqueued,
 )
-from .conf import parse_options
+from .conf import Options, parse_options
 from .exceptions import (
     BrokerUnavailable,
     InvalidPayload,
@@ -57,10 +57,23 @@ class RedisQueueBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        self.config = parse_options(alias, params)
-        # Django keeps QUEUES as a set; the order is the priority order, so keep it too.
-        self.queue_names: tuple[str, ...] = self.config.queues
-        self.keys = KeySchema.for_backend(self.config.key_prefix)
+        self.params = params
+
+    # Read at first use, not here: Django builds every backend to run its system checks,
+    # which must be able to report wrong settings rather than crash on them.
+    @cached_property
+    def config(self) -> Options:
+        """The parsed settings; raises ConfigurationError if they are wrong."""
+        return parse_options(self.alias, self.params)
+
+    @cached_property
+    def queue_names(self) -> tuple[str, ...]:
+        """QUEUES in priority order (Django keeps them as a set)."""
+        return self.config.queues
+
+    @cached_property
+    def keys(self) -> KeySchema:
+        return KeySchema.for_backend(self.config.key_prefix)
 
     def get_client(self) -> redis.Redis:
         """Return a Redis client: the django-redis cache's, or one made from the URL."""
