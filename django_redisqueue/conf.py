@@ -34,6 +34,7 @@ class Options:
     lease: float = 60.0  # seconds a worker holds a job without a heartbeat
     max_payload_bytes: int = 512 * 1024
     max_recoveries: int = 2  # times a job whose worker was lost is queued again
+    enqueue_on_commit: bool = False  # enqueue() waits for the transaction to commit
 
     @property
     def redis_url(self) -> str:
@@ -48,6 +49,7 @@ OPTION_NAMES = {
     "LEASE": "lease",
     "MAX_PAYLOAD_BYTES": "max_payload_bytes",
     "MAX_RECOVERIES": "max_recoveries",
+    "ENQUEUE_ON_COMMIT": "enqueue_on_commit",
 }
 
 # Whole-number options and their least value.
@@ -133,6 +135,8 @@ def _value_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
     lease = raw.get("LEASE", 60)
     if not isinstance(lease, int | float) or isinstance(lease, bool) or lease < 1:
         wrong("LEASE", "Use a number of seconds, at least 1.")
+    if not isinstance(raw.get("ENQUEUE_ON_COMMIT", False), bool):
+        wrong("ENQUEUE_ON_COMMIT", "Use True or False.")
     if not isinstance(raw.get("KEY_PREFIX", ""), str):
         wrong("KEY_PREFIX", "Use a string.")
     if raw.get("URL") is not None:

@@ -167,3 +167,10 @@ def sleep_for(seconds):
 def overruns(seconds):
     time.sleep(seconds)
     return "finished"
+
+
+@task
+def report_title(report_id):
+    from tests.models import Report
+
+    return Report.objects.get(pk=report_id).title

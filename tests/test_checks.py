@@ -55,6 +55,7 @@ def test_the_test_settings_pass_every_check_against_a_live_redis():
         ({"OPTIONS": {"RESULT_TTL": 0}}, "E006", "['RESULT_TTL'] is 0"),
         ({"OPTIONS": {"MAX_RECOVERIES": True}}, "E006", "['MAX_RECOVERIES'] is True"),
         ({"OPTIONS": {"LEASE": "60"}}, "E006", "['LEASE'] is '60'"),
+        ({"OPTIONS": {"ENQUEUE_ON_COMMIT": "yes"}}, "E006", "['ENQUEUE_ON_COMMIT']"),
         ({"OPTIONS": {"URL": "http://example.com"}}, "E006", "not a Redis URL"),
         ({"OPTIONS": ["URL"]}, "E006", "['OPTIONS'] is ['URL']"),
         ({"OPTIONS": {"CONNECTION": "nope"}}, "E007", "'nope' is not in CACHES"),
