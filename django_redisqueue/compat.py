@@ -74,4 +74,4 @@ DJANGO_TASK_TAKES_OPTIONS = any(
 )
 
 # Tasks (and so their results) pickle from Django 6.1 on.
-TASKS_PICKLE = hasattr(Task, "__reduce__") and "_reconstruct" in vars(Task)
+TASKS_PICKLE = "_reconstruct" in vars(Task)

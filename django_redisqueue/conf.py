@@ -111,7 +111,7 @@ def _queue_problems(where: str, queues: Any) -> list[Problem]:
         for name in queues
         if not isinstance(name, str) or not QUEUE_NAME_RE.match(name)
     ]
-    if len(set(map(repr, queues))) != len(queues):
+    if len(set(map(repr, queues))) != len(queues):  # repr: a wrong entry may be a list
         problems.append(
             Problem(
                 "E003",
