@@ -1,10 +1,12 @@
-# make test: set up .venv and run the checks and the test suite.
+# make test: set up .venv, then run ruff and the test suite on every supported
+#   (Python, Django) pair with nox (see noxfile.py).
+# make test-fast: ruff and the test suite in .venv only (Python 3.11, Django 5.2).
 # make demo: set up .venv and run the example project (web server, worker, Redis).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test demo lint system-packages
+.PHONY: test test-fast demo lint system-packages
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +31,10 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: $(VENV)/.installed system-packages lint
+test: $(VENV)/.installed system-packages
+	$(BIN)/nox
+
+test-fast: $(VENV)/.installed system-packages lint
 	$(BIN)/pytest
 
 demo: $(VENV)/.installed

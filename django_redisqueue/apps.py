@@ -5,3 +5,8 @@ class RedisQueueConfig(AppConfig):
     name = "django_redisqueue"
     verbose_name = "Redis queue"
     default_auto_field = "django.db.models.AutoField"
+
+    def ready(self) -> None:
+        from . import checks
+
+        checks.register()

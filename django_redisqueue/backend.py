@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 import uuid
@@ -10,6 +11,7 @@ from functools import cached_property, lru_cache
 from typing import Any
 
 import redis
+from django.db import transaction
 
 from . import broker as broker_module
 from .base import RedisTask, RedisTaskResult
@@ -23,7 +25,7 @@ from .compat import (
     TaskResultStatus,
     task_enqueued,
 )
-from .conf import parse_options
+from .conf import Options, parse_options
 from .exceptions import (
     BrokerUnavailable,
     InvalidPayload,
@@ -32,7 +34,7 @@ from .exceptions import (
     ResultTimeout,
     UnknownTask,
 )
-from .jobs import Envelope, ensure_json, error_info, from_ms, from_seconds, to_json
+from .jobs import Envelope, ensure_json_arguments, error_info, from_ms, from_seconds, to_json
 from .keys import KeySchema
 from .registry import registry
 
@@ -57,10 +59,23 @@ class RedisQueueBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        self.config = parse_options(alias, params)
-        # Django keeps QUEUES as a set; the order is the priority order, so keep it too.
-        self.queue_names: tuple[str, ...] = self.config.queues
-        self.keys = KeySchema.for_backend(self.config.key_prefix)
+        self.params = params
+
+    # Read at first use, not here: Django builds every backend to run its system checks,
+    # which must be able to report wrong settings rather than crash on them.
+    @cached_property
+    def config(self) -> Options:
+        """The parsed settings; raises ConfigurationError if they are wrong."""
+        return parse_options(self.alias, self.params)
+
+    @cached_property
+    def queue_names(self) -> tuple[str, ...]:
+        """QUEUES in priority order (Django keeps them as a set)."""
+        return self.config.queues
+
+    @cached_property
+    def keys(self) -> KeySchema:
+        return KeySchema.for_backend(self.config.key_prefix)
 
     def get_client(self) -> redis.Redis:
         """Return a Redis client: the django-redis cache's, or one made from the URL."""
@@ -93,44 +108,46 @@ class RedisQueueBackend(BaseTaskBackend):
     def enqueue(
         self, task: Task, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]
     ) -> RedisTaskResult:
-        for i, value in enumerate(args):
-            ensure_json(value, f"Argument {i} of {task.module_path}()")
-        for name, value in kwargs.items():
-            ensure_json(value, f"Argument {name!r} of {task.module_path}()")
-        job_id = uuid.uuid4().hex
-        enqueued_at = time.time()
-        run_after = task.run_after.timestamp() if task.run_after else None
-        payload = Envelope(
-            task_path=task.module_path,
-            args=list(args),
-            kwargs=kwargs,
-            queue_name=task.queue_name,
-            priority=task.priority,
-            backend=self.alias,
-            enqueued_at=enqueued_at,
-            run_after=run_after,
-        ).dumps()
-        size = len(payload.encode())
-        if size > self.config.max_payload_bytes:
-            raise ValueError(
-                f"The job for {task.module_path}() is {size} bytes of JSON, over the "
-                f"{self.config.max_payload_bytes}-byte MAX_PAYLOAD_BYTES limit: pass "
-                "a reference (a primary key, a file path) instead of the data."
-            )
-        # A run_after already past goes straight to the queue.
-        due_ms = int(run_after * 1000) if run_after and run_after > enqueued_at else 0
-        try:
-            self.broker.enqueue(job_id, task.queue_name, task.priority, payload, due_ms)
-        except CONNECTION_ERRORS as exc:
-            raise BrokerUnavailable(
-                f"Could not enqueue {task.module_path}(): the {self.alias!r} task "
-                f"backend's Redis did not answer ({exc})."
-            ) from exc
+        """Queue a job; with ENQUEUE_ON_COMMIT, once the current transaction commits."""
+        if self.config.enqueue_on_commit:
+            return self.enqueue_on_commit(task, args, kwargs)
+        result = self.prepare(task, args, kwargs)
+        self.push(result)
+        return result
+
+    def enqueue_on_commit(
+        self,
+        task: Task,
+        args: tuple[Any, ...] | list[Any],
+        kwargs: dict[str, Any],
+        *,
+        using: str | None = None,
+    ) -> RedisTaskResult:
+        """Check a job now and queue it once the transaction on database ``using``
+        commits (at once outside a transaction; never if it rolls back).
+
+        The result carries the job's id from the start; its ``enqueued_at`` is set
+        when the job reaches Redis, and until then ``get_result()`` does not find it.
+        """
+        result = self.prepare(task, args, kwargs)
+        transaction.on_commit(functools.partial(self.push, result), using=using)
+        return result
+
+    def prepare(
+        self, task: Task, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]
+    ) -> RedisTaskResult:
+        """Validate a job and give it its id: a READY result that is not in Redis yet.
+
+        Raises at the call site: InvalidTask, TypeError for an argument that does not
+        survive JSON, ValueError for a job over MAX_PAYLOAD_BYTES.
+        """
+        self.validate_task(task)
+        ensure_json_arguments(task.module_path, args, kwargs)
         result = RedisTaskResult(
             task=task,
-            id=job_id,
+            id=uuid.uuid4().hex,
             status=TaskResultStatus.READY,
-            enqueued_at=from_seconds(enqueued_at),
+            enqueued_at=None,
             started_at=None,
             finished_at=None,
             last_attempted_at=None,
@@ -140,8 +157,47 @@ class RedisQueueBackend(BaseTaskBackend):
             errors=[],
             worker_ids=[],
         )
-        task_enqueued.send(type(self), task_result=result)
+        # Checked here, at the call site; push() stamps the real enqueue time, which
+        # changes the size by a few bytes at most.
+        size = len(self._payload(result, time.time()).encode())
+        if size > self.config.max_payload_bytes:
+            raise ValueError(
+                f"The job for {task.module_path}() is {size} bytes of JSON, over the "
+                f"{self.config.max_payload_bytes}-byte MAX_PAYLOAD_BYTES limit: pass "
+                "a reference (a primary key, a file path) instead of the data."
+            )
         return result
+
+    def push(self, result: RedisTaskResult) -> None:
+        """Put a prepared job in Redis, set its ``enqueued_at`` and send task_enqueued."""
+        task = result.task
+        enqueued_at = time.time()
+        run_after = task.run_after.timestamp() if task.run_after else None
+        # A run_after already past goes straight to the queue.
+        due_ms = int(run_after * 1000) if run_after and run_after > enqueued_at else 0
+        payload = self._payload(result, enqueued_at)
+        try:
+            self.broker.enqueue(result.id, task.queue_name, task.priority, payload, due_ms)
+        except CONNECTION_ERRORS as exc:
+            raise BrokerUnavailable(
+                f"Could not enqueue {task.module_path}(): the {self.alias!r} task "
+                f"backend's Redis did not answer ({exc})."
+            ) from exc
+        object.__setattr__(result, "enqueued_at", from_seconds(enqueued_at))
+        task_enqueued.send(type(self), task_result=result)
+
+    def _payload(self, result: RedisTaskResult, enqueued_at: float) -> str:
+        task = result.task
+        return Envelope(
+            task_path=task.module_path,
+            args=result.args,
+            kwargs=result.kwargs,
+            queue_name=task.queue_name,
+            priority=task.priority,
+            backend=self.alias,
+            enqueued_at=enqueued_at,
+            run_after=task.run_after.timestamp() if task.run_after else None,
+        ).dumps()
 
     def get_result(self, result_id: str) -> RedisTaskResult:
         fields = self.broker.get_job(result_id)

@@ -7,12 +7,14 @@ the task directly; the backend's ``task_class`` is ``RedisTask``, so Django's ow
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, overload
 
+from django.db import transaction
 from django.utils import timezone
 
 from .compat import (
@@ -85,6 +87,20 @@ class RedisTask(Task):
     def delay(self, *args: Any, **kwargs: Any) -> TaskResult:
         """Queue up the task: an alias of ``enqueue()``."""
         return self.enqueue(*args, **kwargs)
+
+    def enqueue_on_commit(self, *args: Any, **kwargs: Any) -> TaskResult | None:
+        """Queue up the task once the current transaction (default database) commits.
+
+        The arguments are checked now, and the result returned now carries the job's
+        id; outside a transaction the job is queued at once, and if the transaction
+        rolls back it never is. On a backend that is not this app's, the job is
+        enqueued on commit with ``enqueue()`` and None is returned.
+        """
+        backend = self.get_backend()
+        if hasattr(backend, "enqueue_on_commit"):
+            return backend.enqueue_on_commit(self, args, kwargs)
+        transaction.on_commit(functools.partial(self.enqueue, *args, **kwargs))
+        return None
 
     def using(
         self,

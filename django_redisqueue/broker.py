@@ -17,6 +17,8 @@ from importlib import resources
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from .keys import KeySchema
 
@@ -344,6 +346,24 @@ class Broker:
 
     def running_count(self) -> int:
         return int(self.client.zcard(self.keys.running))
+
+    def ping(self, timeout: float) -> None:
+        """PING Redis on a fresh connection that gives up after ``timeout`` seconds,
+        without retries; raise what the connection raised."""
+        pool = self.client.connection_pool
+        kwargs = {
+            **pool.connection_kwargs,
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "retry": Retry(NoBackoff(), 0),
+        }
+        connection = pool.connection_class(**kwargs)
+        try:
+            connection.connect()
+            connection.send_command("PING")
+            connection.read_response()
+        finally:
+            connection.disconnect()
 
 
 class WorkerSession:

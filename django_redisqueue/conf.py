@@ -1,5 +1,8 @@
-"""The backend's settings: ``TASKS[alias]["QUEUES"]`` and ``["OPTIONS"]``, parsed once
-per backend instance (Django rebuilds backends when ``TASKS`` changes)."""
+"""The backend's settings: ``TASKS[alias]["QUEUES"]`` and ``["OPTIONS"]``.
+
+``validate()`` is the one set of rules: ``parse_options()`` raises from what it finds,
+and the system checks (``checks.py``) report it with an ID and a hint.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 # A queue name becomes part of Redis keys and of command-line arguments.
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
+DJANGO_REDIS_CACHE = "django_redis.cache.RedisCache"
+
 
 @dataclass(frozen=True, slots=True)
 class Options:
@@ -29,6 +34,7 @@ class Options:
     lease: float = 60.0  # seconds a worker holds a job without a heartbeat
     max_payload_bytes: int = 512 * 1024
     max_recoveries: int = 2  # times a job whose worker was lost is queued again
+    enqueue_on_commit: bool = False  # enqueue() waits for the transaction to commit
 
     @property
     def redis_url(self) -> str:
@@ -43,48 +49,164 @@ OPTION_NAMES = {
     "LEASE": "lease",
     "MAX_PAYLOAD_BYTES": "max_payload_bytes",
     "MAX_RECOVERIES": "max_recoveries",
+    "ENQUEUE_ON_COMMIT": "enqueue_on_commit",
 }
+
+# Whole-number options and their least value.
+WHOLE_NUMBERS = {"RESULT_TTL": 1, "MAX_PAYLOAD_BYTES": 1, "MAX_RECOVERIES": 0}
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a backend's settings; ``code`` is its system check ID's
+    suffix (``E004`` is ``django_redisqueue.E004``)."""
+
+    code: str
+    msg: str
+    hint: str
+
+    def __str__(self) -> str:
+        return f"{self.msg} {self.hint}"
+
+
+def validate(alias: str, params: Mapping[str, Any]) -> list[Problem]:
+    """Return every problem with ``TASKS[alias]``; an empty list means it is usable."""
+    where = f"TASKS[{alias!r}]"
+    problems = _queue_problems(where, params.get("QUEUES") or [DEFAULT_TASK_QUEUE_NAME])
+    raw = params.get("OPTIONS") or {}
+    if not isinstance(raw, Mapping):
+        return [
+            *problems,
+            Problem("E006", f"{where}['OPTIONS'] is {raw!r}.", "Make it a dict of options."),
+        ]
+    unknown = sorted(set(raw) - set(OPTION_NAMES))
+    if unknown:
+        problems.append(
+            Problem(
+                "E004",
+                f"{where}['OPTIONS'] has unknown option(s) {', '.join(unknown)}.",
+                f"Known options are {', '.join(sorted(OPTION_NAMES))}.",
+            )
+        )
+    problems += _value_problems(f"{where}['OPTIONS']", raw)
+    return problems
+
+
+def _queue_problems(where: str, queues: Any) -> list[Problem]:
+    if isinstance(queues, str) or not isinstance(queues, Sequence):
+        return [
+            Problem(
+                "E001",
+                f"{where}['QUEUES'] must be a list of queue names; got {queues!r}.",
+                "List them in priority order, e.g. ['high', 'default', 'low'].",
+            )
+        ]
+    problems = [
+        Problem(
+            "E002",
+            f"{where}['QUEUES'] has an invalid queue name {name!r}.",
+            "Use 1 to 64 letters, digits, '_', '.' or '-': a queue name is part of "
+            "Redis keys and of runworker's arguments.",
+        )
+        for name in queues
+        if not isinstance(name, str) or not QUEUE_NAME_RE.match(name)
+    ]
+    if len(set(map(repr, queues))) != len(queues):  # repr: a wrong entry may be a list
+        problems.append(
+            Problem(
+                "E003",
+                f"{where}['QUEUES'] lists a queue twice: {list(queues)!r}.",
+                "List each queue once; the order is the priority order.",
+            )
+        )
+    return problems
+
+
+def _value_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
+    problems = []
+
+    def wrong(name: str, hint: str) -> None:
+        problems.append(Problem("E006", f"{where}[{name!r}] is {raw[name]!r}.", hint))
+
+    for name, least in WHOLE_NUMBERS.items():
+        value = raw.get(name, least)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            wrong(name, f"Use a whole number >= {least}.")
+    lease = raw.get("LEASE", 60)
+    if not isinstance(lease, int | float) or isinstance(lease, bool) or lease < 1:
+        wrong("LEASE", "Use a number of seconds, at least 1.")
+    if not isinstance(raw.get("ENQUEUE_ON_COMMIT", False), bool):
+        wrong("ENQUEUE_ON_COMMIT", "Use True or False.")
+    if not isinstance(raw.get("KEY_PREFIX", ""), str):
+        wrong("KEY_PREFIX", "Use a string.")
+    if raw.get("URL") is not None:
+        problems += _url_problems(where, raw["URL"])
+    if raw.get("CONNECTION") and raw.get("URL"):
+        problems.append(
+            Problem(
+                "E005",
+                f"{where} sets both CONNECTION and URL.",
+                "Keep one of them: CONNECTION reuses a django-redis cache's connection pool.",
+            )
+        )
+    elif raw.get("CONNECTION") is not None:
+        problems += _connection_problems(where, raw["CONNECTION"])
+    return problems
+
+
+def _url_problems(where: str, url: Any) -> list[Problem]:
+    from redis.connection import parse_url
+
+    try:
+        if not isinstance(url, str):
+            raise ValueError("not a string")
+        parse_url(url)
+    except ValueError as exc:
+        return [
+            Problem(
+                "E006",
+                f"{where}['URL'] is {url!r}, not a Redis URL ({exc}).",
+                "Use e.g. 'redis://127.0.0.1:6379/0' (rediss:// for TLS, unix:// for a socket).",
+            )
+        ]
+    return []
+
+
+def _connection_problems(where: str, alias: Any) -> list[Problem]:
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    caches = getattr(settings, "CACHES", {})
+    hint = (
+        f"Name a CACHES alias whose BACKEND is {DJANGO_REDIS_CACHE!r} (django-redis), "
+        "or set URL instead."
+    )
+    if not isinstance(alias, str) or alias not in caches:
+        return [Problem("E007", f"{where}['CONNECTION'] {alias!r} is not in CACHES.", hint)]
+    backend = caches[alias].get("BACKEND", "")
+    try:
+        from django_redis.cache import RedisCache
+
+        cache_class = import_string(backend)
+        if isinstance(cache_class, type) and issubclass(cache_class, RedisCache):
+            return []
+    except ImportError:
+        pass
+    return [
+        Problem(
+            "E007",
+            f"{where}['CONNECTION'] is {alias!r}, a {backend!r} cache: not a django-redis one.",
+            hint,
+        )
+    ]
 
 
 def parse_options(alias: str, params: Mapping[str, Any]) -> Options:
-    """Validate ``TASKS[alias]`` and return its options; raise ConfigurationError."""
-    where = f"TASKS[{alias!r}]"
-    queues = params.get("QUEUES") or [DEFAULT_TASK_QUEUE_NAME]
-    if isinstance(queues, str) or not isinstance(queues, Sequence):
-        raise ConfigurationError(
-            f"{where}['QUEUES'] must be a list of queue names in priority order, "
-            f"e.g. ['high', 'default', 'low']; got {queues!r}."
-        )
-    for name in queues:
-        if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
-            raise ConfigurationError(
-                f"{where}['QUEUES'] has an invalid queue name {name!r}: use 1 to 64 "
-                "letters, digits, '_', '.' or '-'."
-            )
-    if len(set(queues)) != len(queues):
-        raise ConfigurationError(f"{where}['QUEUES'] lists a queue twice: {queues!r}.")
-
+    """Return the options of ``TASKS[alias]``; raise ConfigurationError if they are wrong."""
+    problems = validate(alias, params)
+    if problems:
+        raise ConfigurationError("\n".join(map(str, problems)))
     raw = params.get("OPTIONS") or {}
-    unknown = sorted(set(raw) - set(OPTION_NAMES))
-    if unknown:
-        raise ConfigurationError(
-            f"{where}['OPTIONS'] has unknown option(s) {', '.join(unknown)}; "
-            f"known options are {', '.join(sorted(OPTION_NAMES))}."
-        )
     values: dict[str, Any] = {OPTION_NAMES[name]: value for name, value in raw.items()}
-    if values.get("connection") and values.get("url"):
-        raise ConfigurationError(
-            f"{where}['OPTIONS'] sets both CONNECTION and URL; keep one of them."
-        )
-    for name, least in (("result_ttl", 1), ("max_payload_bytes", 1), ("max_recoveries", 0)):
-        value = values.get(name, least)
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise ConfigurationError(
-                f"{where}['OPTIONS']['{name.upper()}'] must be a whole number >= {least}."
-            )
-    if "lease" in values and (not isinstance(values["lease"], int | float) or values["lease"] < 1):
-        raise ConfigurationError(
-            f"{where}['OPTIONS']['LEASE'] must be a number of seconds, at least 1."
-        )
     values.setdefault("key_prefix", f"drq:{alias}")
-    return Options(queues=tuple(queues), **values)
+    return Options(queues=tuple(params.get("QUEUES") or [DEFAULT_TASK_QUEUE_NAME]), **values)

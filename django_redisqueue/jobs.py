@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import traceback
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -53,6 +54,14 @@ def ensure_json(value: Any, where: str) -> None:
         f"{where} is a {type(value).__module__}.{type(value).__qualname__}, which does "
         "not survive a JSON round trip; pass plain data (e.g. a primary key) instead."
     )
+
+
+def ensure_json_arguments(task_path: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Raise TypeError, naming the argument, unless every argument survives JSON."""
+    for i, value in enumerate(args):
+        ensure_json(value, f"Argument {i} of {task_path}()")
+    for name, value in kwargs.items():
+        ensure_json(value, f"Argument {name!r} of {task_path}()")
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ sends Redis about one command per second and starts a new job as soon as it land
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -330,15 +331,18 @@ class Worker:
                 args = [TaskContext(task_result=result), *args]
             with time_limit(getattr(task, "timeout", None), envelope.task_path):
                 value = task.call(*args, **envelope.kwargs)
-            outcome = Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result=to_json(value))
+            encoded = to_json(value)
+            outcome = Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result=encoded)
         except WorkerShutdown:
             outcome = Outcome(claimed.job_id, claimed.owner, RELEASE)
-        except Exception as exc:
+        # A task that calls sys.exit() fails; it does not stop the worker.
+        except (Exception, SystemExit) as exc:
             info = error_info(exc)
             result.errors.append(TaskError(**info))
             outcome = self._failure(task, claimed, exc, to_json(info))
         else:
-            object.__setattr__(result, "_return_value", value)
+            # As get_result() will return it: the value after a JSON round trip.
+            object.__setattr__(result, "_return_value", json.loads(encoded))
         finally:
             self.in_task = False
             close_old_connections()
@@ -360,7 +364,7 @@ class Worker:
         )
         return outcome, result
 
-    def _failure(self, task: object, claimed: Claimed, exc: Exception, error: str) -> Outcome:
+    def _failure(self, task: object, claimed: Claimed, exc: BaseException, error: str) -> Outcome:
         """FAILED, or RETRY later if the task's retry policy says so."""
         failures = claimed.attempts - claimed.lost  # attempts that ended in an exception
         delay = task.retry_delay(exc, failures) if isinstance(task, RedisTask) else None

@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 import redis
@@ -91,9 +92,24 @@ def backend():
     return task_backends["default"]
 
 
+def run_worker_here(backend, **options) -> None:
+    """Run a burst worker in this process. Inside a test's transaction the worker must
+    not close the database connection between jobs, as Django's test client does not
+    between requests."""
+    from django_redisqueue.worker import Worker
+
+    with patch("django_redisqueue.worker.close_old_connections"):
+        Worker(backend, burst=True, **options).run()
+
+
 def blocked_clients(client: redis.Redis) -> list[dict]:
-    """The connections blocked in BLPOP: idle workers and sleeping schedulers."""
-    return [c for c in client.client_list() if c.get("cmd") == "blpop"]
+    """The connections blocked in BLPOP now: idle workers and sleeping schedulers.
+
+    ``cmd`` is a connection's last command, blocked or not; flag ``b`` says it waits.
+    """
+    return [
+        c for c in client.client_list() if c.get("cmd") == "blpop" and "b" in c.get("flags", "")
+    ]
 
 
 def manage(*args: str, **kwargs) -> subprocess.CompletedProcess:

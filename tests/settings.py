@@ -1,7 +1,9 @@
 """Settings for the test suite. The suite starts a private redis-server and passes
-its URL in REDISQUEUE_TEST_URL, to this process and to the workers it starts."""
+its URL in REDISQUEUE_TEST_URL, to this process and to the workers it starts; the
+database file's path goes the same way, in REDISQUEUE_TEST_DB."""
 
 import os
+import tempfile
 
 import django
 
@@ -23,7 +25,19 @@ INSTALLED_APPS = [
 if django.VERSION < (6, 0):
     INSTALLED_APPS.append("django_tasks")
 
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+# A file, not ":memory:", so that the workers the tests start see the rows the tests
+# commit. Its path travels to them in the environment, like the Redis URL.
+DB_FILE = os.environ.setdefault(
+    "REDISQUEUE_TEST_DB",
+    os.path.join(tempfile.gettempdir(), f"redisqueue-tests-{os.getpid()}.sqlite3"),
+)
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": DB_FILE,
+        "TEST": {"NAME": DB_FILE},
+    }
+}
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

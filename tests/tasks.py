@@ -1,6 +1,7 @@
 """Tasks the tests enqueue. They report to Redis (the ``log`` list) so that the tests
 can see what ran, in which order, across processes."""
 
+import json
 import os
 import signal
 import time
@@ -8,7 +9,15 @@ import time
 import redis
 
 from django_redisqueue import task
-from django_redisqueue.compat import django_task, task_started
+from django_redisqueue.compat import (
+    DJANGO_TASK_TAKES_OPTIONS,
+    TaskContext,
+    TaskResultStatus,
+    django_task,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
 
 LOG = "test:log"
 
@@ -167,3 +176,139 @@ def sleep_for(seconds):
 def overruns(seconds):
     time.sleep(seconds)
     return "finished"
+
+
+# The conformance suite: the cases Django's own tests run on its backends.
+
+
+@task
+def noop_any(*args, **kwargs):
+    return None
+
+
+@task()
+def noop_from_call(*args, **kwargs):
+    return None
+
+
+@task
+async def noop_async(*args, **kwargs):
+    return None
+
+
+@task()
+def meaning_of_life():
+    return 42
+
+
+@task
+async def meaning_of_life_async():
+    return 42
+
+
+@task
+def raises_value_error():
+    raise ValueError("This task failed due to ValueError")
+
+
+@task
+def raises_system_exit():
+    raise SystemExit("This task failed due to SystemExit")
+
+
+@task
+def complex_exception():
+    raise ValueError(ValueError("This task failed"))
+
+
+@task
+def complex_return_value():
+    return {1, 2, 3}  # a set: not JSON
+
+
+@task
+def returns_tuple():
+    return (1, "two")
+
+
+@task(takes_context=True)
+def get_task_id(context):
+    return context.task_result.id
+
+
+@task(takes_context=True)
+def check_context(context, attempt):
+    assert isinstance(context, TaskContext)
+    assert context.attempt == attempt
+    return context.attempt
+
+
+@task(takes_context=True, retries=2, retry_backoff=0.05, retry_jitter=False)
+def fails_twice(context, label):
+    """Record each attempt's context, fail the first two, return the third's."""
+    client().rpush(f"test:context:{label}", context.attempt)
+    if context.attempt < 3:
+        raise ConnectionError(f"attempt {context.attempt} fails")
+    return context.attempt
+
+
+@task(takes_context=True)
+async def async_with_context(context, x):
+    return {"id": context.task_result.id, "attempt": context.attempt, "double": x * 2}
+
+
+@task(retries=2, retry_backoff=0.5, retry_jitter=False, timeout=30)
+def with_options():
+    return None
+
+
+if DJANGO_TASK_TAKES_OPTIONS:
+
+    @django_task(retries=1, retry_backoff=0.05, retry_jitter=False)
+    def django_with_options(label):
+        """Made by Django's own decorator, with this app's retry options."""
+        if client().incr(f"test:tries:{label}") == 1:
+            raise ConnectionError("first try fails")
+        return "second try worked"
+
+
+@task
+def report_title(report_id):
+    from tests.models import Report
+
+    return Report.objects.get(pk=report_id).title
+
+
+# Signals: where each is sent, and with what. Only for the tasks named signalled_*.
+
+
+@task
+def signalled_ok(x):
+    return x + 1
+
+
+@task
+def signalled_fail():
+    raise ValueError("signalled failure")
+
+
+def record_signal(sender, task_result, signal, **kwargs):
+    if not task_result.task.name.startswith("signalled_"):
+        return
+    entry = {
+        "signal": SIGNAL_NAMES[signal],
+        "sender": sender.__name__,
+        "pid": os.getpid(),
+        "id": task_result.id,
+        "status": str(task_result.status),
+        "enqueued": task_result.enqueued_at is not None,
+        "errors": [e.exception_class_path for e in task_result.errors],
+    }
+    if task_result.status == TaskResultStatus.SUCCESSFUL:
+        entry["return_value"] = task_result.return_value
+    client().rpush("test:signals", json.dumps(entry))
+
+
+SIGNAL_NAMES = {task_enqueued: "enqueued", task_started: "started", task_finished: "finished"}
+for _signal in SIGNAL_NAMES:
+    _signal.connect(record_signal)

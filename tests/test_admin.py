@@ -10,6 +10,7 @@ from django_redisqueue.broker import now_ms
 from django_redisqueue.compat import TaskResultStatus
 from django_redisqueue.worker import Worker
 from tests import tasks
+from tests.conftest import run_worker_here
 
 pytestmark = pytest.mark.django_db
 
@@ -57,7 +58,7 @@ def manager(clients):
 
 
 def run_worker(backend):
-    Worker(backend, burst=True).run()
+    run_worker_here(backend)
 
 
 @pytest.mark.parametrize(

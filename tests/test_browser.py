@@ -11,9 +11,8 @@ import pytest
 from django.contrib.auth.models import Permission, User
 
 from django_redisqueue.compat import TaskResultStatus
-from django_redisqueue.worker import Worker
 from tests import tasks
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_worker_here
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -69,7 +68,7 @@ def test_a_manager_sees_the_queues_and_acts_on_jobs(browser, live_server, backen
     for codename in ("view_dashboard", "manage_queues"):
         manager.user_permissions.add(Permission.objects.get(codename=codename))
     failed = tasks.fail.enqueue("<script>alert('x')</script>")
-    Worker(backend, burst=True).run()
+    run_worker_here(backend)
     delayed = tasks.add.using(delay=3600).enqueue(2, 3)
     for i in range(3):
         tasks.add.using(queue_name="high").enqueue(i, i)

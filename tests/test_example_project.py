@@ -67,6 +67,11 @@ def test_demo_runs_a_job_enqueued_from_the_page():
 
         status = wait_until(job_done, 30, "the welcome email job")
         assert status["return_value"] == f"{username}@example.com"
+
+        # A report is enqueued on commit; the page links its job by the id handed back.
+        page = browser.post("/reports/", page, limit="1000")
+        job_id = re.search(r'href="/jobs/([0-9a-f]{32})/"', page)[1]
+        assert wait_until(job_done, 30, "the report job")["return_value"] == 168
         demo_redis = redis.Redis(port=redis_port)
         # The worker and the scheduler are both up and waiting on Redis.
         wait_until(lambda: len(blocked_clients(demo_redis)) >= 2, 30, "worker and scheduler")

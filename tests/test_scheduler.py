@@ -85,6 +85,8 @@ def test_an_earlier_job_wakes_the_sleeping_scheduler(r, backend):
 def test_parallel_schedulers_promote_each_job_exactly_once(r, backend):
     schedulers = [start_manage("runscheduler") for _ in range(3)]
     try:
+        # A scheduler still starting up when the test ends would die of the SIGTERM.
+        wait_until(lambda: len(blocked_clients(r)) == 3, 30, "the schedulers to start")
         for i in range(300):
             tasks.record.using(delay=(i % 100 + 1) / 100).enqueue(f"job{i}")
         wait_until(lambda: backend.broker.queue_length("default") == 300, 30, "promotion")

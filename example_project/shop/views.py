@@ -41,15 +41,12 @@ def request_report(request: HttpRequest) -> HttpResponse:
     limit = min(max(int(request.POST.get("limit") or 1_000_000), 2), 50_000_000)
     with transaction.atomic():
         report = Report.objects.create(limit=limit)
-        # The worker must not look for the row before it is committed.
-        transaction.on_commit(lambda: _enqueue_report(report))
+        # Queued once the row is committed, so that the worker finds it; the id is
+        # known at once.
+        report.job_id = build_report.enqueue_on_commit(report.pk).id
+        report.save(update_fields=["job_id"])
     messages.success(request, f"Report #{report.pk} requested.")
     return redirect("index")
-
-
-def _enqueue_report(report: Report) -> None:
-    result = build_report.enqueue(report.pk)
-    Report.objects.filter(pk=report.pk).update(job_id=result.id)
 
 
 @require_POST

@@ -1,0 +1,132 @@
+"""System checks (``manage.py check``), registered by the app's ``ready()``.
+
+| ID | what |
+|---|---|
+| ``django_redisqueue.E001`` | ``QUEUES`` is not a list of names |
+| ``django_redisqueue.E002`` | a queue name is not a valid Redis key part |
+| ``django_redisqueue.E003`` | a queue is listed twice |
+| ``django_redisqueue.E004`` | ``OPTIONS`` has unknown names |
+| ``django_redisqueue.E005`` | ``CONNECTION`` and ``URL`` are both set |
+| ``django_redisqueue.E006`` | an option has a wrong value |
+| ``django_redisqueue.E007`` | ``CONNECTION`` is not a django-redis ``CACHES`` alias |
+| ``django_redisqueue.W001`` | Redis does not answer (``--deploy`` only) |
+| ``django_redisqueue.W002`` | another app's ``runworker`` or ``runscheduler`` wins |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from django.apps import AppConfig, apps
+from django.conf import settings
+from django.core import checks
+from django.core.management import find_commands
+from django.utils.module_loading import import_string
+
+from .conf import validate
+
+APP = "django_redisqueue"
+COMMANDS = ("runworker", "runscheduler")
+# Seconds the deploy check waits for Redis: a check must not hang.
+PING_TIMEOUT = 2.0
+
+
+def our_backends() -> Iterator[tuple[str, dict[str, Any]]]:
+    """The ``TASKS`` aliases served by RedisQueueBackend, with their settings."""
+    from .backend import RedisQueueBackend
+
+    for alias, params in (getattr(settings, "TASKS", None) or {}).items():
+        try:
+            backend_class = import_string(params["BACKEND"])
+        except (ImportError, KeyError, TypeError):
+            continue  # Django's own handler reports a backend it cannot import
+        if isinstance(backend_class, type) and issubclass(backend_class, RedisQueueBackend):
+            yield alias, params
+
+
+def check_settings(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Every problem with the settings of every RedisQueueBackend (E001 to E007)."""
+    return [
+        checks.Error(problem.msg, hint=problem.hint, id=f"{APP}.{problem.code}")
+        for alias, params in our_backends()
+        for problem in validate(alias, params)
+    ]
+
+
+def check_redis(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W001: each RedisQueueBackend's Redis answers a PING within PING_TIMEOUT."""
+    from .compat import task_backends
+
+    messages: list[checks.CheckMessage] = []
+    for alias, params in our_backends():
+        if validate(alias, params):
+            continue  # the settings errors say what to fix first
+        backend = task_backends[alias]
+        try:
+            backend.broker.ping(PING_TIMEOUT)
+        except Exception as exc:  # any failure to get a PONG back is the finding
+            config = backend.config
+            where = (
+                f"CACHES[{config.connection!r}]" if config.connection else _safe(config.redis_url)
+            )
+            messages.append(
+                checks.Warning(
+                    f"The Redis of TASKS[{alias!r}] did not answer ({where}): {exc}",
+                    hint="Start Redis or fix OPTIONS URL / CONNECTION: until it answers, "
+                    "enqueueing raises BrokerUnavailable and no job runs.",
+                    id=f"{APP}.W001",
+                )
+            )
+    return messages
+
+
+def _safe(url: str) -> str:
+    """The URL without its password, for a message."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def check_commands(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W002: ``manage.py runworker`` / ``runscheduler`` run this app's commands."""
+    messages: list[checks.CheckMessage] = []
+    for command in COMMANDS:
+        # Django runs the command of the first app in INSTALLED_APPS that has one.
+        owner = next(
+            (
+                config
+                for config in apps.get_app_configs()
+                if command in find_commands(os.path.join(config.path, "management"))
+            ),
+            None,
+        )
+        if owner is None or owner.name == APP:
+            continue
+        messages.append(
+            checks.Warning(
+                f"'manage.py {command}' runs the command of {owner.name!r}, not "
+                f"{APP}'s: {owner.name!r} comes first in INSTALLED_APPS.",
+                hint=f"List {APP!r} before {owner.name!r} in INSTALLED_APPS (Django runs "
+                "the command of the app listed first; Django Channels, for one, has "
+                "a runworker).",
+                id=f"{APP}.W002",
+            )
+        )
+    return messages
+
+
+def register() -> None:
+    """Register the checks; called from ``RedisQueueConfig.ready()``."""
+    checks.register(check_settings)
+    checks.register(check_commands)
+    checks.register(check_redis, deploy=True)

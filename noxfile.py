@@ -1,0 +1,57 @@
+"""The test matrix: ``nox`` runs ruff once, then the test suite on every supported
+(Python, Django) pair; ``nox -s tests-3.11`` runs one of them, ``nox -s lint`` ruff.
+
+Each ``tests`` session needs ``redis-server`` on the PATH: the suite starts its own.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import nox
+
+# (Python, Django, extras): Django 5.2 has no django.tasks; the backport provides it.
+MATRIX = [
+    ("3.11", "5.2", "dev,django52,hiredis"),
+    ("3.12", "6.0", "dev,hiredis"),
+    ("3.13", "6.1", "dev,hiredis"),
+]
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_venv = "yes"
+nox.options.error_on_missing_interpreters = True
+
+
+def _find_pyenv_interpreters() -> None:
+    """Put pyenv's installed Pythons on the PATH, ahead of its shims.
+
+    A shim answers only for the versions ``pyenv global`` names; the others are
+    installed but would look missing.
+    """
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    dirs = []
+    for python, _, _ in MATRIX:
+        dirs += sorted(glob.glob(os.path.join(root, "versions", f"{python}.*", "bin")))[-1:]
+    if dirs:
+        os.environ["PATH"] = os.pathsep.join([*dirs, os.environ.get("PATH", "")])
+
+
+_find_pyenv_interpreters()
+
+
+@nox.session(python=MATRIX[0][0])
+def lint(session: nox.Session) -> None:
+    """ruff: lint and format check, once (the rules do not depend on Django)."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=[python for python, _, _ in MATRIX])
+def tests(session: nox.Session) -> None:
+    """The test suite on one (Python, Django) pair, against a private redis-server."""
+    django, extras = next((d, e) for p, d, e in MATRIX if p == session.python)
+    session.install("-e", f".[{extras}]", f"django~={django}.0")
+    session.run("python", "-m", "django", "--version")
+    session.run("pytest", *session.posargs)

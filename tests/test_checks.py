@@ -1,0 +1,136 @@
+"""System checks: ``manage.py check`` reports wrong settings with IDs and hints, an
+unreachable Redis at deploy checks, and another app's ``runworker`` taking the name."""
+
+import socket
+import time
+
+import pytest
+from django.core import checks
+from django.test import override_settings
+
+from django_redisqueue import checks as redisqueue_checks
+from django_redisqueue.compat import TASKS_PACKAGE
+from django_redisqueue.conf import parse_options, validate
+from django_redisqueue.exceptions import ConfigurationError
+from django_redisqueue.testing import free_port
+from tests.conftest import manage
+
+BACKEND = "django_redisqueue.backend.RedisQueueBackend"
+
+
+def our_messages(deploy=False):
+    """Run every registered check, Django's included; keep this app's messages."""
+    found = checks.run_checks(include_deployment_checks=deploy)
+    return [m for m in found if m.id.startswith("django_redisqueue.")]
+
+
+def test_manage_py_check_reports_every_problem_with_its_id_and_hint():
+    done = manage("check", "--settings", "tests.settings_misconfigured")
+    assert done.returncode == 1, done.stderr
+    for check_id in ("E001", "E002", "E003", "E004", "E005", "E006", "E007", "W002"):
+        assert f"(django_redisqueue.{check_id})" in done.stderr
+    assert done.stderr.count("HINT:") == 8
+    assert "Traceback" not in done.stderr  # Django's own tasks check ran too, unharmed
+
+    # The commands run the checks first: a scheduler does not start on such settings.
+    scheduler = manage("runscheduler", "--burst", "--settings", "tests.settings_misconfigured")
+    assert scheduler.returncode == 1
+    assert "(django_redisqueue.E004)" in scheduler.stderr
+
+
+def test_the_test_settings_pass_every_check_against_a_live_redis():
+    assert our_messages(deploy=True) == []
+
+
+@pytest.mark.parametrize(
+    ("params", "check_id", "text"),
+    [
+        ({"QUEUES": "default"}, "E001", "must be a list of queue names"),
+        ({"QUEUES": ["a:b"]}, "E002", "invalid queue name 'a:b'"),
+        ({"QUEUES": ["{tag}"]}, "E002", "invalid queue name '{tag}'"),
+        ({"QUEUES": ["a" * 65]}, "E002", "invalid queue name"),
+        ({"QUEUES": ["a", "b", "a"]}, "E003", "lists a queue twice"),
+        ({"OPTIONS": {"LEASES": 5}}, "E004", "unknown option(s) LEASES"),
+        ({"OPTIONS": {"URL": "redis://", "CONNECTION": "default"}}, "E005", "both"),
+        ({"OPTIONS": {"RESULT_TTL": 0}}, "E006", "['RESULT_TTL'] is 0"),
+        ({"OPTIONS": {"MAX_RECOVERIES": True}}, "E006", "['MAX_RECOVERIES'] is True"),
+        ({"OPTIONS": {"LEASE": "60"}}, "E006", "['LEASE'] is '60'"),
+        ({"OPTIONS": {"ENQUEUE_ON_COMMIT": "yes"}}, "E006", "['ENQUEUE_ON_COMMIT']"),
+        ({"OPTIONS": {"URL": "http://example.com"}}, "E006", "not a Redis URL"),
+        ({"OPTIONS": ["URL"]}, "E006", "['OPTIONS'] is ['URL']"),
+        ({"OPTIONS": {"CONNECTION": "nope"}}, "E007", "'nope' is not in CACHES"),
+    ],
+)
+def test_each_problem_has_its_id_and_the_same_text_as_the_error(params, check_id, text):
+    conf = {"BACKEND": BACKEND, **params}
+    with override_settings(TASKS={"default": conf}):
+        messages = our_messages()
+    assert [(m.id, m.level) for m in messages] == [(f"django_redisqueue.{check_id}", checks.ERROR)]
+    assert text in messages[0].msg
+    assert messages[0].hint
+    # One set of rules: the backend raises with the very same words.
+    with pytest.raises(ConfigurationError) as raised:
+        parse_options("default", conf)
+    assert str(validate("default", conf)[0]) == str(raised.value)
+
+
+def test_a_connection_that_is_not_a_django_redis_cache():
+    caches = {"other": {"BACKEND": "django.core.cache.backends.redis.RedisCache"}}
+    conf = {"BACKEND": BACKEND, "OPTIONS": {"CONNECTION": "other"}}
+    with override_settings(TASKS={"default": conf}, CACHES={**caches, "default": caches["other"]}):
+        messages = our_messages()
+    assert [m.id for m in messages] == ["django_redisqueue.E007"]
+    assert "not a django-redis one" in messages[0].msg
+    assert "django_redis.cache.RedisCache" in messages[0].hint
+
+
+def test_other_backends_are_left_alone():
+    conf = {"BACKEND": f"{TASKS_PACKAGE}.backends.immediate.ImmediateBackend", "OPTIONS": {"X": 1}}
+    with override_settings(TASKS={"default": conf}):
+        assert our_messages(deploy=True) == []
+
+
+def test_unreachable_redis_is_a_deploy_warning():
+    url = f"redis://:secret@127.0.0.1:{free_port()}/0"  # nothing listens there
+    conf = {"BACKEND": BACKEND, "OPTIONS": {"URL": url}}
+    with override_settings(TASKS={"default": conf}):
+        assert our_messages() == []  # not a deploy check: not run
+        messages = our_messages(deploy=True)
+    assert [(m.id, m.level) for m in messages] == [("django_redisqueue.W001", checks.WARNING)]
+    assert "did not answer (redis://127.0.0.1:" in messages[0].msg
+    assert "secret" not in messages[0].msg
+
+
+def test_the_redis_check_does_not_hang_on_a_server_that_never_answers(monkeypatch):
+    monkeypatch.setattr(redisqueue_checks, "PING_TIMEOUT", 0.3)
+    with socket.socket() as silent:  # accepts connections (the backlog), never replies
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        conf = {"BACKEND": BACKEND, "OPTIONS": {"URL": url}}
+        started = time.monotonic()
+        with override_settings(TASKS={"default": conf}):
+            messages = our_messages(deploy=True)
+        took = time.monotonic() - started
+    assert [m.id for m in messages] == ["django_redisqueue.W001"]
+    assert "Timeout" in messages[0].msg
+    assert took < 5  # bounded by the timeout, not by the server
+
+
+def test_runworker_of_an_app_listed_first_is_reported():
+    from django.conf import settings
+
+    installed = list(settings.INSTALLED_APPS)
+    with override_settings(INSTALLED_APPS=["tests.shadow_app", *installed]):
+        messages = our_messages()
+    assert [m.id for m in messages] == ["django_redisqueue.W002"]
+    assert "'manage.py runworker' runs the command of 'tests.shadow_app'" in messages[0].msg
+    assert "before 'tests.shadow_app'" in messages[0].hint
+
+    with override_settings(INSTALLED_APPS=[*installed, "tests.shadow_app"]):
+        assert our_messages() == []
+
+
+def test_the_shadowing_runworker_is_the_one_that_runs():
+    done = manage("runworker", "--skip-checks", "--settings", "tests.settings_misconfigured")
+    assert "the shadowing app's runworker ran" in done.stderr
