@@ -158,6 +158,7 @@ class Broker:
         finish: Sequence[Outcome] = (),
         count: int = 1,
         *,
+        starting: Claimed | None = None,
         client: redis.Redis | None = None,
     ) -> tuple[list[bool], list[Claimed]]:
         """Store the outcomes in ``finish``, then claim up to ``count`` jobs from the
@@ -166,7 +167,7 @@ class Broker:
         Returns, per outcome, whether it was stored (False: the caller no longer owned
         the job), and the jobs claimed (none when every queue is empty).
         """
-        args = self._claim_args(queues, worker_id, finish, count)
+        args = self._claim_args(queues, worker_id, finish, count, starting)
         stored, claimed = self._scripts["claim"](
             keys=self.keys.script_keys, args=args, client=client or self.client
         )
@@ -183,10 +184,16 @@ class Broker:
         ]
 
     def _claim_args(
-        self, queues: Sequence[str], worker_id: str, finish: Sequence[Outcome], count: int
+        self,
+        queues: Sequence[str],
+        worker_id: str,
+        finish: Sequence[Outcome],
+        count: int,
+        starting: Claimed | None = None,
     ) -> list[Any]:
         args: list[Any] = [now_ms(), self.lease_ms, worker_id, self.result_ttl]
         args += [len(finish), count]
+        args += [starting.job_id, starting.owner] if starting else ["", ""]
         for outcome in finish:
             args += outcome.as_args()
         return args + list(queues)
@@ -393,14 +400,17 @@ class WorkerSession:
             )
         return self._client
 
-    def finish_soon(self, outcome: Outcome, tag: Any = None) -> None:
-        """Send a job's outcome now; its reply is read by the next ``claim``."""
+    def finish_soon(
+        self, outcome: Outcome, tag: Any = None, starting: Claimed | None = None
+    ) -> None:
+        """Send a job's outcome now, and mark the next job (``starting``) as started;
+        the reply is read by the next ``claim``."""
         if self.unsent:
             self.unsent.append((outcome, tag))
             return
         script = self.broker._scripts["claim"]
         keys = self.broker.keys.script_keys
-        args = self.broker._claim_args((), "", [outcome], 0)
+        args = self.broker._claim_args((), "", [outcome], 0, starting)
         try:
             connection = self.client.connection
             connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)

@@ -25,8 +25,9 @@ from .jobs import error_info, to_json
 
 logger = logging.getLogger(__name__)
 
-# Longest sleep when nothing is due: also how often an idle scheduler checks in.
-IDLE_WAIT = 5.0
+# Longest sleep when nothing is due: also how often an idle scheduler checks in. Well
+# under redis-py's default socket timeout (5 s), which a longer blocking call would hit.
+IDLE_WAIT = 3.0
 # Below this, sleep on the local clock: Redis's blocking timeouts are ~0.1 s coarse.
 LOCAL_SLEEP_BELOW = 0.25
 # Most jobs each kind of move handles per step; a full batch runs the next step at once.

@@ -206,7 +206,8 @@ class Worker:
                         continue
                 outcome, result = self.execute(ahead.popleft())
                 self.jobs_done += 1
-                session.finish_soon(outcome, result)
+                starting = ahead[0] if ahead and not self._should_stop() else None
+                session.finish_soon(outcome, result, starting)
         finally:
             heartbeat.stopped.set()
             # Jobs claimed ahead and never started go back to their queue, uncounted.

@@ -120,3 +120,18 @@ def test_errors_accumulate_as_a_json_list(broker, backend):
     stored = backend.get_result(job.id)
     assert [e.traceback for e in stored.errors] == ["try 1", "try 2"]
     assert stored.attempts == 2
+
+
+def test_only_a_started_job_counts_as_lost_when_its_worker_dies(r, broker, backend):
+    ids = [tasks.noop.enqueue().id for _ in range(3)]
+    _, batch = broker.claim(QUEUES, "w1", count=3)  # the worker starts the first at once
+    done = Outcome(batch[0].job_id, batch[0].owner, SUCCESSFUL, result="null")
+    broker.claim(QUEUES, "w1", [done], count=0, starting=batch[1])  # then the second
+    for job_id in ids[1:]:  # the worker dies: the leases run out
+        r.zadd("{drq:default}:running", {job_id: 0})
+    tick = broker.tick("s1", batch=10, lost_limit=2, lost_error="{}")
+    assert tick.recovered == 2
+    lost = [r.hget(f"{{drq:default}}:job:{i}", "lost") for i in ids[1:]]
+    attempts = [backend.get_result(i).attempts for i in ids[1:]]
+    assert (lost, attempts) == (["1", None], [1, 0])  # the third was only claimed ahead
+    assert sorted(claim_all(broker)) == sorted(ids[1:])  # both back on the queue

@@ -2,7 +2,9 @@
 -- first non-empty, unpaused queue in the order given (a batch never mixes queues).
 -- One round trip per batch when busy.
 -- ARGV[1] now (ms), ARGV[2] lease (ms), ARGV[3] worker id, ARGV[4] result TTL (s),
--- ARGV[5] F, the number of outcomes to store first, ARGV[6] N, most jobs to claim
+-- ARGV[5] F, the number of outcomes to store first, ARGV[6] N, most jobs to claim,
+-- ARGV[7], ARGV[8]: id and owner token of a job claimed earlier that the worker starts
+--   now, or '' (see "started_by" below)
 -- then F groups of 6: job id, owner token, status, result JSON or '', error JSON or '',
 --   retry due time (ms, for RETRY)
 -- then the names of the queues to try, in order
@@ -14,11 +16,17 @@ local outcomes, wanted = tonumber(ARGV[5]), tonumber(ARGV[6])
 
 local stored = {}
 for i = 0, outcomes - 1 do
-  local at = 7 + i * 6
+  local at = 9 + i * 6
   stored[#stored + 1] = finish_job(ARGV[at], ARGV[at + 1], ARGV[at + 2], now,
                                    ARGV[at + 3], ARGV[at + 4], ttl, ARGV[at + 5])
 end
-local first_queue = 7 + outcomes * 6
+local first_queue = 9 + outcomes * 6
+
+-- "started_by" tells a job the worker runs from one it only claimed ahead: if the
+-- worker dies, only the first counts as lost (see tick.lua).
+if ARGV[7] ~= '' and redis.call('HGET', JOB .. ARGV[7], 'owner') == ARGV[8] then
+  redis.call('HSET', JOB .. ARGV[7], 'started_by', ARGV[8])
+end
 
 -- A queue member that is not a plausible job id (garbage written by hand or by a bug)
 -- is recorded as a FAILED job of its own, named after its hash, and skipped.
@@ -33,7 +41,7 @@ local function discard_malformed(id, queue_name)
   record_outcome(name, 'FAILED', now, '', error, ttl)
 end
 
-local function claim(id)
+local function claim(id, first)
   local job = JOB .. id
   local attempts = redis.call('HINCRBY', job, 'attempts', 1)
   local owner = worker .. '/' .. attempts
@@ -41,6 +49,9 @@ local function claim(id)
   local workers = fields[2] and (fields[2] .. ',' .. worker) or worker
   redis.call('HSET', job, 'status', 'RUNNING', 'owner', owner, 'workers', workers,
              'last_attempted_at', now)
+  if first then
+    redis.call('HSET', job, 'started_by', owner) -- the worker starts the first at once
+  end
   if attempts == 1 then
     redis.call('HSET', job, 'started_at', now)
   end
@@ -62,7 +73,7 @@ for i = first_queue, #ARGV do
     if #id > 128 or not string.find(id, '^[%w_%-%.:]+$') then
       discard_malformed(id, ARGV[i])
     else
-      claimed[#claimed + 1] = claim(id)
+      claimed[#claimed + 1] = claim(id, #claimed == 0)
     end
   end
   if #claimed > 0 then

@@ -4,6 +4,8 @@
 -- ARGV[1] now (ms), ARGV[2] most jobs to move per kind, ARGV[3] how many times a job
 -- may be recovered before it fails, ARGV[4] result TTL (s), ARGV[5] error JSON for a
 -- job that fails because its workers keep getting lost
+-- A job counts as lost only if its worker had started it ("started_by" is the owner);
+-- one only claimed ahead goes back to its queue uncounted.
 -- Returns {promoted, recovered, failed, next}: next is the time (ms) of the next due
 -- job or lease deadline, -1 if there is none, or 0 if a batch was full (call again).
 local now, batch, lost_limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -28,9 +30,15 @@ local expired = redis.call('ZRANGEBYSCORE', RUNNING, '-inf', now, 'LIMIT', 0, ba
 for _, id in ipairs(expired) do
   redis.call('ZREM', RUNNING, id)
   local job = JOB .. id
+  local fields = redis.call('HMGET', job, 'owner', 'started_by')
   redis.call('HDEL', job, 'owner')
   if redis.call('EXISTS', job) == 0 then
     -- deleted by hand while it ran: nothing left to recover
+  elseif fields[2] ~= fields[1] then
+    -- claimed ahead by a worker that died before starting it: not the job's fault
+    forget_attempt(job)
+    requeue(id)
+    recovered = recovered + 1
   elseif redis.call('HINCRBY', job, 'lost', 1) > lost_limit then
     record_outcome(id, 'FAILED', now, '', ARGV[5], ARGV[4])
     failed = failed + 1
