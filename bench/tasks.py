@@ -3,6 +3,7 @@ import time
 
 import redis
 
+from bench.systems.stamps import run_job
 from django_redisqueue import task
 
 _client = None
@@ -30,3 +31,9 @@ def stamp(enqueued_at: float) -> None:
 def stamp_due(due: float) -> None:
     """Record how long after its due time this delayed job started, in ms."""
     record("bench:lateness", (time.time() - due) * 1000)
+
+
+@task
+def job(given: float = 0.0) -> None:
+    """The peer benchmark's job: stamps a file (see bench/systems/stamps.py)."""
+    run_job(given)

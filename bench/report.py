@@ -1,0 +1,208 @@
+"""Turn the peer benchmark's figures into ``results.md`` and ``chart.png``.
+
+.venv/bin/python -m bench.report [bench/results/results.json]   # redraw from the JSON
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DASH, TIMES = "\N{EN DASH}", "\N{MULTIPLICATION SIGN}"
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    key: str
+    title: str
+    unit: str
+    higher_is_better: bool
+    log: bool = False  # log scale on the chart: the values span orders of magnitude
+    same_as_one: str = ""  # the ONE metric that stands in when the default is one at a time
+
+
+METRICS = [
+    Metric("enqueue_one", "Enqueue, one at a time", "jobs/s", True),
+    Metric("enqueue_bulk", "Enqueue, bulk call", "jobs/s", True, log=True),
+    Metric("drain_one", "Drain, one job at a time", "jobs/s", True, log=True),
+    Metric("drain_default", "Drain, default concurrency", "jobs/s", True, True, "drain_one"),
+    Metric("latency_p50", "Idle latency p50", "ms", False, log=True),
+    Metric("latency_p95", "Idle latency p95", "ms", False, log=True),
+    Metric("latency_p99", "Idle latency p99", "ms", False, log=True),
+    Metric("lateness_p50", "Delayed lateness p50", "ms", False, log=True),
+    Metric("lateness_p99", "Delayed lateness p99", "ms", False, log=True),
+    Metric("memory_per_job", "Redis memory per waiting job", "bytes", False),
+    Metric("rss_one", "Worker RSS at rest, 1 process", "MiB", False),
+    Metric("rss_default", "Worker RSS at rest, default", "MiB", False, False, "rss_one"),
+    Metric("pss_default", "Worker PSS at rest, default", "MiB", False, False, "pss_one"),
+]
+HOME = "redisqueue"  # ratios are each system's figure over this one's
+
+
+def values(data: dict[str, Any], system: str, metric: Metric) -> list[float]:
+    figures = data["figures"].get(system, {})
+    stands_in = metric.same_as_one and data["systems"][system]["default_is_one"]
+    if metric.key not in figures and stands_in:
+        return figures.get(metric.same_as_one, [])
+    return figures.get(metric.key, [])
+
+
+def number(value: float) -> str:
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def ratio(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
+
+
+def cell(data: dict[str, Any], system: str, metric: Metric) -> str:
+    found = values(data, system, metric)
+    if not found:
+        return DASH
+    median = statistics.median(found)
+    text = f"{number(median)} ({number(min(found))}{DASH}{number(max(found))})"
+    home = values(data, HOME, metric)
+    if system != HOME and home and statistics.median(home):
+        text += f" **{TIMES}{ratio(median / statistics.median(home))}**"
+    return text
+
+
+def table(data: dict[str, Any]) -> list[str]:
+    systems = list(data["systems"])
+    titles = [data["systems"][name]["title"] for name in systems]
+    lines = [
+        "| figure | better | " + " | ".join(titles) + " |",
+        "|---|---|" + "---|" * len(systems),
+    ]
+    for metric in METRICS:
+        better = "higher" if metric.higher_is_better else "lower"
+        cells = [cell(data, name, metric) for name in systems]
+        lines.append(f"| {metric.title} ({metric.unit}) | {better} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def notes(data: dict[str, Any]) -> list[str]:
+    titles = {metric.key: metric.title for metric in METRICS}
+    found = [
+        f"- {data['systems'][name]['title']}, {titles[key]}: " + "; ".join(dict.fromkeys(texts))
+        for name, per_metric in data["notes"].items()
+        for key, texts in per_metric.items()
+        if key in titles
+    ]
+    same = [s["title"] for s in data["systems"].values() if s["default_is_one"]]
+    if same:
+        found.append(
+            f"- {', '.join(same)}: the default concurrency is one job at a time, so the "
+            "default rows repeat the one-at-a-time figures."
+        )
+    return found + [f"- FAILED: {failure}" for failure in data.get("failures", [])]
+
+
+def workloads(data: dict[str, Any]) -> list[str]:
+    """What each row measures, with the job counts of this sitting."""
+    p = {key: f"{value:,g}" for key, value in data["parameters"].items()}
+    return [
+        f"- **Enqueue**: {p['enqueue_jobs']} no-op jobs without arguments, one call each, "
+        "from one process, after 20 warm-up jobs; bulk: the system's own bulk call.",
+        f"- **Drain**: {p['drain_jobs']} no-op jobs enqueued first, then one worker; the "
+        "rate runs from the first job's start to the last job's end as the jobs stamped "
+        f"them, so start-up is excluded. A drain still running after {p['drain_cap']} s "
+        "is stopped and rated on the jobs it ran.",
+        "- **Default concurrency**: the system's default on this 2-core machine (this app: "
+        "`--concurrency 2`, one process per core).",
+        f"- **Idle latency**: the default set-up plus what runs delayed jobs, idle for 2 s "
+        f"after a warm-up job; {p['latency_jobs']} jobs at {p['latency_rate']} per second, "
+        "each given `time.time()` taken just before its enqueue call; start minus that.",
+        f"- **Delayed lateness**: then {p['delayed_jobs']} jobs due evenly over "
+        f"{p['delayed_span']} s, enqueued from {p['delayed_lead']} s ahead with the "
+        "system's own delay call; start minus due.",
+        f"- **Redis memory**: `used_memory` after {p['memory_jobs']} waiting jobs with one "
+        "small argument (their number), minus before, divided; no worker running.",
+        "- **Worker RSS/PSS**: the worker's process tree once started and idle, before any "
+        "job; RSS counts pages shared by forked processes in each of them, PSS divides them.",
+    ]
+
+
+def markdown(data: dict[str, Any]) -> str:
+    lines = [
+        f"Median of {data['runs']} runs (min{DASH}max), and **{TIMES}ratio**: the system's "
+        "median over django-redisqueue's."
+        + ("" if data["scale"] == 1 else f" Job counts scaled by {data['scale']}."),
+        "",
+        *table(data),
+    ]
+    found = notes(data)
+    if found:
+        lines += ["", "Notes:", "", *found]
+    lines += ["", "Workloads:", "", *workloads(data)]
+    lines += ["", "Set-up of each system:", ""]
+    lines += [f"- **{s['title']}**: {s['settings']}" for s in data["systems"].values()]
+    lines += ["", "Versions:", ""]
+    lines += [f"- {name} {version}" for name, version in data["versions"].items()]
+    lines += ["", f"Run on {data['date']} with `{data['command']}` in {data['duration']}."]
+    return "\n".join(lines) + "\n"
+
+
+def chart(data: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = list(data["systems"])
+    titles = [data["systems"][name]["title"] for name in systems]
+    columns = 4
+    rows = -(-len(METRICS) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows))
+    for ax, metric in zip(axes.flat, METRICS, strict=False):
+        medians, low, high, colors = [], [], [], []
+        for name in systems:
+            found = values(data, name, metric)
+            median = statistics.median(found) if found else 0.0
+            medians.append(median)
+            low.append(median - min(found) if found else 0.0)
+            high.append(max(found) - median if found else 0.0)
+            colors.append("#c0392b" if name == HOME else "#7f8c8d")
+        positions = range(len(systems))
+        ax.barh(positions, medians, xerr=[low, high], color=colors, capsize=2)
+        ax.set_yticks(list(positions), titles, fontsize=8)
+        ax.invert_yaxis()
+        if metric.log and any(m > 0 for m in medians):
+            ax.set_xscale("log")
+        better = "higher" if metric.higher_is_better else "lower"
+        ax.set_title(f"{metric.title}\n{metric.unit}, {better} is better", fontsize=9)
+        ax.tick_params(axis="x", labelsize=7)
+        left = ax.get_xlim()[0]
+        for y, median in zip(positions, medians, strict=True):
+            label = f" {number(median)}" if median else " n/a"
+            ax.text(median or left, y, label, va="center", fontsize=7)
+    for ax in list(axes.flat)[len(METRICS) :]:
+        ax.axis("off")
+    fig.suptitle(
+        f"django-redisqueue and its peers: median of {data['runs']} runs, bars min{DASH}max "
+        f"({data['date']})",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(data: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out / "results.md").write_text(markdown(data))
+    chart(data, out / "chart.png")
+
+
+if __name__ == "__main__":
+    source = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/results/results.json")
+    write(json.loads(source.read_text()), source.parent)

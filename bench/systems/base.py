@@ -1,0 +1,61 @@
+"""The interface every benchmarked system implements: client calls and worker commands.
+
+Client calls run inside ``python -m bench.client`` (one system per process); the
+commands are started by ``bench.peers``. The URL of the private Redis comes from
+``BENCH_REDIS_URL`` and the stamp file from ``BENCH_STAMPS``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Sequence
+
+# Worker configurations.
+ONE = "one"  # one process running one job at a time
+DEFAULT = "default"  # the system's default concurrency on this machine
+SERVE = "serve"  # DEFAULT plus whatever runs delayed jobs: for latency and lateness
+
+Args = tuple[float, ...]
+
+
+def redis_url() -> str:
+    return os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def python(*args: str) -> list[str]:
+    """A command run by this interpreter (the same virtualenv as the benchmark)."""
+    return [sys.executable, *args]
+
+
+class System:
+    name = ""
+    title = ""
+    distributions: tuple[str, ...] = ()  # whose versions are printed
+    settings = ""  # the configuration chosen, as the report states it
+    has_bulk = False
+    has_delay = True
+    default_is_one = False  # the default concurrency is one job at a time
+
+    def connect(self) -> None:
+        """Prepare the client side (connections, framework set-up)."""
+
+    def enqueue_one(self, *args: float) -> None:
+        raise NotImplementedError
+
+    def enqueue_each(self, calls: Iterable[Args]) -> None:
+        """Enqueue one job per tuple of arguments, one call per job."""
+        for args in calls:
+            self.enqueue_one(*args)
+
+    def enqueue_bulk(self, calls: Sequence[Args]) -> None:
+        """Enqueue the jobs with the system's own bulk call."""
+        raise NotImplementedError
+
+    def enqueue_due(self, dues: Iterable[float]) -> None:
+        """Enqueue one delayed job per due time (seconds), given its due time."""
+        raise NotImplementedError
+
+    def commands(self, config: str) -> list[list[str]]:
+        """The processes to start for ``config``; the first one is the worker."""
+        raise NotImplementedError

@@ -1,0 +1,45 @@
+"""Dramatiq with ``RedisBroker``: ``actor.send()``, the ``dramatiq`` worker; delayed jobs
+with ``send_with_options(delay=...)``, which go through a delay queue the worker holds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import dramatiq
+from dramatiq.brokers.redis import RedisBroker
+
+from bench.systems.base import ONE, System, python, redis_url
+from bench.systems.stamps import run_job
+
+dramatiq.set_broker(RedisBroker(url=redis_url()))
+
+
+@dramatiq.actor
+def job(given: float = 0.0) -> None:
+    run_job(given)
+
+
+class Dramatiq(System):
+    name = "dramatiq"
+    title = "Dramatiq"
+    distributions = ("dramatiq",)
+    settings = (
+        "`RedisBroker` with the default middleware; `dramatiq --processes 1 --threads 1`; "
+        "default: one process per core (2) with 8 threads each; delayed jobs: "
+        "`send_with_options(delay=...)`"
+    )
+
+    def enqueue_one(self, *args: float) -> None:
+        job.send(*args)
+
+    def enqueue_due(self, dues: Iterable[float]) -> None:
+        for due in dues:
+            job.send_with_options(args=(due,), delay=max(0, round((due - time.time()) * 1000)))
+
+    def commands(self, config: str) -> list[list[str]]:
+        worker = python("-m", "dramatiq", "bench.systems.dramatiq")
+        return [[*worker, "--processes", "1", "--threads", "1"] if config == ONE else worker]
+
+
+SYSTEM = Dramatiq()

@@ -1,0 +1,234 @@
+"""The workloads of the peer benchmark, measured the same way for every system.
+
+Every job stamps a file (``bench/systems/stamps.py``): rates run from the first job's
+start to the last job's end as the jobs recorded them, so worker start-up is excluded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from bench.procs import ROOT, Processes, wait_for_rest
+from bench.systems import stamps
+from bench.systems.base import DEFAULT, ONE, SERVE, System
+
+ENQUEUE_JOBS = 20_000
+DRAIN_JOBS = 20_000
+LATENCY_JOBS = 300
+LATENCY_RATE = 100.0  # jobs per second
+DELAYED_JOBS = 1_000
+DELAYED_SPAN = 2.0  # seconds over which the delayed jobs fall due
+DELAYED_LEAD = 3.0  # seconds from the start of their enqueue to the first due time
+MEMORY_JOBS = 100_000
+FILL_PROCESSES = 4  # untimed fills run in parallel to save time
+START_TIMEOUT = 90.0  # seconds for a worker's first job
+
+
+@dataclass
+class Bench:
+    """One sitting: the private Redis, a work directory and the figures so far."""
+
+    client: redis.Redis
+    url: str
+    work: Path
+    scale: float
+    drain_cap: float  # seconds a drain may run before it is cut short
+    run: int = 0
+    figures: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    notes: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+
+    def jobs(self, count: int) -> int:
+        return max(1, round(count * self.scale))
+
+    def record(self, system: System, metric: str, value: float, note: str = "") -> None:
+        self.figures.setdefault(system.name, {}).setdefault(metric, []).append(value)
+        if note:
+            self.notes.setdefault(system.name, {}).setdefault(metric, []).append(note)
+
+    def env(self, stamp_file: Path | None = None) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "BENCH_REDIS_URL": self.url,
+            "PYTHONPATH": str(ROOT),
+            "DJANGO_SETTINGS_MODULE": "bench.settings",
+        }
+        if stamp_file:
+            env["BENCH_STAMPS"] = str(stamp_file)
+        return env
+
+    def file(self, system: System, what: str) -> Path:
+        return self.work / f"run{self.run}-{system.name}-{what}"
+
+    def fresh(self) -> None:
+        """Empty Redis between workloads: every system starts from the same state."""
+        self.client.flushall()
+
+    def call(
+        self, system: System, action: str, *args: object, stamp_file: Path | None = None
+    ) -> dict[str, float]:
+        """Run a client action (``bench/client.py``) and return what it printed."""
+        command = [sys.executable, "-m", "bench.client", system.name, action, *map(str, args)]
+        env = self.env(stamp_file)
+        done = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+        )
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(command[2:])} failed:\n{done.stderr[-3000:]}")
+        return json.loads(done.stdout.splitlines()[-1])
+
+    def fill(self, system: System, jobs: int, *, arg: bool) -> None:
+        """Enqueue ``jobs`` jobs, untimed, from several client processes at once."""
+        share = -(-jobs // FILL_PROCESSES)
+        popens = []
+        for first in range(0, jobs, share):
+            command = [
+                *(sys.executable, "-m", "bench.client", system.name, "fill"),
+                *("--jobs", str(min(share, jobs - first)), "--first", str(first)),
+                *(["--arg"] if arg else []),
+            ]
+            popens.append(
+                subprocess.Popen(command, cwd=ROOT, env=self.env(), stdout=subprocess.DEVNULL)
+            )
+        if any(popen.wait(timeout=900) for popen in popens):
+            raise RuntimeError(f"filling {system.name} with {jobs} jobs failed")
+
+    def start(self, system: System, config: str, stamp_file: Path) -> Processes:
+        log = stamp_file.with_suffix(".log")
+        return Processes(system.commands(config), self.env(stamp_file), log)
+
+
+def wait_for_count(path: Path, expected: int, timeout: float, processes: Processes) -> None:
+    deadline = time.monotonic() + timeout
+    while stamps.count(str(path)) < expected:
+        processes.check()
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"only {stamps.count(str(path))} of {expected} jobs ran within {timeout:.0f} s\n"
+                + processes.log_tail()
+            )
+        time.sleep(0.02)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def enqueue(bench: Bench, system: System) -> None:
+    """Jobs per second enqueued one at a time from one process, then in bulk."""
+    jobs = bench.jobs(ENQUEUE_JOBS)
+    bench.fresh()
+    bench.record(system, "enqueue_one", bench.call(system, "enqueue", "--jobs", jobs)["rate"])
+    if system.has_bulk:
+        bench.fresh()
+        bench.record(system, "enqueue_bulk", bench.call(system, "bulk", "--jobs", jobs)["rate"])
+    bench.fresh()
+
+
+def memory(bench: Bench, system: System) -> None:
+    """Redis memory per waiting job: ``used_memory`` before and after a fill, no worker."""
+    jobs = bench.jobs(MEMORY_JOBS)
+    bench.fresh()
+    before = bench.client.info("memory")["used_memory"]
+    bench.fill(system, jobs, arg=True)
+    after = bench.client.info("memory")["used_memory"]
+    bench.record(system, "memory_per_job", (after - before) / jobs)
+    bench.fresh()
+
+
+def drain(bench: Bench, system: System, config: str) -> None:
+    """Jobs per second run by a worker from a full queue, first start to last end."""
+    metric = "drain_one" if config == ONE else "drain_default"
+    if config == DEFAULT and (system.default_is_one or not system.commands(DEFAULT)):
+        return
+    jobs = bench.jobs(DRAIN_JOBS)
+    bench.fresh()
+    bench.fill(system, jobs, arg=False)
+    path = bench.file(system, f"drain-{config}.stamps")
+    processes = bench.start(system, config, path)
+    capped = False
+    try:
+        wait_for_count(path, 1, START_TIMEOUT, processes)
+        cap = time.monotonic() + bench.drain_cap
+        while stamps.count(str(path)) < jobs:
+            processes.check()
+            if time.monotonic() > cap:
+                capped = True
+                break
+            time.sleep(0.02)
+    finally:
+        processes.stop()
+    rows = stamps.read(str(path))
+    if not capped and len(rows) != jobs:
+        raise RuntimeError(f"{len(rows)} jobs ran for {jobs} enqueued")
+    rate = len(rows) / (max(r.ended for r in rows) - min(r.started for r in rows))
+    note = f"cut short after {bench.drain_cap:.0f} s: {len(rows):,} of {jobs:,} jobs" * capped
+    bench.record(system, metric, rate, note)
+    bench.fresh()
+
+
+def rest(bench: Bench, system: System, config: str) -> None:
+    """Memory of the worker's process tree once started and idle, before any job."""
+    if config == DEFAULT and (system.default_is_one or not system.commands(DEFAULT)):
+        return
+    bench.fresh()
+    processes = bench.start(system, config, bench.file(system, f"rest-{config}.stamps"))
+    try:
+        memory = wait_for_rest(processes)
+    finally:
+        processes.stop()
+    note = f"{memory.processes} processes" if memory.processes > 1 else ""
+    bench.record(system, f"rss_{config}", memory.rss, note)
+    bench.record(system, f"pss_{config}", memory.pss)
+
+
+def serve(bench: Bench, system: System) -> None:
+    """Idle latency (enqueue to start), then delayed jobs' lateness (start minus due),
+    on one worker set-up as deployed: default concurrency and what runs delayed jobs."""
+    bench.fresh()
+    path = bench.file(system, "serve.stamps")
+    processes = bench.start(system, SERVE, path)
+    try:
+        jobs = bench.jobs(LATENCY_JOBS)
+        bench.call(system, "latency", "--jobs", jobs, "--rate", LATENCY_RATE, stamp_file=path)
+        wait_for_count(path, 1 + jobs, 60, processes)
+        rows = stamps.read(str(path))[1:]  # after the warm-up job
+        latency = [(r.started - r.given) * 1000 for r in rows]
+        for p in (50, 95, 99):
+            bench.record(system, f"latency_p{p}", percentile(latency, p))
+        if system.has_delay:
+            delayed = bench.jobs(DELAYED_JOBS)
+            bench.call(
+                system,
+                "delayed",
+                *("--jobs", delayed, "--span", DELAYED_SPAN, "--lead", DELAYED_LEAD),
+            )
+            wait_for_count(path, 1 + jobs + delayed, DELAYED_LEAD + DELAYED_SPAN + 60, processes)
+            rows = stamps.read(str(path))[1 + jobs :]
+            lateness = [(r.started - r.given) * 1000 for r in rows]
+            for p in (50, 99):
+                bench.record(system, f"lateness_p{p}", percentile(lateness, p))
+    finally:
+        processes.stop()
+    bench.fresh()
+
+
+# In the order they run, by the names --workloads takes.
+WORKLOADS: dict[str, Callable[[Bench, System], None]] = {
+    "enqueue": enqueue,
+    "memory": memory,
+    "drain": lambda bench, system: drain(bench, system, ONE),
+    "drain-default": lambda bench, system: drain(bench, system, DEFAULT),
+    "rest": lambda bench, system: rest(bench, system, ONE),
+    "rest-default": lambda bench, system: rest(bench, system, DEFAULT),
+    "serve": serve,
+}
