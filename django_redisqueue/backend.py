@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
+import logging
 import time
 import uuid
 from functools import cached_property, lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from django.db import transaction
 
 from . import broker as broker_module
 from .base import RedisTask, RedisTaskResult
-from .broker import CONNECTION_ERRORS, Broker
+from .broker import REDIS_ERRORS, Broker, Reconnector
 from .compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -28,15 +28,16 @@ from .compat import (
 from .conf import Options, parse_options
 from .exceptions import (
     BrokerUnavailable,
-    InvalidPayload,
     JobCancelled,
     NotCancellable,
     ResultTimeout,
     UnknownTask,
 )
-from .jobs import Envelope, ensure_json_arguments, error_info, from_ms, from_seconds, to_json
+from .jobs import Envelope, JobRecord, ensure_json_arguments, error_info, from_seconds, to_json
 from .keys import KeySchema
 from .registry import registry
+
+logger = logging.getLogger(__name__)
 
 FINAL_STATUSES = frozenset({broker_module.SUCCESSFUL, broker_module.FAILED})
 
@@ -49,7 +50,113 @@ def unregistered_task(*args: Any, **kwargs: Any) -> None:
     raise UnknownTask("this job's task is not registered")
 
 
-class RedisQueueBackend(BaseTaskBackend):
+class JobPreparation:
+    """What every backend of this app does with a job before it runs: check it, give
+    it an id and its envelope, then ``push`` it (at once, or when the transaction
+    commits). ``RedisQueueBackend`` pushes to Redis; ``ImmediateBackend`` runs it."""
+
+    alias: str
+    params: dict[str, Any]
+
+    # Read at first use, not at start: Django builds every backend to run its system
+    # checks, which must be able to report wrong settings rather than crash on them.
+    @cached_property
+    def config(self) -> Options:
+        """The parsed settings; raises ConfigurationError if they are wrong."""
+        return parse_options(self.alias, self.params)
+
+    if TYPE_CHECKING:
+
+        def validate_task(self, task: Task) -> None: ...
+
+    def push(self, result: RedisTaskResult) -> None:
+        """Hand a prepared job on: to Redis, or run it."""
+        raise NotImplementedError
+
+    def enqueue(
+        self, task: Task, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]
+    ) -> RedisTaskResult:
+        """Queue a job; with ENQUEUE_ON_COMMIT, once the current transaction commits."""
+        if self.config.enqueue_on_commit:
+            return self.enqueue_on_commit(task, args, kwargs)
+        result = self.prepare(task, args, kwargs)
+        self.push(result)
+        return result
+
+    def enqueue_on_commit(
+        self,
+        task: Task,
+        args: tuple[Any, ...] | list[Any],
+        kwargs: dict[str, Any],
+        *,
+        using: str | None = None,
+    ) -> RedisTaskResult:
+        """Check a job now and push it once the transaction on database ``using``
+        commits (at once outside a transaction; never if it rolls back).
+
+        The result carries the job's id from the start; its ``enqueued_at`` is set
+        when the job is pushed, and until then ``get_result()`` does not find it.
+        """
+        result = self.prepare(task, args, kwargs)
+        transaction.on_commit(functools.partial(self.push, result), using=using)
+        return result
+
+    def prepare(
+        self, task: Task, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]
+    ) -> RedisTaskResult:
+        """Validate a job and give it its id: a READY result that is not pushed yet.
+
+        Raises at the call site: InvalidTask, TypeError for an argument that does not
+        survive JSON, ValueError for a job over MAX_PAYLOAD_BYTES.
+        """
+        self.validate_task(task)
+        ensure_json_arguments(task.module_path, args, kwargs)
+        envelope = Envelope(
+            task_path=task.module_path,
+            args=list(args),
+            kwargs=kwargs,
+            queue_name=task.queue_name,
+            priority=task.priority,
+            backend=self.alias,
+            run_after=task.run_after.timestamp() if task.run_after else None,
+        )
+        payload = envelope.dumps()
+        size = len(payload.encode())
+        if size > self.config.max_payload_bytes:
+            raise ValueError(
+                f"The job for {task.module_path}() is {size} bytes of JSON, over the "
+                f"{self.config.max_payload_bytes}-byte MAX_PAYLOAD_BYTES limit: pass "
+                "a reference (a primary key, a file path) instead of the data."
+            )
+        result = make_result(self.alias, task, JobRecord(uuid.uuid4().hex, {}, envelope))
+        object.__setattr__(result, "_payload", payload)
+        return result
+
+
+def make_result(alias: str, task: Task, record: JobRecord) -> RedisTaskResult:
+    """The TaskResult of a job as its record stands: the one place results are built."""
+    envelope = record.envelope
+    result = RedisTaskResult(
+        task=task,
+        id=record.id,
+        status=TaskResultStatus(record.status),
+        enqueued_at=record.enqueued_at,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        last_attempted_at=record.last_attempted_at,
+        args=envelope.args if envelope else [],
+        kwargs=envelope.kwargs if envelope else {},
+        backend=alias,
+        errors=[TaskError(**error) for error in record.errors],
+        worker_ids=record.worker_ids,
+    )
+    has_value, value = record.return_value
+    if result.status == TaskResultStatus.SUCCESSFUL and has_value:
+        object.__setattr__(result, "_return_value", value)
+    return result
+
+
+class RedisQueueBackend(JobPreparation, BaseTaskBackend):
     task_class = RedisTask
 
     supports_defer = True
@@ -60,13 +167,6 @@ class RedisQueueBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self.params = params
-
-    # Read at first use, not here: Django builds every backend to run its system checks,
-    # which must be able to report wrong settings rather than crash on them.
-    @cached_property
-    def config(self) -> Options:
-        """The parsed settings; raises ConfigurationError if they are wrong."""
-        return parse_options(self.alias, self.params)
 
     @cached_property
     def queue_names(self) -> tuple[str, ...]:
@@ -105,121 +205,64 @@ class RedisQueueBackend(BaseTaskBackend):
         if task.func is not unregistered_task:
             registry.register(task)
 
-    def enqueue(
-        self, task: Task, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]
-    ) -> RedisTaskResult:
-        """Queue a job; with ENQUEUE_ON_COMMIT, once the current transaction commits."""
-        if self.config.enqueue_on_commit:
-            return self.enqueue_on_commit(task, args, kwargs)
-        result = self.prepare(task, args, kwargs)
-        self.push(result)
-        return result
-
-    def enqueue_on_commit(
-        self,
-        task: Task,
-        args: tuple[Any, ...] | list[Any],
-        kwargs: dict[str, Any],
-        *,
-        using: str | None = None,
-    ) -> RedisTaskResult:
-        """Check a job now and queue it once the transaction on database ``using``
-        commits (at once outside a transaction; never if it rolls back).
-
-        The result carries the job's id from the start; its ``enqueued_at`` is set
-        when the job reaches Redis, and until then ``get_result()`` does not find it.
-        """
-        result = self.prepare(task, args, kwargs)
-        transaction.on_commit(functools.partial(self.push, result), using=using)
-        return result
-
-    def prepare(
-        self, task: Task, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]
-    ) -> RedisTaskResult:
-        """Validate a job and give it its id: a READY result that is not in Redis yet.
-
-        Raises at the call site: InvalidTask, TypeError for an argument that does not
-        survive JSON, ValueError for a job over MAX_PAYLOAD_BYTES.
-        """
-        self.validate_task(task)
-        ensure_json_arguments(task.module_path, args, kwargs)
-        result = RedisTaskResult(
-            task=task,
-            id=uuid.uuid4().hex,
-            status=TaskResultStatus.READY,
-            enqueued_at=None,
-            started_at=None,
-            finished_at=None,
-            last_attempted_at=None,
-            args=list(args),
-            kwargs=kwargs,
-            backend=self.alias,
-            errors=[],
-            worker_ids=[],
-        )
-        # Checked here, at the call site; push() stamps the real enqueue time, which
-        # changes the size by a few bytes at most.
-        size = len(self._payload(result, time.time()).encode())
-        if size > self.config.max_payload_bytes:
-            raise ValueError(
-                f"The job for {task.module_path}() is {size} bytes of JSON, over the "
-                f"{self.config.max_payload_bytes}-byte MAX_PAYLOAD_BYTES limit: pass "
-                "a reference (a primary key, a file path) instead of the data."
-            )
-        return result
-
     def push(self, result: RedisTaskResult) -> None:
         """Put a prepared job in Redis, set its ``enqueued_at`` and send task_enqueued."""
         task = result.task
-        enqueued_at = time.time()
-        run_after = task.run_after.timestamp() if task.run_after else None
-        # A run_after already past goes straight to the queue.
-        due_ms = int(run_after * 1000) if run_after and run_after > enqueued_at else 0
-        payload = self._payload(result, enqueued_at)
+        due_ms = int(task.run_after.timestamp() * 1000) if task.run_after else 0
         try:
-            self.broker.enqueue(result.id, task.queue_name, task.priority, payload, due_ms)
-        except CONNECTION_ERRORS as exc:
+            enqueued_at = self.broker.enqueue(
+                result.id, task.queue_name, task.priority, result._payload, due_ms
+            )
+        except REDIS_ERRORS as exc:
             raise BrokerUnavailable(
                 f"Could not enqueue {task.module_path}(): the {self.alias!r} task "
-                f"backend's Redis did not answer ({exc})."
+                f"backend's Redis did not answer or refused it ({type(exc).__name__}: "
+                f"{exc})."
             ) from exc
-        object.__setattr__(result, "enqueued_at", from_seconds(enqueued_at))
+        if enqueued_at is None:
+            raise BrokerUnavailable(
+                f"Could not enqueue {task.module_path}(): job id {result.id} is taken."
+            )
+        object.__setattr__(result, "enqueued_at", from_seconds(enqueued_at / 1000))
         task_enqueued.send(type(self), task_result=result)
-
-    def _payload(self, result: RedisTaskResult, enqueued_at: float) -> str:
-        task = result.task
-        return Envelope(
-            task_path=task.module_path,
-            args=result.args,
-            kwargs=result.kwargs,
-            queue_name=task.queue_name,
-            priority=task.priority,
-            backend=self.alias,
-            enqueued_at=enqueued_at,
-            run_after=task.run_after.timestamp() if task.run_after else None,
-        ).dumps()
 
     def get_result(self, result_id: str) -> RedisTaskResult:
         fields = self.broker.get_job(result_id)
         if fields is None:
             raise TaskResultDoesNotExist(result_id)
-        return self.result_from_job(result_id, fields)
+        record = JobRecord.parse(result_id, fields, self.config.max_payload_bytes)
+        return make_result(self.alias, self.task_for(record.envelope), record)
 
     def wait(self, result_id: str, timeout: float | None = None) -> None:
-        """Block on Redis until the job finishes; raise ResultTimeout if it does not."""
+        """Block on Redis until the job finishes; raise ResultTimeout if it does not.
+
+        Redis errors (a restart, a failover) are waited out, with backoff, until the
+        timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        backoff = Reconnector(logger, f"Waiting for job {result_id}", ceiling=1.0)
+        status = "unknown"
         while True:
-            status = self.broker.watch(result_id)
-            if status is None:
-                raise TaskResultDoesNotExist(result_id)
-            if status in FINAL_STATUSES:
-                return
-            remaining = WAIT_SLICE if deadline is None else deadline - time.monotonic()
-            if remaining <= 0:
+            try:
+                status = self.broker.watch(result_id) or ""
+                if not status:
+                    raise TaskResultDoesNotExist(result_id)
+                if status in FINAL_STATUSES:
+                    return
+                remaining = WAIT_SLICE if deadline is None else deadline - time.monotonic()
+                if remaining > 0:
+                    self.broker.wait_finished(result_id, min(remaining, WAIT_SLICE))
+                backoff.succeeded()
+            except REDIS_ERRORS as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise ResultTimeout(
+                        f"Job {result_id} has not finished after {timeout} s: Redis "
+                        f"failed ({exc})."
+                    ) from exc
+                backoff.failed(exc)
+            if deadline is not None and time.monotonic() >= deadline:
                 raise ResultTimeout(
                     f"Job {result_id} has not finished after {timeout} s (it is {status})."
                 )
-            self.broker.wait_finished(result_id, min(remaining, WAIT_SLICE))
 
     def cancel(self, result_id: str) -> None:
         """Cancel a job that has not started; raise NotCancellable if it has."""
@@ -232,39 +275,6 @@ class RedisQueueBackend(BaseTaskBackend):
                 f"Job {result_id} is {status}: only a job that has not started (READY) "
                 "can be cancelled."
             )
-
-    # Building results from stored jobs
-
-    def result_from_job(
-        self, job_id: str, fields: dict[str, str], envelope: Envelope | None = None
-    ) -> RedisTaskResult:
-        """Build the TaskResult of a stored job (fields as ``Broker.get_job`` returns)."""
-        if envelope is None:
-            try:
-                envelope = Envelope.loads(fields.get("payload", ""), self.config.max_payload_bytes)
-            except InvalidPayload:
-                envelope = None
-        task = self.task_for(envelope)
-        status = TaskResultStatus(fields.get("status") or TaskResultStatus.READY)
-        errors = [TaskError(**error) for error in json.loads(fields.get("errors") or "[]")]
-        workers = fields.get("workers")
-        result = RedisTaskResult(
-            task=task,
-            id=job_id,
-            status=status,
-            enqueued_at=from_seconds(envelope.enqueued_at) if envelope else None,
-            started_at=from_ms(fields.get("started_at")),
-            finished_at=from_ms(fields.get("finished_at")),
-            last_attempted_at=from_ms(fields.get("last_attempted_at")),
-            args=envelope.args if envelope else [],
-            kwargs=envelope.kwargs if envelope else {},
-            backend=self.alias,
-            errors=errors,
-            worker_ids=workers.split(",") if workers else [],
-        )
-        if status == TaskResultStatus.SUCCESSFUL and fields.get("result"):
-            object.__setattr__(result, "_return_value", json.loads(fields["result"]))
-        return result
 
     def task_for(self, envelope: Envelope | None) -> Task:
         """The registered Task an envelope names, with the envelope's queue and priority."""

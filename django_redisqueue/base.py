@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, overload
 
@@ -129,6 +129,9 @@ class RedisTask(Task):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RedisTaskResult(TaskResult):
+    # The job's JSON envelope, made once when it is prepared (not kept once stored).
+    _payload: str = field(init=False, default="", repr=False, compare=False)
+
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the job finishes; return its value or raise ``TaskFailed``.
 

@@ -3,7 +3,8 @@
 The rest of the code speaks verbs (``enqueue``, ``claim``, ``finish``,
 ``wait_for_work``, ``heartbeat``, ``watch``); the keys come from ``keys.py`` and
 the atomic steps are the Lua scripts in ``lua/``, loaded once per client and called
-by SHA. ``docs/protocol.md`` explains the delivery protocol.
+by SHA (redis-py loads a script again when Redis answers NOSCRIPT).
+``docs/protocol.md`` explains the delivery protocol.
 """
 
 from __future__ import annotations
@@ -30,13 +31,18 @@ RELEASE = "RELEASE"  # an outcome only: given back unfinished to its queue, READ
 # Seconds a worker's record outlives its last heartbeat.
 WORKER_TTL = 60
 
-# What a lost or refused connection to Redis raises.
-CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+# Every error Redis or the connection to it can raise. A loop that must outlive Redis
+# trouble (out of memory, read-only replica, loading, busy script, lost connection)
+# backs off and tries again on any of them.
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError,)
+# The errors after which a command may or may not have run: the reply was lost.
+# Redis refuses a command it answers with an error (OOM, READONLY, BUSY, NOSCRIPT...)
+# before it changes anything, and our scripts never fail half-way (see common.lua).
+UNCERTAIN_ERRORS: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
 
 
 def _load_scripts(client: redis.Redis) -> dict[str, Any]:
-    """Every script in lua/, with common.lua prepended, registered on the client (they
-    are called by SHA, and loaded again if Redis has forgotten them)."""
+    """Every script in lua/, with common.lua prepended, registered on the client."""
     lua = resources.files(__package__) / "lua"
     common = (lua / "common.lua").read_text()
     return {
@@ -47,6 +53,7 @@ def _load_scripts(client: redis.Redis) -> dict[str, Any]:
 
 
 def now_ms() -> int:
+    """This host's clock, in ms: for display only; Redis's clock decides (scripts)."""
     return int(time.time() * 1000)
 
 
@@ -57,16 +64,23 @@ def text(value: bytes | str | None) -> str | None:
     return value
 
 
+def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+    """A flat name/value reply of a script as a dict of strings (Lua numbers arrive as
+    integers)."""
+    return {str(text(flat[i])): str(text(flat[i + 1])) for i in range(0, len(flat) - 1, 2)}
+
+
 @dataclass(frozen=True, slots=True)
 class Claimed:
     """A job taken by a worker: it owns it until it finishes or the lease runs out."""
 
     job_id: str
-    payload: bytes
-    attempts: int  # claims so far, this one included
     owner: str  # the fencing token: only this owner may finish the job
-    worker_ids: list[str]
-    lost: int  # how many of the earlier attempts ended with their worker lost
+    fields: dict[str, str]  # the job's hash, as jobs.JobRecord reads it
+
+    @property
+    def payload(self) -> str:
+        return self.fields.get("payload", "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,36 +92,45 @@ class Outcome:
     status: str  # SUCCESSFUL, FAILED, RETRY or RELEASE
     result: str = ""  # JSON return value
     error: str = ""  # JSON {"exception_class_path": ..., "traceback": ...}
-    retry_at: int = 0  # ms, for RETRY
+    retry_in_ms: int = 0  # for RETRY
 
     def as_args(self) -> list[Any]:
-        return [self.job_id, self.owner, self.status, self.result, self.error, self.retry_at]
+        return [self.job_id, self.owner, self.status, self.result, self.error, self.retry_in_ms]
 
 
 @dataclass(frozen=True, slots=True)
 class Tick:
-    """What one scheduler step did, and when the next step is due."""
+    """What one scheduler step did, and how long until the next step is due."""
 
     promoted: int
     recovered: int
     failed: int
-    next_at: int | None  # ms; None when nothing is delayed or running; 0 to go again
+    next_in: float | None  # seconds; None when nothing is delayed or running; 0: again
 
 
 class Reconnector:
-    """Backoff for a loop that must outlive Redis restarts: call ``failed(exc)`` when a
-    command could not reach Redis (it sleeps), ``succeeded()`` after one that did."""
+    """Backoff for a loop that must outlive Redis trouble: call ``failed(exc)`` when a
+    command raised a Redis error (it logs and sleeps), ``succeeded()`` after one that
+    did not."""
 
-    def __init__(self, logger: logging.Logger, who: str) -> None:
+    def __init__(self, logger: logging.Logger, who: str, ceiling: float = 5.0) -> None:
         self.logger = logger
         self.who = who
+        self.ceiling = ceiling
         self.failures = 0
 
     def failed(self, exc: Exception) -> None:
-        delay = min(0.1 * 2**self.failures, 5.0) * random.uniform(0.5, 1.0)
+        delay = min(0.1 * 2**self.failures, self.ceiling) * random.uniform(0.5, 1.0)
         self.failures += 1
+        what = "unreachable" if isinstance(exc, UNCERTAIN_ERRORS) else "refused a command"
         self.logger.warning(
-            "%s: Redis unreachable (%s); retry %d in %.2f s", self.who, exc, self.failures, delay
+            "%s: Redis %s (%s: %s); retry %d in %.2f s",
+            self.who,
+            what,
+            type(exc).__name__,
+            exc,
+            self.failures,
+            delay,
         )
         time.sleep(delay)
 
@@ -134,92 +157,65 @@ class Broker:
     def _run(self, script: str, *args: Any) -> Any:
         return self._scripts[script](keys=self.keys.script_keys, args=args)
 
+    def clock_ms(self) -> int:
+        """Redis's clock, in ms: the one that leases and due times are measured by."""
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
     # Producers
 
     def enqueue(
         self, job_id: str, queue: str, priority: int, payload: str, due_ms: int = 0
-    ) -> bool:
-        """Store a job, ready now or (``due_ms`` > 0) in the delayed set until then.
-
-        Returns False, changing nothing, if the id is taken.
-        """
-        return bool(self._run("enqueue", job_id, payload, queue, priority, due_ms))
+    ) -> int | None:
+        """Store a job, ready now or (``due_ms``, by Redis's clock, still ahead) in its
+        queue's delayed set until then. Returns the enqueue time (ms), or None,
+        changing nothing, if the id is taken."""
+        enqueued_at = int(self._run("enqueue", job_id, payload, queue, priority, due_ms))
+        return enqueued_at or None
 
     def cancel(self, job_id: str, error: str) -> str | None:
         """Cancel a READY job; return "CANCELLED", or the status that prevents it."""
-        return text(self._run("cancel", job_id, now_ms(), self.result_ttl, error)) or None
+        return text(self._run("cancel", job_id, self.result_ttl, error)) or None
 
     # Workers
 
     def claim(
-        self,
-        queues: Sequence[str],
-        worker_id: str,
-        finish: Sequence[Outcome] = (),
-        count: int = 1,
-        *,
-        starting: Claimed | None = None,
-        client: redis.Redis | None = None,
-    ) -> tuple[list[bool], list[Claimed]]:
-        """Store the outcomes in ``finish``, then claim up to ``count`` jobs from the
-        first non-empty queue of ``queues``.
+        self, queues: Sequence[str], worker_id: str, finished: Outcome | None = None
+    ) -> tuple[bool | None, Claimed | None]:
+        """Store ``finished`` (if any), then claim the next job from the first
+        non-empty queue of ``queues`` (none: only store).
 
-        Returns, per outcome, whether it was stored (False: the caller no longer owned
-        the job), and the jobs claimed (none when every queue is empty).
+        Returns whether the outcome was stored (False: the caller no longer owned the
+        job; None: there was none) and the job claimed, if any.
         """
-        args = self._claim_args(queues, worker_id, finish, count, starting)
-        stored, claimed = self._scripts["claim"](
-            keys=self.keys.script_keys, args=args, client=client or self.client
-        )
-        return [bool(flag) for flag in stored], [
-            Claimed(
-                job_id=text(job_id) or "",
-                payload=payload,
-                attempts=int(attempts),
-                owner=text(owner) or "",
-                worker_ids=(text(workers) or "").split(","),
-                lost=int(lost),
-            )
-            for job_id, payload, attempts, owner, workers, lost in claimed
-        ]
-
-    def _claim_args(
-        self,
-        queues: Sequence[str],
-        worker_id: str,
-        finish: Sequence[Outcome],
-        count: int,
-        starting: Claimed | None = None,
-    ) -> list[Any]:
-        args: list[Any] = [now_ms(), self.lease_ms, worker_id, self.result_ttl]
-        args += [len(finish), count]
-        args += [starting.job_id, starting.owner] if starting else ["", ""]
-        for outcome in finish:
+        outcomes = [finished] if finished else []
+        args: list[Any] = [self.lease_ms, worker_id, self.result_ttl, len(outcomes)]
+        for outcome in outcomes:
             args += outcome.as_args()
-        return args + list(queues)
-
-    def session(self) -> WorkerSession:
-        """A connection of its own for one worker loop; see WorkerSession."""
-        return WorkerSession(self)
+        stored, claimed = self._run("claim", *args, *queues)
+        job = None
+        if claimed:
+            job = Claimed(text(claimed[0]) or "", text(claimed[1]) or "", _pairs(claimed[2:]))
+        return (bool(stored[0]) if stored else None), job
 
     def finish(self, outcome: Outcome) -> bool:
         """Store a job's outcome; False if the caller no longer owns the job."""
-        return self.claim((), "", [outcome], count=0)[0][0]
+        return bool(self.claim((), "", outcome)[0])
 
-    def wait_for_work(
-        self, queues: Sequence[str], timeout: float, *, client: redis.Redis | None = None
-    ) -> bool:
+    def abandon(self, worker_id: str) -> list[str]:
+        """Give back, uncounted, every job ``worker_id`` owns; return their ids."""
+        return [text(i) or "" for i in self._run("abandon", worker_id, self.result_ttl)]
+
+    def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Block until a wake-up token arrives for one of ``queues``, or the timeout."""
-        client = client or self.client
-        return client.blpop([self.keys.wake(q) for q in queues], timeout) is not None
+        return self.client.blpop([self.keys.wake(q) for q in queues], timeout) is not None
 
     def heartbeat(
         self, worker_id: str, info: Mapping[str, str | int], owned: Mapping[str, str]
     ) -> list[str]:
         """Record the worker as alive (for the dashboard) and extend the leases of the
         jobs it still owns; return the ids it no longer owns."""
-        now = now_ms()
-        args: list[Any] = [now, now + self.lease_ms, worker_id, WORKER_TTL, len(info)]
+        args: list[Any] = [self.lease_ms, worker_id, WORKER_TTL, len(info)]
         for name, value in info.items():
             args += [name, value]
         for job_id, owner in owned.items():
@@ -228,13 +224,31 @@ class Broker:
 
     # Schedulers
 
-    def tick(self, scheduler_id: str, *, batch: int, lost_limit: int, lost_error: str) -> Tick:
-        """Promote due delayed jobs and recover jobs whose lease has passed."""
-        promoted, recovered, failed, next_at = self._run(
-            "tick", now_ms(), batch, lost_limit, self.result_ttl, lost_error, scheduler_id
+    def tick(
+        self,
+        scheduler_id: str,
+        queues: Sequence[str],
+        *,
+        batch: int,
+        lost_limit: int,
+        lost_error: str,
+        recover: bool = True,
+    ) -> Tick:
+        """Promote the due delayed jobs of ``queues`` and (``recover``) recover jobs
+        whose lease has passed."""
+        promoted, recovered, failed, next_at, now = self._run(
+            "tick",
+            scheduler_id,
+            batch,
+            lost_limit,
+            self.result_ttl,
+            lost_error,
+            int(recover),
+            *queues,
         )
         next_at = int(next_at)
-        return Tick(int(promoted), int(recovered), int(failed), None if next_at < 0 else next_at)
+        next_in = None if next_at < 0 else max(next_at - int(now), 0) / 1000
+        return Tick(int(promoted), int(recovered), int(failed), next_in)
 
     def wait_for_schedule(self, timeout: float) -> bool:
         """Block until a job becomes the first due, or the timeout (~0.1 s precise)."""
@@ -243,9 +257,13 @@ class Broker:
     # Results
 
     def get_job(self, job_id: str) -> dict[str, str] | None:
-        """Return the stored fields of a job, or None if it does not exist (or expired)."""
-        fields = self.client.hgetall(self.keys.job(job_id))
-        if not fields:
+        """Return the stored fields of a job, or None if it does not exist (or expired,
+        or its key is not a hash)."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.type(self.keys.job(job_id))
+        pipe.hgetall(self.keys.job(job_id))
+        kind, fields = pipe.execute(raise_on_error=False)
+        if text(kind) != "hash" or not fields:
             return None
         return {text(k) or "": text(v) or "" for k, v in fields.items()}
 
@@ -279,39 +297,46 @@ class Broker:
 
     def counts(self, queues: Sequence[str]) -> dict[str, dict[str, int | bool]]:
         """Ready, delayed and failed jobs per queue, and whether it is paused."""
-        failed_since = now_ms() - self.result_ttl * 1000
         pipe = self.client.pipeline(transaction=False)
+        pipe.time()
         for queue in queues:
             pipe.zcard(self.keys.queue(queue))
-            pipe.zcount(self.keys.failed(queue), failed_since, "+inf")
-        pipe.hmget(self.keys.delayed_counts, list(queues))
+            pipe.zcard(self.keys.delayed(queue))
         pipe.smembers(self.keys.paused)
-        *per_queue, delayed, paused = pipe.execute()
+        (seconds, _), *per_queue, paused = pipe.execute()
+        failed_since = (int(seconds) - self.result_ttl) * 1000
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            pipe.zcount(self.keys.failed(queue), failed_since, "+inf")
+        failed = pipe.execute()
         paused_names = {text(name) for name in paused}
         return {
             queue: {
                 "ready": int(per_queue[2 * i]),
-                "failed": int(per_queue[2 * i + 1]),
-                "delayed": int(delayed[i] or 0),
+                "delayed": int(per_queue[2 * i + 1]),
+                "failed": int(failed[i]),
                 "paused": queue in paused_names,
             }
             for i, queue in enumerate(queues)
         }
 
     def jobs(self, job_ids: Sequence[str], *fields: str) -> list[dict[str, str]]:
-        """The given fields of each job, in one round trip ({} for a job gone)."""
+        """The given fields of each job, in one round trip ({} for a job gone, or a key
+        that is not a hash)."""
         pipe = self.client.pipeline(transaction=False)
         for job_id in job_ids:
             pipe.hmget(self.keys.job(job_id), list(fields))
         return [
-            {f: text(v) or "" for f, v in zip(fields, values, strict=True) if v is not None}
-            for values in pipe.execute()
+            {}
+            if isinstance(values, Exception)
+            else {f: text(v) or "" for f, v in zip(fields, values, strict=True) if v is not None}
+            for values in pipe.execute(raise_on_error=False)
         ]
 
     def page(
         self, key: str, offset: int, limit: int, *, newest_first: bool = False
     ) -> list[tuple[str, float]]:
-        """A page of a sorted set (a queue, the delayed or running set, a failed
+        """A page of a sorted set (a queue, a delayed set, the running set, a failed
         index): ids with their scores."""
         rows = self.client.zrange(
             key, offset, offset + limit - 1, desc=newest_first, withscores=True
@@ -323,14 +348,14 @@ class Broker:
 
     def finished_per_minute(self, minutes: int) -> list[tuple[int, dict[str, int]]]:
         """Jobs finished per minute over the last ``minutes``, oldest first."""
-        this_minute = now_ms() // 60_000
+        this_minute = self.clock_ms() // 60_000
         span = range(this_minute - minutes + 1, this_minute + 1)
         pipe = self.client.pipeline(transaction=False)
         for minute in span:
             pipe.hgetall(self.keys.stats(minute))
         return [
-            (minute, {text(k) or "": int(v) for k, v in counts.items()})
-            for minute, counts in zip(span, pipe.execute(), strict=True)
+            (minute, _counts(counts))
+            for minute, counts in zip(span, pipe.execute(raise_on_error=False), strict=True)
         ]
 
     def alive(self, key: str, limit: int = 200) -> list[tuple[str, float]]:
@@ -341,15 +366,23 @@ class Broker:
         pipe = self.client.pipeline(transaction=False)
         for worker_id in worker_ids:
             pipe.hgetall(self.keys.worker(worker_id))
-        return [{text(k) or "": text(v) or "" for k, v in info.items()} for info in pipe.execute()]
+        return [
+            {}
+            if isinstance(info, Exception)
+            else {text(k) or "": text(v) or "" for k, v in info.items()}
+            for info in pipe.execute(raise_on_error=False)
+        ]
 
     # Inspection
 
     def queue_length(self, queue: str) -> int:
         return int(self.client.zcard(self.keys.queue(queue)))
 
-    def delayed_count(self) -> int:
-        return int(self.client.zcard(self.keys.delayed))
+    def delayed_count(self, queues: Sequence[str]) -> int:
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            pipe.zcard(self.keys.delayed(queue))
+        return sum(int(n) for n in pipe.execute())
 
     def running_count(self) -> int:
         return int(self.client.zcard(self.keys.running))
@@ -373,100 +406,14 @@ class Broker:
             connection.disconnect()
 
 
-class WorkerSession:
-    """The connection of one worker loop, with outcomes written behind.
-
-    A worker claims several short jobs per round trip. To still store each outcome as
-    soon as its job ends (so a worker killed later re-runs at most the job in hand), it
-    sends the finish at once and reads the reply later, before the next command that
-    needs an answer: one connection, so Redis runs the commands in the order sent.
-    Outcomes whose reply was not read when the connection broke are sent again with the
-    next claim; the fencing token makes a repeat harmless (it is refused).
-    """
-
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self._client: redis.Redis | None = None
-        self.unread: list[tuple[Outcome, Any]] = []  # sent, reply not read yet
-        self.unsent: list[tuple[Outcome, Any]] = []  # to send with the next claim
-
-    @property
-    def client(self) -> redis.Redis:
-        """The session's own connection, made on first use (Redis may be down at start)."""
-        if self._client is None:
-            self._client = redis.Redis(
-                connection_pool=self.broker.client.connection_pool,
-                single_connection_client=True,
-            )
-        return self._client
-
-    def finish_soon(
-        self, outcome: Outcome, tag: Any = None, starting: Claimed | None = None
-    ) -> None:
-        """Send a job's outcome now, and mark the next job (``starting``) as started;
-        the reply is read by the next ``claim``."""
-        if self.unsent:
-            self.unsent.append((outcome, tag))
-            return
-        script = self.broker._scripts["claim"]
-        keys = self.broker.keys.script_keys
-        args = self.broker._claim_args((), "", [outcome], 0, starting)
+def _counts(counts: Any) -> dict[str, int]:
+    """A stats hash as counts; fields that are not whole numbers are left out."""
+    if isinstance(counts, Exception):
+        return {}
+    result = {}
+    for key, value in counts.items():
         try:
-            connection = self.client.connection
-            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        except CONNECTION_ERRORS:
-            self.reset()
-            self.unsent.append((outcome, tag))
-            return
-        self.unread.append((outcome, tag))
-
-    def claim(
-        self, queues: Sequence[str], worker_id: str, count: int
-    ) -> tuple[list[tuple[Outcome, Any, bool]], list[Claimed]]:
-        """Read what finish_soon sent, send what it could not, and claim up to ``count``
-        jobs. Returns each outcome now settled with its tag and whether it was stored,
-        and the jobs claimed."""
-        settled = self._read_unread()
-        pending = self.unsent
-        try:
-            stored, claimed = self.broker.claim(
-                queues, worker_id, [o for o, _ in pending], count, client=self.client
-            )
-        except CONNECTION_ERRORS:
-            self.reset()
-            raise
-        self.unsent = []
-        settled += [(o, tag, flag) for (o, tag), flag in zip(pending, stored, strict=True)]
-        return settled, claimed
-
-    def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
-        try:
-            return self.broker.wait_for_work(queues, timeout, client=self.client)
-        except CONNECTION_ERRORS:
-            self.reset()
-            raise
-
-    def _read_unread(self) -> list[tuple[Outcome, Any, bool]]:
-        settled = []
-        while self.unread:
-            outcome, tag = self.unread[0]
-            try:
-                stored, _ = self.client.connection.read_response()
-            except redis.exceptions.NoScriptError:
-                # Redis restarted and forgot the script: send it again with the claim.
-                self.unread.pop(0)
-                self.unsent.append((outcome, tag))
-                continue
-            except CONNECTION_ERRORS:
-                self.reset()
-                raise
-            self.unread.pop(0)
-            settled.append((outcome, tag, bool(stored[0])))
-        return settled
-
-    def reset(self) -> None:
-        """Drop the connection; outcomes without a reply go out again with the next claim."""
-        if self._client is not None and self._client.connection is not None:
-            self._client.connection.disconnect()
-        self.unsent = self.unread + self.unsent
-        self.unread = []
+            result[text(key) or ""] = int(value)
+        except ValueError:
+            continue
+    return result

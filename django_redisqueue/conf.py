@@ -6,18 +6,16 @@ and the system checks (``checks.py``) report it with an ID and a hint.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .compat import DEFAULT_TASK_QUEUE_NAME
 from .exceptions import ConfigurationError
+from .jobs import QUEUE_NAME_RE
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
-# A queue name becomes part of Redis keys and of command-line arguments.
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 DJANGO_REDIS_CACHE = "django_redis.cache.RedisCache"
 

@@ -4,7 +4,7 @@ the templates. Views live in ``admin.py``; every Redis command is the broker's."
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -12,8 +12,7 @@ from django.utils.timezone import localtime
 
 from .backend import RedisQueueBackend
 from .broker import now_ms
-from .exceptions import InvalidPayload
-from .jobs import Envelope, from_ms, from_seconds
+from .jobs import Envelope, JobRecord, from_ms
 
 PAGE_SIZE = 50
 # Running jobs read for the overview: far more than any fleet runs at once.
@@ -25,9 +24,12 @@ CHART_MINUTES = 60
 PREVIEW_CHARS = 80
 
 JOB_FIELDS = (
-    "payload", "queue", "priority", "status", "attempts", "lost", "owner",
-    "started_at", "last_attempted_at", "finished_at", "errors", "result",
+    "payload", "queue", "priority", "status", "attempts", "lost", "owner", "workers",
+    "enqueued_at", "started_at", "last_attempted_at", "finished_at", "errors", "result",
+    "cancelled",
 )  # fmt: skip
+# What the overview reads of each running job: no payloads, results or tracebacks.
+RUNNING_FIELDS = ("queue", "owner", "status")
 
 
 def preview(value: object, limit: int = PREVIEW_CHARS) -> str:
@@ -38,26 +40,35 @@ def preview(value: object, limit: int = PREVIEW_CHARS) -> str:
 
 @dataclass
 class JobRow:
-    """One job as the dashboard lists it."""
+    """One job as the dashboard lists it: its record (read leniently, whatever Redis
+    holds) and its score in the set it was listed from."""
 
-    id: str
-    fields: dict[str, str]
-    score: float = 0.0  # its score in the set it was listed from
-    envelope: Envelope | None = None
-    problem: str = ""
+    record: JobRecord
+    score: float = 0.0
 
     @classmethod
     def build(cls, job_id: str, fields: dict[str, str], score: float, max_bytes: int) -> JobRow:
-        row = cls(job_id, fields, score)
-        try:
-            row.envelope = Envelope.loads(fields.get("payload", ""), max_bytes)
-        except InvalidPayload as exc:
-            row.problem = str(exc)
-        return row
+        return cls(JobRecord.parse(job_id, fields, max_bytes), score)
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def fields(self) -> Mapping[str, str]:
+        return self.record.fields
 
     @property
     def exists(self) -> bool:
-        return bool(self.fields)
+        return self.record.exists
+
+    @property
+    def envelope(self) -> Envelope | None:
+        return self.record.envelope
+
+    @property
+    def problem(self) -> str:
+        return self.record.problem
 
     @property
     def task(self) -> str:
@@ -73,11 +84,11 @@ class JobRow:
 
     @property
     def queue(self) -> str:
-        return self.fields.get("queue", "")
+        return self.record.queue
 
     @property
-    def priority(self) -> str:
-        return self.fields.get("priority", "")
+    def priority(self) -> int:
+        return self.record.priority
 
     @property
     def status(self) -> str:
@@ -85,16 +96,16 @@ class JobRow:
 
     @property
     def attempts(self) -> int:
-        return int(self.fields.get("attempts") or 0)
+        return self.record.attempts
 
     @property
     def enqueued_at(self) -> datetime | None:
-        return from_seconds(self.envelope.enqueued_at) if self.envelope else None
+        return self.record.enqueued_at
 
     @property
     def score_time(self) -> datetime | None:
         """The score as a time: due time, lease deadline or finish time."""
-        return from_ms(str(int(self.score))) if self.score else None
+        return from_ms(self.score)
 
     @property
     def seconds_left(self) -> float:
@@ -102,30 +113,26 @@ class JobRow:
 
     @property
     def started_at(self) -> datetime | None:
-        return from_ms(self.fields.get("last_attempted_at"))
+        return self.record.last_attempted_at
 
     @property
     def finished_at(self) -> datetime | None:
-        return from_ms(self.fields.get("finished_at"))
+        return self.record.finished_at
 
     @property
     def worker(self) -> str:
-        return self.fields.get("owner", "").rpartition("/")[0]
+        return self.record.owner.rpartition("/")[0]
 
     @property
     def errors(self) -> list[dict[str, str]]:
-        try:
-            errors = json.loads(self.fields.get("errors") or "[]")
-        except ValueError:
-            return []
-        return errors if isinstance(errors, list) else []
+        return self.record.errors
 
     @property
     def last_error(self) -> str:
         errors = self.errors
         if not errors:
             return ""
-        lines = str(errors[-1].get("traceback", "")).strip().splitlines()
+        lines = errors[-1]["traceback"].strip().splitlines()
         return preview_text(lines[-1] if lines else "")
 
     @property
@@ -176,9 +183,11 @@ class Dashboard:
         self.keys = backend.keys
         self.queues = list(backend.queue_names)
 
-    def _rows(self, scored: Iterable[tuple[str, float]]) -> list[JobRow]:
+    def _rows(
+        self, scored: Iterable[tuple[str, float]], fields: tuple[str, ...] = JOB_FIELDS
+    ) -> list[JobRow]:
         scored = list(scored)
-        infos = self.broker.jobs([job_id for job_id, _ in scored], *JOB_FIELDS)
+        infos = self.broker.jobs([job_id for job_id, _ in scored], *fields)
         max_bytes = self.backend.config.max_payload_bytes
         return [
             JobRow.build(job_id, info, score, max_bytes)
@@ -197,22 +206,23 @@ class Dashboard:
         """READY jobs of a queue, in the order they will run."""
         return self._page(self.keys.queue(queue), number)
 
-    def delayed(self, number: int) -> Page:
-        return self._page(self.keys.delayed, number)
+    def delayed(self, queue: str, number: int) -> Page:
+        """READY jobs of a queue that are not due yet, the first due first."""
+        return self._page(self.keys.delayed(queue), number)
 
     def failed(self, queue: str, number: int) -> Page:
         """FAILED jobs of a queue, the latest first."""
         return self._page(self.keys.failed(queue), number, newest_first=True)
 
-    def running(self) -> list[JobRow]:
-        return self._rows(self.broker.page(self.keys.running, 0, RUNNING_READ_LIMIT))
+    def running(self, fields: tuple[str, ...] = JOB_FIELDS) -> list[JobRow]:
+        return self._rows(self.broker.page(self.keys.running, 0, RUNNING_READ_LIMIT), fields)
 
     def job(self, job_id: str) -> JobRow:
         return self._rows([(job_id, 0.0)])[0]
 
     def overview(self) -> dict[str, object]:
         counts = self.broker.counts(self.queues)
-        running = self.running()
+        running = self.running(RUNNING_FIELDS)
         minutes = self.broker.finished_per_minute(CHART_MINUTES)
         for queue, row in counts.items():
             row["running"] = sum(1 for job in running if job.queue == queue)
@@ -220,9 +230,16 @@ class Dashboard:
                 stats.get(f"ok:{queue}", 0) + stats.get(f"failed:{queue}", 0)
                 for _, stats in minutes
             )
-        now = now_ms()
-        jobs_by_worker = {job.worker: job for job in running}
+        now = self.broker.clock_ms()
         worker_ids = self.broker.alive(self.keys.workers)
+        by_worker = {job.worker: job for job in running}
+        # The task of each worker's current job: payloads of those jobs only.
+        current = {
+            row.worker: row
+            for row in self._rows(
+                [(by_worker[w].id, 0.0) for w, _ in worker_ids if w in by_worker]
+            )
+        }
         infos = self.broker.worker_info([worker_id for worker_id, _ in worker_ids])
         workers = [
             {
@@ -231,7 +248,7 @@ class Dashboard:
                 "queues": info.get("queues", "").replace(",", ", "),
                 "heartbeat_age": (now - seen) / 1000,
                 "alive": bool(info) and now - seen < WORKER_ALIVE_MS,
-                "job": jobs_by_worker.get(worker_id),
+                "job": current.get(worker_id),
             }
             for (worker_id, seen), info in zip(worker_ids, infos, strict=True)
         ]
@@ -268,7 +285,7 @@ def chart(minutes: list[tuple[int, dict[str, int]]], height: int = 60) -> dict[s
     peak = max((ok + failed for ok, failed in totals), default=0) or 1
     bars = []
     for i, ((minute, _), (ok, failed)) in enumerate(zip(minutes, totals, strict=True)):
-        at = localtime(from_ms(str(minute * 60_000)))
+        at = localtime(from_ms(minute * 60_000))
         ok_height = round(ok / peak * height, 1)
         failed_height = round(failed / peak * height, 1)
         bars.append(

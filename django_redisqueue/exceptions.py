@@ -64,5 +64,12 @@ class WorkerShutdown(BaseException):
     """
 
 
+class LeaseLost(BaseException):
+    """Raised inside a task whose lease was lost (its worker stalled, or Redis failed,
+    for longer than the lease): the job was given to another worker, and this run's
+    outcome would be refused. A BaseException, so that ``except Exception`` in a task
+    does not swallow it."""
+
+
 class ResultTimeout(RedisQueueError, TimeoutError):
     """Raised by ``wait()`` when the job has not finished within the timeout."""

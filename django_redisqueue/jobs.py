@@ -2,18 +2,23 @@
 
 Envelope, version 1: ``{"v": 1, "task": "app.tasks.func", "args": [...],
 "kwargs": {...}, "queue": "default", "priority": 0, "backend": "default",
-"enqueued_at": 1700000000.123, "run_after": null}``, times in seconds since the epoch.
-Unknown fields are ignored, so an older worker can read a newer job of the same
-version; a newer version is refused with a clear reason.
+"run_after": null}``, ``run_after`` in seconds since the epoch. Unknown fields are
+ignored, so an older worker can read a newer job of the same version; a newer version
+is refused with a clear reason. Times the job records as it moves (enqueued, started,
+finished) are fields of its hash, in ms by Redis's clock, not part of the envelope.
+
+Everything read from Redis is checked here: ``Envelope.loads`` refuses a payload with
+a reason, and ``JobRecord.parse`` reads whatever a job hash holds without raising.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,9 +26,35 @@ from .exceptions import InvalidPayload
 
 ENVELOPE_VERSION = 1
 
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+# The latest instant a datetime holds (year 9999), in seconds since the epoch.
+MAX_TIMESTAMP = 253402300799
+# A queue name becomes part of Redis keys and of command-line arguments.
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+# Longest traceback kept per error: the head and the tail survive, the middle is cut.
+MAX_TRACEBACK_CHARS = 16_000
+
+STATUSES = ("READY", "RUNNING", "SUCCESSFUL", "FAILED")
+
 
 def to_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range for a JSON number")
+    return value
+
+
+def from_json(text: str | bytes) -> Any:
+    """Parse JSON strictly: no NaN, Infinity or numbers that overflow to them."""
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
 def ensure_json(value: Any, where: str) -> None:
@@ -64,6 +95,10 @@ def ensure_json_arguments(task_path: str, args: Sequence[Any], kwargs: Mapping[s
         ensure_json(value, f"Argument {name!r} of {task_path}()")
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True, slots=True)
 class Envelope:
     task_path: str
@@ -72,7 +107,6 @@ class Envelope:
     queue_name: str
     priority: int
     backend: str
-    enqueued_at: float  # seconds since the epoch
     run_after: float | None = None  # seconds since the epoch
 
     def dumps(self) -> str:
@@ -85,7 +119,6 @@ class Envelope:
                 "queue": self.queue_name,
                 "priority": self.priority,
                 "backend": self.backend,
-                "enqueued_at": self.enqueued_at,
                 "run_after": self.run_after,
             }
         )
@@ -94,7 +127,8 @@ class Envelope:
     def loads(cls, payload: bytes | str, max_bytes: int) -> Envelope:
         """Parse a payload read from Redis; raise InvalidPayload saying what is wrong.
 
-        Checked in order: size, JSON, envelope version, field types.
+        Checked in order: size, JSON, envelope version, then every field's type and
+        range. Whatever the bytes, nothing else is raised.
         """
         if not payload:
             raise InvalidPayload("no payload is stored for this job")
@@ -103,40 +137,75 @@ class Envelope:
                 f"payload is {len(payload)} bytes, over the {max_bytes}-byte limit"
             )
         try:
-            data = json.loads(payload)
+            data = from_json(payload)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise InvalidPayload(f"payload is not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise InvalidPayload("payload is not a JSON object")
         version = data.get("v")
-        if version != ENVELOPE_VERSION:
+        if version != ENVELOPE_VERSION or isinstance(version, bool):
             raise InvalidPayload(
-                f"envelope version {version!r} is not supported (this worker reads "
+                f"envelope version {version!r:.40} is not supported (this worker reads "
                 f"version {ENVELOPE_VERSION})"
             )
-        try:
-            envelope = cls(
-                task_path=data["task"],
-                args=data.get("args", []),
-                kwargs=data.get("kwargs", {}),
-                queue_name=data.get("queue", ""),
-                priority=data.get("priority", 0),
-                backend=data.get("backend", ""),
-                enqueued_at=data.get("enqueued_at", 0.0),
-                run_after=data.get("run_after"),
-            )
-        except KeyError:
-            raise InvalidPayload("envelope names no task") from None
-        if not (
-            isinstance(envelope.task_path, str)
-            and isinstance(envelope.args, list)
-            and isinstance(envelope.kwargs, dict)
-            and isinstance(envelope.priority, int)
-            and isinstance(envelope.enqueued_at, int | float)
-            and isinstance(envelope.run_after, int | float | None)
-        ):
-            raise InvalidPayload("envelope fields have the wrong types")
-        return envelope
+        return cls(
+            task_path=_field(data, "task", str, required=True),
+            args=_field(data, "args", list, default=[]),
+            kwargs=_field(data, "kwargs", dict, default={}),
+            queue_name=_queue_field(data),
+            priority=_priority_field(data),
+            backend=_field(data, "backend", str, default=""),
+            run_after=_time_field(data, "run_after"),
+        )
+
+
+def _field(data: dict[str, Any], name: str, kind: type, *, default: Any = None,
+           required: bool = False) -> Any:  # fmt: skip
+    if name not in data:
+        if required:
+            raise InvalidPayload(f"envelope has no {name!r}")
+        return default
+    value = data[name]
+    if not isinstance(value, kind):
+        raise InvalidPayload(
+            f"envelope field {name!r} is a {type(value).__name__}, not a {kind.__name__}"
+        )
+    return value
+
+
+def _queue_field(data: dict[str, Any]) -> str:
+    queue = _field(data, "queue", str, default="")
+    if queue and not QUEUE_NAME_RE.match(queue):
+        raise InvalidPayload(f"envelope names an invalid queue {queue[:80]!r}")
+    return str(queue)
+
+
+def _priority_field(data: dict[str, Any]) -> int:
+    priority = data.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise InvalidPayload("envelope field 'priority' is not a whole number")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidPayload(
+            f"envelope priority {priority:.40} is outside {MIN_PRIORITY}..{MAX_PRIORITY}"
+        )
+    return priority
+
+
+def _time_field(data: dict[str, Any], name: str) -> float | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if not _is_number(value) or not 0 <= value <= MAX_TIMESTAMP:
+        raise InvalidPayload(f"envelope field {name!r} is not a time ({value!r:.40})")
+    return float(value)
+
+
+def cut_traceback(text: str, limit: int = MAX_TRACEBACK_CHARS) -> str:
+    """Keep the head and the tail of a long traceback (the tail names the error)."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n... {len(text) - limit} characters cut ...\n{text[-half:]}"
 
 
 def error_info(exc: BaseException) -> dict[str, str]:
@@ -144,17 +213,138 @@ def error_info(exc: BaseException) -> dict[str, str]:
     cls = type(exc)
     return {
         "exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
-        "traceback": "".join(traceback.format_exception(exc)),
+        "traceback": cut_traceback("".join(traceback.format_exception(exc))),
     }
 
 
-def from_ms(value: str | None) -> datetime | None:
-    if not value:
+def from_ms(value: Any) -> datetime | None:
+    """A time stored in ms since the epoch, or None for anything that is not one."""
+    try:
+        ms = int(value)
+    except (TypeError, ValueError, OverflowError):
         return None
-    return datetime.fromtimestamp(int(value) / 1000, tz=UTC)
+    if not 0 < ms <= MAX_TIMESTAMP * 1000:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 def from_seconds(value: float | None) -> datetime | None:
     if not value:
         return None
     return datetime.fromtimestamp(value, tz=UTC)
+
+
+def _whole(value: Any) -> int:
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _errors(value: str) -> list[dict[str, str]]:
+    try:
+        errors = from_json(value) if value else []
+    except (ValueError, RecursionError):
+        return []
+    if not isinstance(errors, list):
+        return []
+    return [
+        {
+            "exception_class_path": str(error.get("exception_class_path", "")),
+            "traceback": str(error.get("traceback", "")),
+        }
+        for error in errors
+        if isinstance(error, dict)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A job as stored in its hash, read leniently: whatever the fields hold, parsing
+    never raises. ``problem`` says why the envelope could not be read (or is '')."""
+
+    id: str
+    fields: Mapping[str, str]
+    envelope: Envelope | None
+    problem: str = ""
+    errors: list[dict[str, str]] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, job_id: str, fields: Mapping[str, str], max_payload_bytes: int) -> JobRecord:
+        try:
+            envelope: Envelope | None = Envelope.loads(
+                fields.get("payload", ""), max_payload_bytes
+            )
+            problem = ""
+        except InvalidPayload as exc:
+            envelope, problem = None, str(exc)
+        return cls(job_id, fields, envelope, problem, _errors(fields.get("errors", "")))
+
+    @property
+    def exists(self) -> bool:
+        return bool(self.fields)
+
+    @property
+    def status(self) -> str:
+        """One of STATUSES; READY for a hash whose status is unreadable."""
+        status = self.fields.get("status", "")
+        return status if status in STATUSES else "READY"
+
+    @property
+    def queue(self) -> str:
+        return self.fields.get("queue", "")
+
+    @property
+    def priority(self) -> int:
+        try:
+            return min(max(int(self.fields.get("priority", 0)), MIN_PRIORITY), MAX_PRIORITY)
+        except (TypeError, ValueError):
+            return 0
+
+    @property
+    def attempts(self) -> int:
+        return _whole(self.fields.get("attempts"))
+
+    @property
+    def lost(self) -> int:
+        return _whole(self.fields.get("lost"))
+
+    @property
+    def worker_ids(self) -> list[str]:
+        workers = self.fields.get("workers", "")
+        return workers.split(",") if workers else []
+
+    @property
+    def owner(self) -> str:
+        return self.fields.get("owner", "")
+
+    @property
+    def cancelled(self) -> bool:
+        return bool(self.fields.get("cancelled"))
+
+    @property
+    def enqueued_at(self) -> datetime | None:
+        return from_ms(self.fields.get("enqueued_at"))
+
+    @property
+    def started_at(self) -> datetime | None:
+        return from_ms(self.fields.get("started_at"))
+
+    @property
+    def last_attempted_at(self) -> datetime | None:
+        return from_ms(self.fields.get("last_attempted_at"))
+
+    @property
+    def finished_at(self) -> datetime | None:
+        return from_ms(self.fields.get("finished_at"))
+
+    @property
+    def return_value(self) -> tuple[bool, Any]:
+        """(True, value) if a readable JSON result is stored, else (False, None)."""
+        text = self.fields.get("result")
+        if not text:
+            return False, None
+        try:
+            return True, from_json(text)
+        except (ValueError, RecursionError):
+            return False, None

@@ -8,32 +8,37 @@ single atomic step, which Cluster allows only within one hash slot.
 key                           type    contents (written by)
 ============================  ======  ===========================================
 ``{P}:queue:<name>``          zset    ids of READY jobs; score orders by priority
-                                      then arrival (enqueue, claim, tick, cancel)
+                                      then arrival (enqueue, claim, tick, finish,
+                                      cancel, operate)
 ``{P}:wake:<name>``           list    wake-up token for the queue's idle workers,
                                       at most one; a hint, never data (enqueue,
                                       claim, tick; BLPOPed by workers)
 ``{P}:seq``                   string  arrival counter for FIFO order
-``{P}:delayed``               zset    ids of READY jobs not yet due (run_after,
-                                      retries); score is the due time in ms
+``{P}:delayed:<name>``        zset    ids of the queue's READY jobs not yet due
+                                      (run_after, retries); score is the due time
+                                      in ms by Redis's clock
 ``{P}:scheduler:wake``        list    wake-up token for schedulers when a job
-                                      becomes the first due; at most one
+                                      becomes the first due of its queue; at most
+                                      one
 ``{P}:running``               zset    ids of RUNNING jobs; score is the lease
                                       deadline in ms (claim, finish, tick,
-                                      heartbeat)
+                                      heartbeat, abandon)
 ``{P}:job:<id>``              hash    the job: ``payload`` (JSON envelope),
-                                      ``queue``, ``priority``, ``status``,
-                                      ``attempts``, ``lost``, ``workers``,
-                                      ``owner`` (fencing token while RUNNING),
-                                      ``started_at``, ``last_attempted_at``,
-                                      ``finished_at`` (ms), ``result`` and
-                                      ``errors`` (JSON); ``waiters`` while a
+                                      ``queue``, ``priority``, ``score`` (its
+                                      place in the queue, kept so that a job given
+                                      back returns to it), ``status``,
+                                      ``enqueued_at``, ``attempts``, ``lost``,
+                                      ``workers``, ``owner`` (fencing token while
+                                      RUNNING), ``started_at``,
+                                      ``last_attempted_at``, ``finished_at`` (ms,
+                                      Redis's clock), ``result`` and ``errors``
+                                      (JSON), ``cancelled``; ``waiters`` while a
                                       client waits. TTL once finished.
 ``{P}:job:<id>:done``         list    one token pushed on finish when a client
                                       waits; 60 s TTL
-``{P}:delayed:counts``        hash    delayed jobs per queue name
-``{P}:failed:<name>``         zset    ids of the queue's FAILED jobs by finish
-                                      time (ms); entries older than the result
-                                      TTL are dropped as new ones arrive
+``{P}:failed:<name>``         zset    ids of the queue's FAILED jobs (cancelled
+                                      ones excepted) by finish time (ms); expires
+                                      with the result TTL, trimmed by the tick
 ``{P}:stats:<minute>``        hash    ``ok:<queue>`` / ``failed:<queue>``: jobs
                                       finished in that minute; 2 h TTL
 ``{P}:paused``                set     names of paused queues (workers skip them)
@@ -77,16 +82,16 @@ class KeySchema:
         return f"{self.prefix}:wake:"
 
     @property
+    def delayed_prefix(self) -> str:
+        return f"{self.prefix}:delayed:"
+
+    @property
     def seq(self) -> str:
         return f"{self.prefix}:seq"
 
     @property
     def running(self) -> str:
         return f"{self.prefix}:running"
-
-    @property
-    def delayed(self) -> str:
-        return f"{self.prefix}:delayed"
 
     @property
     def scheduler_wake(self) -> str:
@@ -105,10 +110,6 @@ class KeySchema:
         return f"{self.prefix}:stats:"
 
     @property
-    def delayed_counts(self) -> str:
-        return f"{self.prefix}:delayed:counts"
-
-    @property
     def schedulers(self) -> str:
         return f"{self.prefix}:schedulers"
 
@@ -125,12 +126,11 @@ class KeySchema:
             self.wake_prefix,
             self.seq,
             self.running,
-            self.delayed,
+            self.delayed_prefix,
             self.scheduler_wake,
             self.paused,
             self.failed_prefix,
             self.stats_prefix,
-            self.delayed_counts,
             self.schedulers,
             self.workers,
             self.worker(""),
@@ -141,6 +141,9 @@ class KeySchema:
 
     def wake(self, name: str) -> str:
         return f"{self.wake_prefix}{name}"
+
+    def delayed(self, queue: str) -> str:
+        return f"{self.delayed_prefix}{queue}"
 
     def job(self, job_id: str) -> str:
         return f"{self.job_prefix}{job_id}"

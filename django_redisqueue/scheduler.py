@@ -4,7 +4,8 @@ Each step is one atomic script (``lua/tick.lua``), so any number of schedulers m
 side by side. Between steps the scheduler sleeps until the next due job or lease
 deadline: blocked on Redis (BLPOP on the scheduler wake-up list, pushed when a job
 becomes the first due), and, for the last moments, on a local clock, because Redis
-ends a blocking command's timeout only about every 100 ms (``hz 10``).
+ends a blocking command's timeout only about every 100 ms (``hz 10``). Due times and
+leases are measured by Redis's clock: the step returns how long to sleep, not when.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from types import FrameType
 
 from .backend import RedisQueueBackend
-from .broker import CONNECTION_ERRORS, Reconnector, now_ms
+from .broker import REDIS_ERRORS, Reconnector
 from .exceptions import WorkerLost
 from .jobs import error_info, to_json
 
@@ -49,6 +50,9 @@ class Scheduler:
         self.scheduler_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self.stopping = False
         self.waiting = False
+        # After a Redis error, leases are not recovered until this (monotonic) time:
+        # workers whose heartbeats failed alike get a lease's time to renew them.
+        self.recover_after = 0.0
         self.lost_error = to_json(
             error_info(
                 WorkerLost(
@@ -67,18 +71,20 @@ class Scheduler:
         logger.info("Scheduler %s stopped", self.scheduler_id)
 
     def _loop(self) -> None:
-        reconnect = Reconnector(logger, f"Scheduler {self.scheduler_id}")
+        backoff = Reconnector(logger, f"Scheduler {self.scheduler_id}")
         while not self.stopping:
             try:
                 tick = self.broker.tick(
                     self.scheduler_id,
+                    self.backend.queue_names,
                     batch=BATCH,
                     lost_limit=self.backend.config.max_recoveries,
                     lost_error=self.lost_error,
+                    recover=time.monotonic() >= self.recover_after,
                 )
-                reconnect.succeeded()
-            except CONNECTION_ERRORS as exc:
-                reconnect.failed(exc)
+                backoff.succeeded()
+            except REDIS_ERRORS as exc:
+                self._failed(backoff, exc)
                 continue
             if tick.promoted or tick.recovered or tick.failed:
                 logger.info(
@@ -89,21 +95,23 @@ class Scheduler:
                     tick.recovered,
                     tick.failed,
                 )
-            if tick.next_at == 0:
+            if tick.next_in == 0:
                 continue  # a batch was full
             if self.burst:
                 break
             try:
-                self.sleep_until(tick.next_at)
-            except CONNECTION_ERRORS as exc:
-                reconnect.failed(exc)
+                self.sleep(tick.next_in)
+            except REDIS_ERRORS as exc:
+                self._failed(backoff, exc)
 
-    def sleep_until(self, next_at: int | None) -> None:
-        """Sleep until ``next_at`` (ms), at most ``idle_wait``; wake early when a job
-        becomes the first due."""
-        wait = self.idle_wait
-        if next_at is not None:
-            wait = min((next_at - now_ms()) / 1000, wait)
+    def _failed(self, backoff: Reconnector, exc: Exception) -> None:
+        self.recover_after = time.monotonic() + self.backend.config.lease
+        backoff.failed(exc)
+
+    def sleep(self, seconds: float | None) -> None:
+        """Sleep ``seconds``, at most ``idle_wait``; wake early when a job becomes the
+        first due."""
+        wait = self.idle_wait if seconds is None else min(seconds, self.idle_wait)
         if wait <= 0:
             return
         self.waiting = True

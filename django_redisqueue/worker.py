@@ -1,8 +1,10 @@
-"""The worker loop: claim a job, run it, finish it and claim the next in one call.
+"""The worker loop: finish the last job and claim the next in one call, run it.
 
 A worker process runs one job at a time; ``pool.py`` forks several for
 ``--concurrency``. Idle, it blocks on the wake-up lists of its queues (BLPOP), so it
 sends Redis about one command per second and starts a new job as soon as it lands.
+Any Redis error (a lost connection, OOM, READONLY after a failover, LOADING, BUSY) is
+logged and waited out with backoff; the outcome in hand is kept until Redis stores it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import signal
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -24,43 +25,41 @@ from types import FrameType
 
 from django.db import close_old_connections
 
-from .backend import RedisQueueBackend
+from .backend import RedisQueueBackend, make_result
 from .base import RedisTask, RedisTaskResult
 from .broker import (
-    CONNECTION_ERRORS,
     FAILED,
+    REDIS_ERRORS,
     RELEASE,
     RETRY,
     SUCCESSFUL,
+    UNCERTAIN_ERRORS,
     Claimed,
     Outcome,
     Reconnector,
-    WorkerSession,
-    now_ms,
 )
 from .compat import TaskContext, TaskError, TaskResultStatus, task_finished, task_started
-from .exceptions import InvalidPayload, JobTimeout, UnknownTask, WorkerShutdown
-from .jobs import Envelope, error_info, from_seconds, to_json
+from .exceptions import InvalidPayload, JobTimeout, LeaseLost, UnknownTask, WorkerShutdown
+from .jobs import JobRecord, error_info, to_json
 from .registry import registry
 
 logger = logging.getLogger(__name__)
 
-# A job that has run, with its outcome, and its result for the task_finished signal.
+# A job that has run: its outcome to store, and its result for the task_finished
+# signal (None when the job never reached its task).
 Finished = tuple[Outcome, RedisTaskResult | None]
 
 # Seconds an idle worker blocks on its wake-up lists per call.
 WAIT_TIMEOUT = 1.0
 # Wake-ups are hints; an idle worker claims anyway after this many quiet waits.
 IDLE_WAITS_BEFORE_CLAIM = 5
-# A worker claims several short jobs at once, up to this many and this much expected
-# work: a job claimed ahead, or a newly arrived job of a higher queue, waits that long
-# at most behind them.
-MAX_CLAIM_AHEAD = 20
-CLAIM_AHEAD_SECONDS = 0.02
-# Longest time between two heartbeats (s).
+# Longest time between two heartbeats (s), and between two tries while Redis fails.
 HEARTBEAT_INTERVAL = 10.0
-# Tries to store the last outcome when stopping while Redis is unreachable.
+HEARTBEAT_RETRY = 0.25
+# Tries to store the last outcome when stopping while Redis fails.
 FINISH_ATTEMPTS_ON_EXIT = 5
+# Sent by the heartbeat to the main thread to stop a job whose lease was lost.
+LEASE_LOST_SIGNAL = signal.SIGUSR1
 
 
 @contextmanager
@@ -100,23 +99,10 @@ class QueueOrder:
         self.weights = dict(weights or {})
         self._current = dict.fromkeys(self.queues, 0)
 
-    def next(self, size: int = 1) -> tuple[list[str], int]:
-        """The queue order for the next claim, and how many jobs it may take: with
-        weights, only as many as the first queue would win in a row, so that a claim of
-        several jobs keeps the proportions."""
-        if not self.weights or size == 0:
-            return self.queues, size
-        first = self._pick()
-        count = 1
-        while count < size and self._winner() == first:
-            self._pick()
-            count += 1
-        return [first, *(q for q in self.queues if q != first)], count
-
-    def _winner(self) -> str:
-        return max(self.queues, key=lambda q: self._current[q] + self.weights.get(q, 1))
-
-    def _pick(self) -> str:
+    def next(self) -> list[str]:
+        """The queue order for the next claim."""
+        if not self.weights:
+            return self.queues
         total = 0
         for queue in self.queues:
             weight = self.weights.get(queue, 1)
@@ -124,29 +110,46 @@ class QueueOrder:
             total += weight
         first = max(self.queues, key=self._current.__getitem__)
         self._current[first] -= total
-        return first
+        return [first, *(q for q in self.queues if q != first)]
 
 
 class Heartbeat(threading.Thread):
     """Keeps the worker's record alive for the dashboard, and extends the lease of the
-    running job, every few seconds (at most a third of the lease)."""
+    running job, every few seconds (at most a third of the lease). While Redis fails it
+    tries again every HEARTBEAT_RETRY seconds, so a lease is renewed as soon as Redis
+    accepts writes again."""
 
     def __init__(self, worker: Worker) -> None:
         super().__init__(name="redisqueue-heartbeat", daemon=True)
         self.worker = worker
         self.interval = min(worker.backend.config.lease / 3, HEARTBEAT_INTERVAL)
-        self.owned: dict[str, str] = {}
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        while not self.stopped.wait(self.interval):
+        delay = self.interval
+        failures = 0
+        while not self.stopped.wait(delay):
+            job = self.worker.current
+            owned = {job.job_id: job.owner} if job else {}
             try:
-                lost = self.worker.register(dict(self.owned))
-            except CONNECTION_ERRORS as exc:
-                logger.warning("Could not send the heartbeat (%s); will retry", exc)
+                lost = self.worker.register(owned)
+            except REDIS_ERRORS as exc:
+                if failures % 20 == 0:
+                    logger.warning(
+                        "Worker %s: heartbeat failed (%s: %s); trying again every %.2f s",
+                        self.worker.worker_id,
+                        type(exc).__name__,
+                        exc,
+                        HEARTBEAT_RETRY,
+                    )
+                failures += 1
+                delay = min(HEARTBEAT_RETRY, self.interval)
                 continue
-            for job_id in lost:
-                logger.warning("Job %s: lease lost, another worker may run it", job_id)
+            if failures:
+                logger.warning("Worker %s: heartbeat sent again", self.worker.worker_id)
+            failures, delay = 0, self.interval
+            if job is not None and job.job_id in lost:
+                self.worker.lease_lost(job)
 
 
 class Worker:
@@ -166,57 +169,96 @@ class Worker:
         self.burst = burst
         self.max_jobs = max_jobs
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
-        self.started_at = now_ms()
+        self.started_at = int(time.time() * 1000)
         self.jobs_done = 0
         self.stopping = False
         self.in_task = False
-        self.job_seconds: float | None = None  # moving average of job run times
+        self.current: Claimed | None = None  # the job running now
+        self._lost: Claimed | None = None  # the job the heartbeat found taken from us
 
     def run(self) -> None:
         """Run jobs until stopped (``stop()``), out of work (burst) or max_jobs."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(LEASE_LOST_SIGNAL, self._on_lease_lost)
         heartbeat = Heartbeat(self)
         heartbeat.start()
-        self.heartbeat = heartbeat
         logger.info(
             "Worker %s serving %s (backend %r)",
             self.worker_id,
             ", ".join(self.queues),
             self.backend.alias,
         )
-        reconnect = Reconnector(logger, f"Worker {self.worker_id}")
-        session = self.broker.session()
-        ahead: deque[Claimed] = deque()  # claimed, not started yet
+        backoff = Reconnector(logger, f"Worker {self.worker_id}")
         try:
             self.register()
-        except CONNECTION_ERRORS as exc:
-            reconnect.failed(exc)  # the heartbeat registers it once Redis answers
+        except REDIS_ERRORS as exc:
+            backoff.failed(exc)  # the heartbeat registers it once Redis answers
+        finished: Finished | None = None
+        uncertain = False  # the last call's reply was lost: it may have claimed a job
         try:
-            while not self._should_stop():
-                if not ahead:
-                    try:
-                        ahead.extend(self._claim(session))
-                        reconnect.succeeded()
-                        if not ahead:
-                            if self.burst:
-                                break
-                            self._wait_for_work(session)
-                            continue
-                    except CONNECTION_ERRORS as exc:
-                        reconnect.failed(exc)  # outcomes not yet stored go with the next claim
-                        continue
-                outcome, result = self.execute(ahead.popleft())
+            while True:
+                wanted = not self._should_stop()
+                if not wanted and finished is None:
+                    break
+                try:
+                    if uncertain:
+                        finished = self._recover_claim(finished)
+                        uncertain = False
+                    queues = self.order.next() if wanted else []
+                    stored, job = self.broker.claim(queues, self.worker_id, _outcome(finished))
+                    backoff.succeeded()
+                except UNCERTAIN_ERRORS as exc:
+                    uncertain = True
+                    if self._give_up(wanted, backoff, exc):
+                        break
+                    continue
+                except REDIS_ERRORS as exc:  # refused: nothing was changed
+                    if self._give_up(wanted, backoff, exc):
+                        break
+                    continue
+                if finished is not None:
+                    self._report(finished, bool(stored))
+                    finished = None
+                if job is None:
+                    if not wanted or self.burst:
+                        break
+                    self._wait_for_work(backoff)
+                    continue
+                finished = self.execute(job)
                 self.jobs_done += 1
-                starting = ahead[0] if ahead and not self._should_stop() else None
-                session.finish_soon(outcome, result, starting)
         finally:
             heartbeat.stopped.set()
-            # Jobs claimed ahead and never started go back to their queue, uncounted.
-            for job in ahead:
-                session.finish_soon(Outcome(job.job_id, job.owner, RELEASE))
-            self._settle(session, reconnect)
-            with contextlib.suppress(*CONNECTION_ERRORS):
+            with contextlib.suppress(*REDIS_ERRORS):  # else its record expires by itself
                 self.broker.unregister_worker(self.worker_id)
         logger.info("Worker %s stopped after %d job(s)", self.worker_id, self.jobs_done)
+
+    def _give_up(self, wanted: bool, backoff: Reconnector, exc: Exception) -> bool:
+        """Back off after a Redis error; True when stopping and out of tries."""
+        if not wanted and backoff.failures >= FINISH_ATTEMPTS_ON_EXIT:
+            logger.error(
+                "Worker %s: could not store its last outcome (%s); the job runs again "
+                "once its lease runs out",
+                self.worker_id,
+                exc,
+            )
+            return True
+        backoff.failed(exc)
+        return False
+
+    def _recover_claim(self, finished: Finished | None) -> Finished | None:
+        """After a lost reply: store the outcome in hand (again: fencing refuses a
+        repeat), then give back any job the lost claim took, so that it runs at once
+        and does not count as lost."""
+        if finished is not None:
+            self._report(finished, self.broker.finish(finished[0]), repeated=True)
+        given_back = self.broker.abandon(self.worker_id)
+        if given_back:
+            logger.warning(
+                "Worker %s: gave back job(s) %s, claimed by a call whose reply was lost",
+                self.worker_id,
+                ", ".join(given_back),
+            )
+        return None
 
     def register(self, owned: Mapping[str, str] | None = None) -> list[str]:
         """Tell the dashboard this worker is alive and what it serves, and extend the
@@ -230,73 +272,56 @@ class Worker:
         }
         return self.broker.heartbeat(self.worker_id, info, owned or {})
 
-    def _settle(self, session: WorkerSession, reconnect: Reconnector) -> None:
-        """Make sure every outcome sent is stored before the worker goes."""
-        for _ in range(FINISH_ATTEMPTS_ON_EXIT):
-            try:
-                self._claim(session, count=0)
-                return
-            except CONNECTION_ERRORS as exc:
-                reconnect.failed(exc)
-        logger.error(
-            "Could not store the outcome of job(s) %s; they run again once their lease runs out",
-            ", ".join(outcome.job_id for outcome, _ in session.unsent),
-        )
-
     def _should_stop(self) -> bool:
         return self.stopping or (self.max_jobs is not None and self.jobs_done >= self.max_jobs)
 
-    def _claim_size(self) -> int:
-        """How many jobs to claim at once: more when jobs are short, so that one round
-        trip serves several, but never more than CLAIM_AHEAD_SECONDS of expected work,
-        which bounds how long a job held ahead waits, and how long a newly arrived job
-        of a higher queue waits behind them."""
-        size = MAX_CLAIM_AHEAD
-        if self.max_jobs is not None:
-            size = min(size, self.max_jobs - self.jobs_done)
-        if self.job_seconds is None:
-            return 1
-        return max(1, min(size, int(CLAIM_AHEAD_SECONDS / max(self.job_seconds, 1e-6))))
+    def _wait_for_work(self, backoff: Reconnector) -> None:
+        try:
+            for _ in range(IDLE_WAITS_BEFORE_CLAIM):
+                if self.stopping or self.broker.wait_for_work(self.queues, WAIT_TIMEOUT):
+                    return
+        except REDIS_ERRORS as exc:
+            backoff.failed(exc)
 
-    def _claim(self, session: WorkerSession, count: int | None = None) -> list[Claimed]:
-        """Settle the outcomes sent so far and claim the next jobs, in one round trip."""
-        queues, size = self.order.next(self._claim_size() if count is None else count)
-        settled, claimed = session.claim(queues, self.worker_id, size)
-        for outcome, result, stored in settled:
-            self._report(outcome, result, stored)
-        if count is None:
-            self.heartbeat.owned = {job.job_id: job.owner for job in claimed}
-        return claimed
-
-    def _wait_for_work(self, session: WorkerSession) -> None:
-        for _ in range(IDLE_WAITS_BEFORE_CLAIM):
-            if self.stopping or session.wait_for_work(self.queues, WAIT_TIMEOUT):
-                return
-
-    def _report(self, outcome: Outcome, result: RedisTaskResult | None, stored: bool) -> None:
+    def _report(self, finished: Finished, stored: bool, *, repeated: bool = False) -> None:
+        outcome, result = finished
         if not stored:
-            logger.warning(
-                "Job %s: its lease ran out before it finished (or its outcome was stored "
-                "before the connection dropped); this outcome (%s) is not stored again",
-                outcome.job_id,
-                outcome.status,
-            )
+            if repeated:
+                logger.info(
+                    "Job %s: outcome %s sent again after a lost reply; already stored, or "
+                    "the lease ran out",
+                    outcome.job_id,
+                    outcome.status,
+                )
+            else:
+                logger.warning(
+                    "Job %s: its lease ran out before it finished; this outcome (%s) is "
+                    "not stored: the job's new owner decides it",
+                    outcome.job_id,
+                    outcome.status,
+                )
         elif result is not None and outcome.status not in (RETRY, RELEASE):
             task_finished.send_robust(type(self.backend), task_result=result)
 
     def execute(self, claimed: Claimed) -> Finished:
-        """Run one claimed job; never raises for anything the job does."""
-        started = time.perf_counter()
+        """Run one claimed job; never raises for anything the job or its payload does."""
+        self.current = claimed
         try:
-            return self._execute(claimed, started)
+            return self._execute(claimed)
+        except LeaseLost:
+            return self._abandoned(claimed)
         finally:
-            elapsed = time.perf_counter() - started
-            last = self.job_seconds
-            self.job_seconds = elapsed if last is None else 0.8 * last + 0.2 * elapsed
+            self.current = None
+            self._lost = None
 
-    def _execute(self, claimed: Claimed, started: float) -> Finished:
+    def _execute(self, claimed: Claimed) -> Finished:
+        started = time.perf_counter()
+        config = self.backend.config
+        record = JobRecord.parse(claimed.job_id, claimed.fields, config.max_payload_bytes)
+        envelope = record.envelope
         try:
-            envelope = Envelope.loads(claimed.payload, self.backend.config.max_payload_bytes)
+            if envelope is None:
+                raise InvalidPayload(record.problem)
             if registry.get(envelope.task_path) is None:
                 raise UnknownTask(
                     f"task {envelope.task_path!r} is not registered in this worker; "
@@ -307,22 +332,8 @@ class Worker:
             error = to_json(error_info(exc))
             return Outcome(claimed.job_id, claimed.owner, FAILED, error=error), None
 
-        now = datetime.now(tz=UTC)
         task = self.backend.task_for(envelope)
-        result = RedisTaskResult(
-            task=task,
-            id=claimed.job_id,
-            status=TaskResultStatus.RUNNING,
-            enqueued_at=from_seconds(envelope.enqueued_at),
-            started_at=now,
-            finished_at=None,
-            last_attempted_at=now,
-            args=envelope.args,
-            kwargs=envelope.kwargs,
-            backend=self.backend.alias,
-            errors=[],
-            worker_ids=claimed.worker_ids,
-        )
+        result = make_result(self.backend.alias, task, record)
         task_started.send_robust(type(self.backend), task_result=result)
         close_old_connections()
         self.in_task = True
@@ -333,6 +344,11 @@ class Worker:
             with time_limit(getattr(task, "timeout", None), envelope.task_path):
                 value = task.call(*args, **envelope.kwargs)
             encoded = to_json(value)
+            if len(encoded.encode()) > config.max_payload_bytes:
+                raise InvalidPayload(
+                    f"the return value is {len(encoded.encode())} bytes of JSON, over the "
+                    f"{config.max_payload_bytes}-byte MAX_PAYLOAD_BYTES limit"
+                )
             outcome = Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result=encoded)
         except WorkerShutdown:
             outcome = Outcome(claimed.job_id, claimed.owner, RELEASE)
@@ -340,7 +356,7 @@ class Worker:
         except (Exception, SystemExit) as exc:
             info = error_info(exc)
             result.errors.append(TaskError(**info))
-            outcome = self._failure(task, claimed, exc, to_json(info))
+            outcome = self._failure(task, record, claimed, exc, to_json(info))
         else:
             # As get_result() will return it: the value after a JSON round trip.
             object.__setattr__(result, "_return_value", json.loads(encoded))
@@ -359,20 +375,43 @@ class Worker:
             envelope.task_path,
             outcome.status,
             (time.perf_counter() - started) * 1000,
-            f", again in {(outcome.retry_at - now_ms()) / 1000:.1f} s"
-            if outcome.status == RETRY
-            else "",
+            f", again in {outcome.retry_in_ms / 1000:.1f} s" if outcome.status == RETRY else "",
         )
         return outcome, result
 
-    def _failure(self, task: object, claimed: Claimed, exc: BaseException, error: str) -> Outcome:
+    def _failure(
+        self, task: object, record: JobRecord, claimed: Claimed, exc: BaseException, error: str
+    ) -> Outcome:
         """FAILED, or RETRY later if the task's retry policy says so."""
-        failures = claimed.attempts - claimed.lost  # attempts that ended in an exception
+        failures = record.attempts - record.lost  # attempts that ended in an exception
         delay = task.retry_delay(exc, failures) if isinstance(task, RedisTask) else None
         if delay is None:
             return Outcome(claimed.job_id, claimed.owner, FAILED, error=error)
-        retry_at = now_ms() + int(delay * 1000)
-        return Outcome(claimed.job_id, claimed.owner, RETRY, error=error, retry_at=retry_at)
+        return Outcome(
+            claimed.job_id, claimed.owner, RETRY, error=error, retry_in_ms=int(delay * 1000)
+        )
+
+    def lease_lost(self, job: Claimed) -> None:
+        """Called by the heartbeat: Redis says ``job`` is no longer ours (its lease ran
+        out and it was recovered). Stop it: its outcome would be refused anyway."""
+        if self.current is not job or self._lost is job:
+            return
+        self._lost = job
+        logger.warning(
+            "Job %s: lease lost (the worker stalled or Redis failed for longer than the "
+            "lease); stopping it, as its outcome would be refused: it runs again elsewhere",
+            job.job_id,
+        )
+        if self.in_task:
+            signal.pthread_kill(threading.main_thread().ident or 0, LEASE_LOST_SIGNAL)
+
+    def _on_lease_lost(self, signum: int, frame: FrameType | None) -> None:
+        if self.in_task and self._lost is not None and self._lost is self.current:
+            raise LeaseLost(f"the lease of job {self._lost.job_id} was lost")
+
+    def _abandoned(self, claimed: Claimed) -> Finished:
+        # Sent anyway, fenced: Redis refuses it, as the job has another owner now.
+        return Outcome(claimed.job_id, claimed.owner, RELEASE), None
 
     def stop(self) -> None:
         """Finish the job in hand, take no new one, and return from ``run()``."""
@@ -405,3 +444,7 @@ class Worker:
             self.worker_id,
             name,
         )
+
+
+def _outcome(finished: Finished | None) -> Outcome | None:
+    return finished[0] if finished else None

@@ -14,8 +14,7 @@ def broker(backend):
 
 
 def claim_one(broker, queues=QUEUES):
-    _, claimed = broker.claim(queues, "w1")
-    return claimed[0] if claimed else None
+    return broker.claim(queues, "w1")[1]
 
 
 def claim_all(broker, queues=QUEUES):
@@ -45,7 +44,7 @@ def test_strict_priority_across_queues(broker):
 def test_claim_records_a_lease_and_finish_is_fenced(r, broker, backend):
     job = tasks.add.enqueue(1, 2)
     claimed = claim_one(broker)
-    assert claimed.job_id == job.id and claimed.attempts == 1
+    assert claimed.job_id == job.id and claimed.fields["attempts"] == "1"
     assert r.zscore("{drq:default}:running", job.id) is not None
     assert backend.get_result(job.id).status == "RUNNING"
 
@@ -66,26 +65,25 @@ def test_finish_and_claim_in_one_call(broker, backend):
     first, second = tasks.noop.enqueue(), tasks.noop.enqueue()
     claimed = claim_one(broker)
     stored, following = broker.claim(
-        QUEUES, "w1", [Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result="null")]
+        QUEUES, "w1", Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result="null")
     )
-    assert stored == [True]
-    assert (claimed.job_id, following[0].job_id) == (first.id, second.id)
+    assert stored is True
+    assert (claimed.job_id, following.job_id) == (first.id, second.id)
     assert backend.get_result(first.id).status == SUCCESSFUL
+    stranger = Outcome(second.id, "w9/1", SUCCESSFUL)
+    assert broker.claim(QUEUES, "w1", stranger) == (False, None)  # refused, nothing left
 
 
-def test_a_batch_claims_from_one_queue_in_order_and_finishes_many(broker, backend):
-    high = [tasks.noop.using(queue_name="high").enqueue().id for _ in range(2)]
-    default = [tasks.noop.enqueue().id for _ in range(5)]
-    _, batch = broker.claim(QUEUES, "w1", count=10)
-    assert [job.job_id for job in batch] == high  # a batch never reaches a lower queue
-    _, batch = broker.claim(QUEUES, "w1", count=3)
-    assert [job.job_id for job in batch] == default[:3]
-    outcomes = [Outcome(job.job_id, job.owner, SUCCESSFUL, result="1") for job in batch]
-    outcomes.append(Outcome(default[3], "w9/1", SUCCESSFUL))  # not claimed: refused
-    stored, rest = broker.claim(QUEUES, "w1", outcomes, count=10)
-    assert stored == [True, True, True, False]
-    assert [job.job_id for job in rest] == default[3:]
-    assert all(backend.get_result(i).return_value == 1 for i in default[:3])
+def test_claiming_starts_the_job_by_redis_clock(r, broker, backend):
+    job = tasks.noop.enqueue()
+    claimed = claim_one(broker)
+    seconds, micros = r.time()
+    redis_now = seconds * 1000 + micros // 1000
+    stored = backend.get_result(job.id)
+    assert stored.status == "RUNNING"
+    assert stored.enqueued_at <= stored.started_at == stored.last_attempted_at
+    assert abs(int(claimed.fields["started_at"]) - redis_now) < 5000
+    assert abs(r.zscore("{drq:default}:running", job.id) - (redis_now + 60_000)) < 5000
 
 
 def test_heartbeat_records_the_worker_and_reports_jobs_no_longer_owned(r, broker):
@@ -122,16 +120,25 @@ def test_errors_accumulate_as_a_json_list(broker, backend):
     assert stored.attempts == 2
 
 
-def test_only_a_started_job_counts_as_lost_when_its_worker_dies(r, broker, backend):
-    ids = [tasks.noop.enqueue().id for _ in range(3)]
-    _, batch = broker.claim(QUEUES, "w1", count=3)  # the worker starts the first at once
-    done = Outcome(batch[0].job_id, batch[0].owner, SUCCESSFUL, result="null")
-    broker.claim(QUEUES, "w1", [done], count=0, starting=batch[1])  # then the second
-    for job_id in ids[1:]:  # the worker dies: the leases run out
-        r.zadd("{drq:default}:running", {job_id: 0})
-    tick = broker.tick("s1", batch=10, lost_limit=2, lost_error="{}")
-    assert tick.recovered == 2
-    lost = [r.hget(f"{{drq:default}}:job:{i}", "lost") for i in ids[1:]]
-    attempts = [backend.get_result(i).attempts for i in ids[1:]]
-    assert (lost, attempts) == (["1", None], [1, 0])  # the third was only claimed ahead
-    assert sorted(claim_all(broker)) == sorted(ids[1:])  # both back on the queue
+def test_a_recovered_or_given_back_job_keeps_its_place_in_the_queue(r, broker, backend):
+    ids = [tasks.noop.enqueue().id for _ in range(4)]
+    first = claim_one(broker)
+    second = claim_one(broker)
+    later = tasks.noop.enqueue().id
+    broker.finish(Outcome(second.job_id, second.owner, "RELEASE"))  # given back
+    r.zadd("{drq:default}:running", {first.job_id: 0})  # its worker died: lease passed
+    tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
+    assert (tick.recovered, r.hget(f"{{drq:default}}:job:{first.job_id}", "lost")) == (1, "1")
+    assert claim_all(broker) == [*ids, later]  # FIFO as enqueued, not as given back
+    assert backend.get_result(ids[1]).attempts == 1  # the given-back attempt is forgotten
+
+
+def test_abandon_gives_back_uncounted_what_a_lost_claim_reply_took(r, broker, backend):
+    ids = [tasks.noop.enqueue().id for _ in range(2)]
+    claimed = claim_one(broker)
+    other = broker.claim(QUEUES, "w2")[1]
+    assert broker.abandon("w1") == [claimed.job_id]
+    stored = backend.get_result(ids[0])
+    assert (stored.status, stored.attempts, stored.worker_ids) == ("READY", 0, [])
+    assert backend.get_result(other.job_id).status == "RUNNING"  # another worker's: kept
+    assert claim_one(broker).job_id == ids[0]

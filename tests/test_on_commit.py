@@ -90,9 +90,9 @@ def test_bad_arguments_raise_at_the_call_site_and_queue_nothing(r):
 def test_a_delayed_job_waits_for_the_commit_then_for_its_time(r):
     with transaction.atomic():
         result = tasks.add.using(delay=0.5).enqueue_on_commit(2, 2)
-        assert r.zcard("{drq:default}:delayed") == 0
+        assert r.zcard("{drq:default}:delayed:default") == 0
 
-    due = r.zscore("{drq:default}:delayed", result.id)
+    due = r.zscore("{drq:default}:delayed:default", result.id)
     assert due == pytest.approx(result.task.run_after.timestamp() * 1000, abs=1)
     wait_until(lambda: now_ms() >= due, 10, "the due time")
     assert manage("runscheduler", "--burst").returncode == 0

@@ -19,7 +19,7 @@ from django_redisqueue.scheduler import Scheduler
 from tests import tasks
 from tests.conftest import blocked_clients, manage, start_manage, wait_until
 
-DELAYED = "{drq:default}:delayed"
+DELAYED = "{drq:default}:delayed:default"
 
 
 def stop(process) -> str:

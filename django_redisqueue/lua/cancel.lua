@@ -1,8 +1,11 @@
--- Cancel a job that has not started: take it off its queue or the delayed set and
--- record it as FAILED with the given error.
--- ARGV[1] job id, ARGV[2] now (ms), ARGV[3] result TTL (s), ARGV[4] error JSON
+-- Cancel a job that has not started: take it off its queue or delayed set and record
+-- it as FAILED with the given error. A cancelled job stays out of the failed index.
+-- ARGV[1] job id, ARGV[2] result TTL (s), ARGV[3] error JSON
 -- Returns 'CANCELLED', or the job's status when it cannot be cancelled ('' if none).
 local id = ARGV[1]
+if not is_job(id) then
+  return ''
+end
 local fields = redis.call('HMGET', JOB .. id, 'status', 'queue')
 if not fields[1] then
   return ''
@@ -10,7 +13,9 @@ end
 if fields[1] ~= 'READY' then
   return fields[1]
 end
-pop_delayed(id, fields[2])
-redis.call('ZREM', QUEUE .. fields[2], id)
-record_outcome(id, 'FAILED', tonumber(ARGV[2]), '', ARGV[4], ARGV[3])
+local queue = fields[2] or ''
+redis.call('ZREM', DELAYED .. queue, id)
+redis.call('ZREM', QUEUE .. queue, id)
+redis.call('HSET', JOB .. id, 'cancelled', 1)
+record_outcome(id, 'FAILED', clock_ms(), '', ARGV[3], tonumber(ARGV[2]))
 return 'CANCELLED'

@@ -4,26 +4,60 @@
 -- Every script gets the same KEYS (KeySchema.script_keys):
 --   KEYS[1] job key prefix ({P}:job:)      KEYS[2] queue key prefix ({P}:queue:)
 --   KEYS[3] wake-up key prefix ({P}:wake:) KEYS[4] arrival counter ({P}:seq)
---   KEYS[5] running zset                   KEYS[6] delayed zset
+--   KEYS[5] running zset                   KEYS[6] delayed key prefix ({P}:delayed:)
 --   KEYS[7] the scheduler's wake-up list   KEYS[8] paused queues (set)
 --   KEYS[9] failed index prefix ({P}:failed:)
 --   KEYS[10] per-minute stats prefix ({P}:stats:)
---   KEYS[11] delayed jobs per queue (hash) KEYS[12] schedulers (zset)
---   KEYS[13] workers (zset)                KEYS[14] worker record prefix ({P}:worker:)
+--   KEYS[11] schedulers (zset)             KEYS[12] workers (zset)
+--   KEYS[13] worker record prefix ({P}:worker:)
 -- Per-job and per-queue keys are built from the prefixes; all share one hash tag.
+--
+-- Two rules keep every move atomic. Time is Redis's (TIME), never a caller's, so
+-- clocks of other hosts decide no lease and no due time. And nothing a script reads
+-- can make it fail half-way: a job key of another type, or fields holding garbage,
+-- are read as absent or as defaults, because Redis does not undo the writes a
+-- failing script made before the error.
 local JOB, QUEUE, WAKE, SEQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local RUNNING, DELAYED, SCHEDULER_WAKE, PAUSED = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local FAILED, STATS, DELAYED_COUNTS, SCHEDULERS = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
-local WORKERS, WORKER = KEYS[13], KEYS[14]
+local FAILED, STATS, SCHEDULERS, WORKERS = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local WORKER = KEYS[13]
 
 -- How long the per-minute finish counts are kept (s): the dashboard shows an hour.
 local STATS_TTL = 7200
+
+-- Redis's clock in ms.
+local function clock_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A number read from Redis, or the default when it is not a finite number.
+local function number(value, default)
+  local n = tonumber(value)
+  if n == nil or n ~= n or n == math.huge or n == -math.huge then
+    return default
+  end
+  return n
+end
+
+-- True when the job's key is a hash. A key of another type (written by hand or by a
+-- bug) is not a job: reading it as one would raise WRONGTYPE in the middle of a move.
+local function is_job(id)
+  return redis.call('TYPE', JOB .. id)['ok'] == 'hash'
+end
+
+-- A queue name as workers and keys use it (see jobs.QUEUE_NAME_RE).
+local function valid_queue(name)
+  return type(name) == 'string' and #name > 0 and #name <= 64
+    and string.find(name, '^[%w_%.%-]+$') ~= nil
+end
 
 -- Order within a queue: higher priority first, then arrival order (FIFO). Priority is
 -- -100..100 and the arrival counter stays below 2^44, so the score is an exact integer
 -- in a double. Formatted by hand because Lua prints large numbers with 14 digits.
 local function queue_score(priority, seq)
-  return string.format('%.0f', (100 - priority) * 17592186044416 + seq)
+  local p = math.floor(math.min(math.max(number(priority, 0), -100), 100))
+  return string.format('%.0f', (100 - p) * 17592186044416 + seq)
 end
 
 -- Leave one wake-up token on a list. It never holds more than one: a token is a hint
@@ -34,49 +68,35 @@ local function leave_wake_token(wake)
   end
 end
 
--- Make a job READY on its queue, behind the jobs of its priority already there.
-local function push_ready(id, queue, priority)
-  redis.call('HSET', JOB .. id, 'status', 'READY')
-  redis.call('ZADD', QUEUE .. queue, queue_score(tonumber(priority), redis.call('INCR', SEQ)), id)
+-- Put a READY job on its queue at `score`, and wake the queue's workers.
+local function put_on_queue(id, queue, score)
+  redis.call('HSET', JOB .. id, 'status', 'READY', 'score', score)
+  redis.call('ZADD', QUEUE .. queue, score, id)
   leave_wake_token(WAKE .. queue)
 end
 
--- Make a job READY in the delayed set, due at `due` (ms). Wake the scheduler when this
--- job is now the first due, so that it does not sleep past it.
+-- Make a job READY on its queue, behind the jobs of its priority already there.
+local function push_ready(id, queue, priority)
+  put_on_queue(id, queue, queue_score(priority, redis.call('INCR', SEQ)))
+end
+
+-- Make a job READY in its queue's delayed set, due at `due` (ms). Wake the scheduler
+-- when the job is now the first due of that queue, so that it does not sleep past it.
 local function push_delayed(id, due, queue)
   redis.call('HSET', JOB .. id, 'status', 'READY')
-  if redis.call('ZADD', DELAYED, due, id) == 1 then
-    redis.call('HINCRBY', DELAYED_COUNTS, queue, 1)
-  end
-  if redis.call('ZRANGE', DELAYED, 0, 0)[1] == id then
+  local delayed = DELAYED .. queue
+  redis.call('ZADD', delayed, due, id)
+  if redis.call('ZRANGE', delayed, 0, 0)[1] == id then
     leave_wake_token(SCHEDULER_WAKE)
   end
 end
 
--- Take a job out of the delayed set; true if it was there.
-local function pop_delayed(id, queue)
-  if redis.call('ZREM', DELAYED, id) == 1 then
-    redis.call('HINCRBY', DELAYED_COUNTS, queue, -1)
-    return true
-  end
-  return false
-end
-
--- Put a job whose queue and priority are stored in its hash back on its queue.
--- Returns the queue's name, or false if the job hash is gone (expired or deleted).
-local function requeue(id)
-  local fields = redis.call('HMGET', JOB .. id, 'queue', 'priority')
-  if not fields[1] then
-    return false
-  end
-  push_ready(id, fields[1], fields[2])
-  return fields[1]
-end
-
--- Append one JSON error object to the job's JSON list of errors.
+-- Append one JSON error object to the job's JSON list of errors (a list that is not
+-- one, written by hand, is replaced).
 local function append_error(job, error)
   local errors = redis.call('HGET', job, 'errors')
-  if errors then
+  if errors and string.sub(errors, 1, 1) == '[' and string.sub(errors, -1) == ']'
+      and #errors > 2 then
     errors = string.sub(errors, 1, -2) .. ',' .. error .. ']'
   else
     errors = '[' .. error .. ']'
@@ -85,18 +105,22 @@ local function append_error(job, error)
 end
 
 -- Record a final outcome (SUCCESSFUL or FAILED), start the result TTL, wake waiters,
--- count it in this minute's stats, and index a failure for the dashboard. The failed
--- index drops entries as old as the TTL, when their job hashes expire.
+-- count it in this minute's stats, and index a failure for the dashboard (not a
+-- cancellation: "retry failed jobs" must not run what someone cancelled). The failed
+-- index expires with the results it lists; the tick trims what is older.
 local function record_outcome(id, status, now, result, error, ttl)
   local job = JOB .. id
-  local queue = redis.call('HGET', job, 'queue') or ''
+  local fields = redis.call('HMGET', job, 'queue', 'cancelled')
+  local queue = fields[1] or ''
   redis.call('HSET', job, 'status', status, 'finished_at', now)
   local stats = STATS .. math.floor(now / 60000)
   redis.call('HINCRBY', stats, (status == 'FAILED' and 'failed:' or 'ok:') .. queue, 1)
   redis.call('EXPIRE', stats, STATS_TTL)
-  if status == 'FAILED' then
-    redis.call('ZADD', FAILED .. queue, now, id)
-    redis.call('ZREMRANGEBYSCORE', FAILED .. queue, '-inf', now - ttl * 1000)
+  if status == 'FAILED' and not fields[2] then
+    local failed = FAILED .. queue
+    redis.call('ZADD', failed, now, id)
+    redis.call('ZREMRANGEBYSCORE', failed, '-inf', now - ttl * 1000)
+    redis.call('EXPIRE', failed, ttl)
   end
   if result ~= '' then
     redis.call('HSET', job, 'result', result)
@@ -112,10 +136,50 @@ local function record_outcome(id, status, now, result, error, ttl)
   end
 end
 
+-- The error of a job that cannot be run for what Redis holds, as worker.py words it.
+local function invalid_error(message)
+  return cjson.encode({
+    exception_class_path = 'django_redisqueue.exceptions.InvalidPayload',
+    traceback = 'django_redisqueue.exceptions.InvalidPayload: ' .. message .. '\n',
+  })
+end
+
+-- A queue member that is not a job (an implausible id, or a key of another type) is
+-- recorded as a FAILED job of its own, named after its hash, and dropped.
+local function discard_malformed(id, queue, why, now, ttl)
+  local name = 'malformed-' .. redis.sha1hex(id)
+  redis.call('DEL', JOB .. name)
+  redis.call('HSET', JOB .. name, 'queue', queue, 'priority', 0)
+  record_outcome(name, 'FAILED', now, '',
+                 invalid_error('queue ' .. queue .. ' held ' .. why .. ', removed unrun'), ttl)
+end
+
+-- Put a job back on its queue at the place it had (FIFO survives a give-back or a
+-- recovery). Returns false if the job hash is gone; a job whose stored queue is not
+-- a valid name is failed, as nothing could ever serve it.
+local function requeue(id, now, ttl)
+  local fields = redis.call('HMGET', JOB .. id, 'queue', 'priority', 'score')
+  if not fields[1] then
+    return false
+  end
+  if not valid_queue(fields[1]) then
+    record_outcome(id, 'FAILED', now, '', invalid_error('the job names no valid queue'), ttl)
+    return false
+  end
+  local score = number(fields[3], nil)
+  if score then
+    put_on_queue(id, fields[1], fields[3])
+  else
+    push_ready(id, fields[1], fields[2])
+  end
+  return true
+end
+
 -- Forget the latest attempt of a job given back unfinished: it does not count.
 local function forget_attempt(job)
-  redis.call('HINCRBY', job, 'attempts', -1)
-  local workers = redis.call('HGET', job, 'workers') or ''
+  local fields = redis.call('HMGET', job, 'attempts', 'workers')
+  redis.call('HSET', job, 'attempts', math.max(number(fields[1], 1) - 1, 0))
+  local workers = fields[2] or ''
   local last_comma = string.find(workers, ',[^,]*$')
   if last_comma then
     redis.call('HSET', job, 'workers', string.sub(workers, 1, last_comma - 1))
@@ -125,22 +189,27 @@ local function forget_attempt(job)
 end
 
 -- Finish a RUNNING job, fenced: only the owner recorded at claim time may finish it.
--- status is SUCCESSFUL or FAILED; RETRY (back to the delayed set, due at retry_at); or
--- RELEASE (back to its queue, unfinished, when the worker was stopped in the middle).
--- Returns 1 when stored, 0 when the caller no longer owns the job.
-local function finish_job(id, owner, status, now, result, error, ttl, retry_at)
+-- status is SUCCESSFUL or FAILED; RETRY (to the delayed set, due `retry_in` ms from
+-- now); or RELEASE (back to its queue, unfinished, its attempt forgotten: the worker
+-- was stopped in the middle). Returns 1 when stored, 0 when the caller is not the owner.
+local function finish_job(id, owner, status, now, result, error, ttl, retry_in)
   local job = JOB .. id
-  if redis.call('HGET', job, 'owner') ~= owner then
+  if not is_job(id) or redis.call('HGET', job, 'owner') ~= owner then
     return 0
   end
   redis.call('ZREM', RUNNING, id)
   redis.call('HDEL', job, 'owner')
   if status == 'RETRY' then
     append_error(job, error)
-    push_delayed(id, retry_at, redis.call('HGET', job, 'queue'))
+    local queue = redis.call('HGET', job, 'queue')
+    if valid_queue(queue) then
+      push_delayed(id, now + number(retry_in, 0), queue)
+    else
+      record_outcome(id, 'FAILED', now, '', invalid_error('the job names no valid queue'), ttl)
+    end
   elseif status == 'RELEASE' then
     forget_attempt(job)
-    requeue(id)
+    requeue(id, now, ttl)
   else
     record_outcome(id, status, now, result, error, ttl)
   end

@@ -33,10 +33,14 @@ local changed = 0
 for _, id in ipairs(ids) do
   local job = JOB .. id
   if action == 'retry_failed' then
-    if redis.call('ZREM', FAILED .. queue, id) == 1 and redis.call('EXISTS', job) == 1 then
+    if redis.call('ZREM', FAILED .. queue, id) == 1 and is_job(id)
+        and redis.call('HGET', job, 'status') == 'FAILED'
+        and not redis.call('HGET', job, 'cancelled') then
       redis.call('PERSIST', job)
       redis.call('HDEL', job, 'finished_at', 'result', 'waiters')
-      requeue(id)
+      -- A waiter's token from the failure would end every later wait() at once.
+      redis.call('DEL', job .. ':done')
+      push_ready(id, queue, redis.call('HGET', job, 'priority'))
       changed = changed + 1
     end
   elseif action == 'delete_failed' then
@@ -45,9 +49,8 @@ for _, id in ipairs(ids) do
       changed = changed + 1
     end
   elseif action == 'run_now' then
-    local own_queue = redis.call('HGET', job, 'queue')
-    if own_queue and pop_delayed(id, own_queue) then
-      requeue(id)
+    if redis.call('ZREM', DELAYED .. queue, id) == 1 and is_job(id) then
+      push_ready(id, queue, redis.call('HGET', job, 'priority'))
       changed = changed + 1
     end
   elseif action == 'empty' then

@@ -1,61 +1,73 @@
 -- The scheduler's step: promote due delayed jobs to their queues, and recover RUNNING
 -- jobs whose lease has passed (their worker died or stalled). Atomic, so any number
 -- of schedulers may run: each due job is promoted, and each lost job recovered, once.
--- ARGV[1] now (ms), ARGV[2] most jobs to move per kind, ARGV[3] how many times a job
--- may be recovered before it fails, ARGV[4] result TTL (s), ARGV[5] error JSON for a
--- job that fails because its workers keep getting lost
--- A job counts as lost only if its worker had started it ("started_by" is the owner);
--- one only claimed ahead goes back to its queue uncounted.
--- Returns {promoted, recovered, failed, next}: next is the time (ms) of the next due
--- job or lease deadline, -1 if there is none, or 0 if a batch was full (call again).
-local now, batch, lost_limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+-- ARGV[1] scheduler id, ARGV[2] most jobs to move per kind, ARGV[3] how many times a
+-- job may be recovered before it fails, ARGV[4] result TTL (s), ARGV[5] error JSON
+-- for a job that fails because its workers keep getting lost, ARGV[6] 1 to recover
+-- expired leases, 0 to leave them (the scheduler has just seen Redis fail, and gives
+-- workers time to renew), then the names of the queues whose delayed jobs to promote
+-- Returns {promoted, recovered, failed, next, now}: next is the time (ms) of the next
+-- due job or lease deadline, -1 if there is none, or 0 if a batch was full (call
+-- again); now is Redis's time (ms).
+local batch, lost_limit = tonumber(ARGV[2]), tonumber(ARGV[3])
+local ttl, recover = tonumber(ARGV[4]), ARGV[6] == '1'
+local now = clock_ms()
 
--- Who is alive, for the dashboard; entries silent for an hour are dropped.
-redis.call('ZADD', SCHEDULERS, now, ARGV[6])
+-- Who is alive, for the dashboard; entries silent for an hour are dropped. This is
+-- the first write, and one Redis refuses when out of memory: then the whole step is
+-- refused, as the workers' heartbeats are, so no lease is taken from a live worker.
+redis.call('ZADD', SCHEDULERS, now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', SCHEDULERS, '-inf', now - 3600000)
 
-local promoted = 0
-local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, batch)
-for _, id in ipairs(due) do
-  local queue = requeue(id)
-  redis.call('ZREM', DELAYED, id)
-  if queue then
-    redis.call('HINCRBY', DELAYED_COUNTS, queue, -1)
-    promoted = promoted + 1
+local promoted, full = 0, false
+local next = -1
+local function consider(score)
+  if score and (next == -1 or tonumber(score) < next) then
+    next = tonumber(score)
   end
+end
+
+for i = 7, #ARGV do
+  local queue = ARGV[i]
+  local delayed = DELAYED .. queue
+  local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, batch)
+  for _, id in ipairs(due) do
+    redis.call('ZREM', delayed, id)
+    if is_job(id) then
+      push_ready(id, queue, redis.call('HGET', JOB .. id, 'priority'))
+      promoted = promoted + 1
+    elseif redis.call('EXISTS', JOB .. id) == 1 then
+      discard_malformed(id, queue, 'a delayed job whose key is not a hash', now, ttl)
+    end
+  end
+  full = full or #due == batch
+  consider(redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')[2])
+  redis.call('ZREMRANGEBYSCORE', FAILED .. queue, '-inf', now - ttl * 1000)
 end
 
 local recovered, failed = 0, 0
-local expired = redis.call('ZRANGEBYSCORE', RUNNING, '-inf', now, 'LIMIT', 0, batch)
-for _, id in ipairs(expired) do
-  redis.call('ZREM', RUNNING, id)
-  local job = JOB .. id
-  local fields = redis.call('HMGET', job, 'owner', 'started_by')
-  redis.call('HDEL', job, 'owner')
-  if redis.call('EXISTS', job) == 0 then
-    -- deleted by hand while it ran: nothing left to recover
-  elseif fields[2] ~= fields[1] then
-    -- claimed ahead by a worker that died before starting it: not the job's fault
-    forget_attempt(job)
-    requeue(id)
-    recovered = recovered + 1
-  elseif redis.call('HINCRBY', job, 'lost', 1) > lost_limit then
-    record_outcome(id, 'FAILED', now, '', ARGV[5], ARGV[4])
-    failed = failed + 1
-  elseif requeue(id) then
-    recovered = recovered + 1
-  end
-end
-
-local next = -1
-if #due == batch or #expired == batch then
-  next = 0
-else
-  for _, key in ipairs({DELAYED, RUNNING}) do
-    local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2]
-    if first and (next == -1 or tonumber(first) < next) then
-      next = tonumber(first)
+if recover then
+  local expired = redis.call('ZRANGEBYSCORE', RUNNING, '-inf', now, 'LIMIT', 0, batch)
+  for _, id in ipairs(expired) do
+    redis.call('ZREM', RUNNING, id)
+    local job = JOB .. id
+    if is_job(id) then
+      redis.call('HDEL', job, 'owner')
+      local lost = math.floor(math.max(number(redis.call('HGET', job, 'lost'), 0), 0)) + 1
+      redis.call('HSET', job, 'lost', lost)
+      if lost > lost_limit then
+        record_outcome(id, 'FAILED', now, '', ARGV[5], ttl)
+        failed = failed + 1
+      elseif requeue(id, now, ttl) then
+        recovered = recovered + 1
+      end
     end
   end
+  full = full or #expired == batch
+  consider(redis.call('ZRANGE', RUNNING, 0, 0, 'WITHSCORES')[2])
 end
-return {promoted, recovered, failed, next}
+
+if full then
+  next = 0
+end
+return {promoted, recovered, failed, next, now}

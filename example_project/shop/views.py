@@ -14,7 +14,7 @@ from .tasks import build_report, send_tips_email, send_welcome_email, sync_inven
 def index(request: HttpRequest) -> HttpResponse:
     backend = task_backends["default"]
     queues = {name: backend.broker.queue_length(name) for name in backend.queue_names}
-    queues["delayed"] = backend.broker.delayed_count()
+    queues["delayed"] = backend.broker.delayed_count(backend.queue_names)
     reports = Report.objects.order_by("-created_at")[:10]
     return render(
         request,

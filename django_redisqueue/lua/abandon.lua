@@ -1,0 +1,23 @@
+-- Give back every job a worker owns, uncounted, to its place in its queue. A worker
+-- calls this when the reply to a claim was lost: the claim may have run, and the job
+-- it took would otherwise wait for its lease and count as lost though it never ran.
+-- The worker holds no other job then (its last outcome was stored first).
+-- ARGV[1] worker id, ARGV[2] result TTL (s)
+-- Returns the ids given back.
+local prefix = ARGV[1] .. '/'
+local now, ttl = clock_ms(), tonumber(ARGV[2])
+local given = {}
+for _, id in ipairs(redis.call('ZRANGE', RUNNING, 0, -1)) do
+  local job = JOB .. id
+  if is_job(id) then
+    local owner = redis.call('HGET', job, 'owner')
+    if owner and string.sub(owner, 1, #prefix) == prefix then
+      redis.call('ZREM', RUNNING, id)
+      redis.call('HDEL', job, 'owner')
+      forget_attempt(job)
+      requeue(id, now, ttl)
+      given[#given + 1] = id
+    end
+  end
+end
+return given
