@@ -15,6 +15,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.encoding import escape_uri_path
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
@@ -28,6 +29,8 @@ VIEW = "django_redisqueue.view_dashboard"
 MANAGE = "django_redisqueue.manage_queues"
 # Jobs changed per script call by the "all" actions, so that Redis never blocks long.
 ACTION_BATCH = 1000
+# How often a dashboard page fetches its live part again.
+REFRESH_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -107,9 +110,25 @@ class DashboardAdmin(admin.ModelAdmin):
         return task_backends[alias]
 
     def _render(
-        self, request: HttpRequest, template: str, alias: str, title: str, **context: object
+        self,
+        request: HttpRequest,
+        template: str,
+        alias: str,
+        title: str,
+        *,
+        live: bool = True,
+        **context: object,
     ) -> TemplateResponse:
+        """Render a dashboard page, or with ``?partial=1`` only its live part.
+
+        A ``live`` page has a ``<name>_live.html`` part that the page's script fetches
+        again every ``REFRESH_SECONDS``. A page that is not live (one holding a form to
+        fill in) never refreshes, and has no part to ask for: ``?partial=1`` is a 404.
+        """
         backend = task_backends[alias]
+        partial = bool(request.GET.get("partial"))
+        query = request.GET.copy()
+        query.pop("partial", None)
         base = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -118,12 +137,29 @@ class DashboardAdmin(admin.ModelAdmin):
             "aliases": redisqueue_aliases(),
             "queues": backend.queue_names,
             "can_manage": request.user.has_perm(MANAGE),
-            "refresh_seconds": 5,
+            "refresh_seconds": REFRESH_SECONDS if live else 0,
+            # Where an action goes back to: this page, also when only its part is rendered.
+            "here": escape_uri_path(request.path) + (f"?{query.urlencode()}" if query else ""),
         }
         name = f"admin/django_redisqueue/{template}"
-        if request.GET.get("partial"):
-            name = name.replace(".html", "_live.html")
+        if partial:
+            if not live:
+                raise Http404("This page has no part that refreshes.")
+            name = name.removesuffix(".html") + "_live.html"
         return TemplateResponse(request, name, {**base, **context})
+
+    def _next_url(self, request: HttpRequest, alias: str, target: str) -> str:
+        """Where to go back to after an action: ``target`` if it is a URL of this site.
+
+        Anything else (another host, a ``javascript:`` URL, ...) gives the overview. Used
+        both for the confirm page's links and for the action's redirect.
+        """
+        target = target.strip()
+        if target and url_has_allowed_host_and_scheme(
+            target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+        ):
+            return target
+        return reverse("admin:redisqueue_overview", args=[alias])
 
     @staticmethod
     def _page_number(request: HttpRequest) -> int:
@@ -224,7 +260,8 @@ class DashboardAdmin(admin.ModelAdmin):
             action_label=ACTIONS[action].label,
             queue=queue,
             job_id=job_id,
-            next=request.GET.get("next", ""),
+            next=self._next_url(request, alias, request.GET.get("next", "")),
+            live=False,
         )
 
     def action_view(self, request: HttpRequest, alias: str, action: str) -> HttpResponse:
@@ -245,12 +282,7 @@ class DashboardAdmin(admin.ModelAdmin):
             messages.error(request, f"{spec.label}: not confirmed, nothing done.")
         else:
             self._apply(request, backend, action, queue, job_id)
-        target = request.POST.get("next", "")
-        if not url_has_allowed_host_and_scheme(
-            target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
-        ):
-            target = reverse("admin:redisqueue_overview", args=[alias])
-        return HttpResponseRedirect(target)
+        return HttpResponseRedirect(self._next_url(request, alias, request.POST.get("next", "")))
 
     def _apply(
         self,

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from types import FrameType
 
@@ -22,6 +23,11 @@ from .worker import Worker
 
 logger = logging.getLogger(__name__)
 
+# A child that dies sooner than this after its start counts towards a crash loop: the
+# next restart waits, doubling up to RESTART_DELAY_MAX, instead of forking in a loop.
+QUICK_EXIT = 5.0
+RESTART_DELAY_MAX = 30.0
+
 
 def run_pool(make_worker: Callable[[], Worker], concurrency: int, *, restart: bool) -> int:
     """Run ``concurrency`` worker processes; return 0 if every child exited cleanly.
@@ -29,9 +35,10 @@ def run_pool(make_worker: Callable[[], Worker], concurrency: int, *, restart: bo
     ``restart``: start a new child when one dies from a signal or an error (not in
     burst mode, where children exit once the queues are empty).
     """
-    children: set[int] = set()
+    children: dict[int, float] = {}  # pid -> when it started (monotonic)
     stopping = False
     exit_code = 0
+    quick_exits = 0
 
     def spawn() -> None:
         connections.close_all()  # a forked child must not share the parent's sockets
@@ -53,12 +60,12 @@ def run_pool(make_worker: Callable[[], Worker], concurrency: int, *, restart: bo
                 logger.exception("Worker process %d crashed", os.getpid())
             finally:
                 os._exit(code)
-        children.add(pid)
+        children[pid] = time.monotonic()
 
     def stop(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
-        for pid in children:
+        for pid in list(children):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
 
@@ -69,15 +76,23 @@ def run_pool(make_worker: Callable[[], Worker], concurrency: int, *, restart: bo
     logger.info("Started %d worker processes: %s", concurrency, sorted(children))
     while children:
         pid, status = os.wait()
-        children.discard(pid)
+        lived = time.monotonic() - children.pop(pid, 0.0)
         code = os.waitstatus_to_exitcode(status)
         if code == 0:
             continue
         if stopping and code == -signal.SIGTERM:
             continue
-        logger.error("Worker process %d exited with %d", pid, code)
+        logger.error("Worker process %d exited with %d after %.1f s", pid, code, lived)
         if restart and not stopping:
-            spawn()
+            quick_exits = quick_exits + 1 if lived < QUICK_EXIT else 0
+            if quick_exits:
+                delay = min(0.5 * 2 ** (quick_exits - 1), RESTART_DELAY_MAX)
+                logger.warning(
+                    "Restarting it in %.1f s (%d quick exit(s) in a row)", delay, quick_exits
+                )
+                time.sleep(delay)
+            if not stopping:
+                spawn()
         else:
             exit_code = 1
     return exit_code

@@ -1,6 +1,9 @@
 """The queue dashboard in the admin: pages, actions, permissions, CSRF, escaping."""
 
 import re
+from html import unescape
+from html.parser import HTMLParser
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -288,3 +291,142 @@ def test_queuestats_prints_the_overview(backend):
     data = json_module.loads(manage("queuestats", "--json").stdout)
     assert data["queues"]["default"]["ready"] == 1
     assert data["queues"]["low"]["delayed"] == 1
+
+
+class Attributes(HTMLParser):
+    """Every (tag, attribute, value) of a page, values unescaped."""
+
+    def __init__(self, page):
+        super().__init__(convert_charrefs=True)
+        self.found = []
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        self.found += [(tag, name, value or "") for name, value in attrs]
+
+    handle_startendtag = handle_starttag
+
+
+def next_fields(page):
+    """The ``next`` hidden inputs of a page."""
+    tags = re.findall(r'<input type="hidden" name="next"[^>]*>', page)
+    return [unescape(re.search(r'value="([^"]*)"', tag)[1]) for tag in tags]
+
+
+def back_link(page):
+    return unescape(re.search(r'<a href="([^"]*)" class="button cancel-link"', page)[1])
+
+
+HOSTILE_NEXT = [
+    "javascript:alert(document.cookie)",
+    "JavaScript:alert(document.cookie)",
+    " javascript:alert(document.cookie)",
+    "java\tscript:alert(document.cookie)",
+    "java\nscript:alert(document.cookie)",
+    "\x01javascript:alert(document.cookie)",
+    "data:text/html,<script>alert(document.cookie)</script>",
+    "vbscript:alert(document.cookie)",
+    "https://evil.example/",
+    "http://evil.example",
+    "https:evil.example",
+    "//evil.example",
+    "///evil.example",
+    "////evil.example",
+    "\\\\evil.example",
+    "/\\evil.example",
+    "\\/evil.example",
+    "/\t/evil.example",
+    "https://testserver@evil.example/",
+    "http://evil.example\\@testserver/",
+]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_NEXT)
+def test_the_confirm_page_and_actions_never_use_a_hostile_next(manager, hostile):
+    confirm = manager.get(BASE + "confirm/empty/", {"queue": "low", "next": hostile})
+    assert confirm.status_code == 200
+    page = confirm.text
+    assert next_fields(page) == [BASE]
+    assert back_link(page) == BASE
+    for tag, name, value in Attributes(page).found:
+        squeezed = re.sub(r"[\x00-\x20\\]", "", value).lower()
+        assert "evil.example" not in squeezed, (tag, name, value)
+        assert not re.match(r"(java|vb)script:|data:", squeezed), (tag, name, value)
+    assert "evil.example" not in page and "alert(" not in page
+
+    for target in (hostile, next_fields(page)[0]):
+        response = manager.post(BASE + "act/pause/", {"queue": "low", "next": target})
+        assert response.status_code == 302
+        assert response.headers["Location"] == BASE
+
+
+def test_a_next_on_this_site_is_kept_from_the_confirm_page_to_the_redirect(manager):
+    here = BASE + "queue/low/?page=2"
+    page = manager.get(BASE + "confirm/empty/", {"queue": "low", "next": here}).text
+    assert next_fields(page) == [here]
+    assert back_link(page) == here
+    response = manager.post(
+        BASE + "act/empty/", {"queue": "low", "confirmed": "yes", "next": next_fields(page)[0]}
+    )
+    assert response.headers["Location"] == here
+    absolute = "http://testserver" + here  # the same host is this site too
+    response = manager.post(BASE + "act/pause/", {"queue": "low", "next": absolute})
+    assert response.headers["Location"] == absolute
+
+
+def test_the_confirm_page_does_not_refresh(manager):
+    page = manager.get(BASE + "confirm/empty/?queue=low").text
+    assert "Yes, I'm sure" in page
+    assert 'id="drq-live"' in page and "data-refresh" not in page
+    # It has no live part: asking for one is not found, not a server error.
+    assert manager.get(BASE + "confirm/empty/?queue=low&partial=1").status_code == 404
+
+
+def test_every_other_page_refreshes_its_live_part(manager, backend):
+    job = tasks.add.enqueue(1, 1)
+    for url in [BASE, *PAGES[2:6], BASE + f"job/{job.id}/"]:
+        page = manager.get(url).text
+        assert 'data-refresh="5"' in page, url
+        partial = manager.get(url, {"partial": 1})
+        assert partial.status_code == 200, url
+        assert "<html" not in partial.text, url
+
+
+def test_actions_in_a_refreshed_part_come_back_to_the_whole_page(manager, backend):
+    job = tasks.fail.enqueue("x")
+    run_worker(backend)
+    partial = manager.get(BASE + "failed/default/", {"page": 1, "partial": 1}).text
+    assert job.id[:10] in partial
+    assert next_fields(partial) == [BASE + "failed/default/?page=1"]  # the Retry button
+    confirm = re.search(r'href="([^"]*/confirm/delete_failed/[^"]*)"', partial)[1]
+    query = parse_qs(urlsplit(unescape(confirm)).query)
+    assert query["next"] == [BASE + "failed/default/?page=1"]
+    assert query["job_id"] == [job.id]
+
+
+def test_request_values_are_escaped_wherever_they_are_shown(manager):
+    nasty = "\"'><svg onload=alert(1)>&"
+    escaped = "&quot;&#x27;&gt;&lt;svg onload=alert(1)&gt;&amp;"
+    page = manager.get(BASE + "confirm/cancel/", {"queue": "default", "job_id": nasty}).text
+    assert "<svg onload" not in page
+    assert f'<input type="hidden" name="job_id" value="{escaped}">' in page
+    job = manager.get(BASE + "job/" + nasty.replace("&", "%26") + "/")
+    assert job.status_code == 404
+    assert "<svg onload" not in job.text and escaped in job.text
+    assert manager.get(BASE + "queue/" + nasty.replace("&", "%26") + "/").status_code == 404
+    assert manager.get(BASE + "queue/default/", {"page": nasty}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "job_id", ["abc?next=//evil.example", "abc#x", "..", ".", "a b", "%2F", "//evil.example"]
+)
+def test_the_job_lookup_only_redirects_to_a_job_page(manager, job_id):
+    response = manager.get(BASE + "job/", {"id": job_id})
+    location = response.headers["Location"]
+    if "/" in job_id:
+        assert location == BASE  # refused, with a message
+        return
+    assert location.startswith(BASE + "job/") and location.endswith("/")
+    followed = manager.get(location)
+    assert followed.status_code == 404  # no such job, but its page: the lookup round-trips
+    assert followed.request["PATH_INFO"].startswith(BASE + "job/")

@@ -457,7 +457,7 @@ def test_run_after_is_honoured(r):
     assert later.status == TaskResultStatus.READY  # not due: the worker left it alone
     assert abs(later.task.run_after - run_after) < timedelta(milliseconds=1)
 
-    due_ms = r.zscore("{drq:default}:delayed", later.id)
+    due_ms = r.zscore("{drq:default}:delayed:default", later.id)
     wait_until(lambda: now_ms() >= due_ms, 10, "the due time")
     assert manage("runscheduler", "--burst").returncode == 0
     run_worker()

@@ -4,8 +4,9 @@
   "use strict";
   const live = document.getElementById("drq-live");
   if (!live) return;
+  // No data-refresh (or 0): the page must stay as it is, e.g. a confirmation form.
   const seconds = parseInt(live.dataset.refresh || "0", 10);
-  if (!seconds) return;
+  if (!(seconds > 0)) return;
   const url = new URL(window.location.href);
   url.searchParams.set("partial", "1");
   async function refresh() {
@@ -13,10 +14,15 @@
     if (document.hidden || live.contains(document.activeElement)) return;
     try {
       const response = await fetch(url, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } });
+      if (response.redirected) {
+        // Logged out meanwhile: the answer is the login page, not the part. Stop here.
+        window.clearInterval(timer);
+        return;
+      }
       if (response.ok) live.innerHTML = await response.text();
     } catch (error) {
       // The server is restarting or the network dropped: try again next time.
     }
   }
-  window.setInterval(refresh, seconds * 1000);
+  const timer = window.setInterval(refresh, seconds * 1000);
 })();
