@@ -186,7 +186,7 @@ def _priority_field(data: dict[str, Any]) -> int:
         raise InvalidPayload("envelope field 'priority' is not a whole number")
     if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
         raise InvalidPayload(
-            f"envelope priority {priority:.40} is outside {MIN_PRIORITY}..{MAX_PRIORITY}"
+            f"envelope priority {priority!r:.40} is outside {MIN_PRIORITY}..{MAX_PRIORITY}"
         )
     return priority
 

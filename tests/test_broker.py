@@ -2,6 +2,7 @@
 
 import pytest
 
+from django_redisqueue import ResultTimeout
 from django_redisqueue.broker import FAILED, SUCCESSFUL, Outcome
 from tests import tasks
 
@@ -142,3 +143,73 @@ def test_abandon_gives_back_uncounted_what_a_lost_claim_reply_took(r, broker, ba
     assert (stored.status, stored.attempts, stored.worker_ids) == ("READY", 0, [])
     assert backend.get_result(other.job_id).status == "RUNNING"  # another worker's: kept
     assert claim_one(broker).job_id == ids[0]
+
+
+def test_retrying_all_failed_jobs_leaves_cancelled_ones(r, broker, backend):
+    cancelled, failed = tasks.noop.enqueue(), tasks.noop.enqueue()
+    backend.cancel(cancelled.id)
+    claimed = claim_one(broker)
+    broker.finish(Outcome(claimed.job_id, claimed.owner, FAILED, error="{}"))
+    assert r.zrange("{drq:default}:failed:default", 0, -1) == [failed.id]
+    assert broker.operate("retry_failed", "default", limit=100) == 1
+    assert claim_all(broker) == [failed.id]
+    assert backend.get_result(cancelled.id).status == FAILED
+
+
+def test_the_failed_index_expires_with_its_results_and_is_trimmed(r, broker):
+    tasks.noop.enqueue()
+    claimed = claim_one(broker)
+    broker.finish(Outcome(claimed.job_id, claimed.owner, FAILED, error="{}"))
+    index = "{drq:default}:failed:default"
+    assert 0 < r.ttl(index) <= 24 * 3600
+    r.zadd(index, {"expired-long-ago": 1})
+    broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
+    assert r.zrange(index, 0, -1) == [claimed.job_id]
+
+
+def test_wait_after_an_operator_retry_blocks_instead_of_spinning(r, broker, backend):
+    job = tasks.noop.enqueue()
+    assert broker.watch(job.id) == "READY"  # a waiter: the failure leaves a done token
+    claimed = claim_one(broker)
+    broker.finish(Outcome(claimed.job_id, claimed.owner, FAILED, error="{}"))
+    assert r.llen(f"{{drq:default}}:job:{job.id}:done") == 1
+    assert broker.operate("retry_failed", "default", [job.id]) == 1
+
+    def sent():
+        stats = r.info("commandstats")
+        return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("evalsha", "blmove"))
+
+    before = sent()
+    with pytest.raises(ResultTimeout):
+        backend.wait(job.id, timeout=0.3)
+    assert sent() - before < 10  # one watch and one blocking wait per second, not a loop
+
+
+def test_a_queue_member_whose_key_is_not_a_hash_is_failed_not_raised(r, broker):
+    r.set("{drq:default}:job:oops", "a string, not a job")
+    r.zadd("{drq:default}:queue:default", {"oops": 0})
+    good = tasks.noop.enqueue()
+    assert claim_one(broker).job_id == good.id
+    failed = r.zrange("{drq:default}:failed:default", 0, -1)
+    assert len(failed) == 1 and failed[0].startswith("malformed-")
+    assert "not a hash" in r.hget(f"{{drq:default}}:job:{failed[0]}", "errors")
+
+
+def test_garbage_in_a_job_hash_never_makes_a_script_fail(r, broker, backend):
+    job = tasks.noop.enqueue()
+    key = f"{{drq:default}}:job:{job.id}"
+    r.hset(key, mapping={"attempts": "many", "lost": "x", "priority": "high", "score": "?"})
+    claimed = claim_one(broker)
+    assert claimed.fields["attempts"] == "1"
+    r.zadd("{drq:default}:running", {job.id: 0})
+    assert broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}").recovered == 1
+    assert claim_one(broker).job_id == job.id  # requeued with a fresh place
+
+
+def test_a_scheduler_can_leave_expired_leases_alone(r, broker):
+    tasks.noop.enqueue()
+    claimed = claim_one(broker)
+    r.zadd("{drq:default}:running", {claimed.job_id: 0})
+    tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}", recover=False)
+    assert tick.recovered == 0 and r.zscore("{drq:default}:running", claimed.job_id) == 0
+    assert broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}").recovered == 1

@@ -7,8 +7,10 @@ import signal
 import threading
 import time
 from datetime import timedelta
+from unittest import mock
 
 import pytest
+import redis
 from django.utils import timezone
 
 from django_redisqueue import TaskFailed
@@ -217,3 +219,38 @@ def test_bad_retry_options(options, message):
 
     with pytest.raises(ValueError, match=message):
         task(**options)(tasks.add.func)
+
+
+def test_the_clock_of_the_scheduler_host_decides_no_lease_and_no_due_time(r):
+    """Only Redis's clock counts: a scheduler on a host whose clock runs an hour ahead
+    recovers no live job and promotes no job before it is due."""
+    backend = task_backends["leased"]
+    running = tasks.noop.using(backend="leased").enqueue()
+    backend.broker.claim(["default"], "w1")
+    later = tasks.noop.using(backend="leased", delay=600).enqueue()
+    skewed = time.time() + 3600
+    with mock.patch("time.time", lambda: skewed):
+        Scheduler(backend, burst=True).run()
+    assert backend.get_result(running.id).status == TaskResultStatus.RUNNING
+    assert r.zscore("{drq:leased}:running", running.id) is not None
+    assert r.zscore("{drq:leased}:delayed:default", later.id) is not None
+
+
+def test_after_a_redis_error_the_scheduler_gives_workers_a_lease_to_renew(r):
+    backend = task_backends["leased"]
+    tasks.noop.using(backend="leased").enqueue()
+    _, claimed = backend.broker.claim(["default"], "w1")
+    r.zadd("{drq:leased}:running", {claimed.job_id: 0})  # its lease ran out meanwhile
+    scheduler = Scheduler(backend, burst=True)
+    failing = [redis.exceptions.ResponseError("OOM command not allowed")]
+
+    def tick(*args, **kwargs):
+        if failing:
+            raise failing.pop()
+        return real_tick(*args, **kwargs)
+
+    real_tick = backend.broker.tick
+    with mock.patch.object(backend.broker, "tick", tick), mock.patch("time.sleep"):
+        scheduler.run()
+    assert r.zscore("{drq:leased}:running", claimed.job_id) == 0  # left to its worker
+    assert scheduler.recover_after > time.monotonic()

@@ -1,13 +1,14 @@
 """``manage.py runworker`` in subprocesses: draining, results, failures, signals."""
 
 import signal
+import threading
 
 import pytest
 
-from django_redisqueue import ResultTimeout, TaskFailed
-from django_redisqueue.compat import TaskResultStatus
+from django_redisqueue import ResultTimeout, TaskFailed, task
+from django_redisqueue.compat import TaskResultStatus, task_backends
 from tests import tasks
-from tests.conftest import manage, start_manage, wait_until
+from tests.conftest import manage, run_worker_here, start_manage, wait_until
 
 
 def test_burst_drains_every_queue_in_priority_order_and_exits_0(r):
@@ -196,3 +197,46 @@ def test_signals_are_sent_around_each_job(backend):
     assert {sender for _, sender, _, _ in seen} == {type(backend)}
     # task_finished is sent once the outcome is stored: a receiver can read it back.
     assert stored_when_finished == [TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED]
+
+
+@task
+def big_result(size):
+    return "x" * size
+
+
+def test_a_return_value_over_the_size_limit_fails_the_job(backend):
+    job = big_result.enqueue(600_000)  # MAX_PAYLOAD_BYTES is 524,288
+    run_worker_here(backend)
+    stored = backend.get_result(job.id)
+    assert stored.status == TaskResultStatus.FAILED
+    assert "over the 524288-byte MAX_PAYLOAD_BYTES limit" in stored.errors[0].traceback
+
+
+def test_a_job_whose_lease_is_lost_is_stopped_and_the_worker_goes_on(r):
+    """The heartbeat finds the job taken from the worker (as after a stall longer than
+    the lease): the task is interrupted, its late outcome refused, the next job runs."""
+    backend = task_backends["leased"]  # 1 s leases: a heartbeat every 1/3 s
+    job = tasks.block_until_released.using(backend="leased").enqueue("lost", 30)
+    after = tasks.add.using(backend="leased").enqueue(1, 1)
+
+    def steal_the_lease():
+        wait_until(lambda: "started:lost" in r.lrange(tasks.LOG, 0, -1), 30, "the start")
+        r.hset(backend.keys.job(job.id), "owner", "another-worker/2")
+
+    thief = threading.Thread(target=steal_the_lease)
+    thief.start()
+    run_worker_here(backend)
+    thief.join()
+
+    assert "done:lost" not in r.lrange(tasks.LOG, 0, -1)  # interrupted, not released
+    assert backend.get_result(job.id).status == TaskResultStatus.RUNNING  # not ours now
+    assert backend.get_result(after.id).return_value == 2
+
+
+def test_times_come_from_redis_and_share_one_precision(backend):
+    job = tasks.add.enqueue(1, 2)
+    run_worker_here(backend)
+    stored = backend.get_result(job.id)
+    stamps = [stored.enqueued_at, stored.started_at, stored.last_attempted_at]
+    assert stored.enqueued_at <= stored.started_at <= stored.finished_at
+    assert all(stamp.microsecond % 1000 == 0 for stamp in [*stamps, stored.finished_at])

@@ -1,0 +1,72 @@
+"""The envelope and the job record: everything read from Redis is checked in jobs.py."""
+
+import json
+
+import pytest
+
+from django_redisqueue.exceptions import InvalidPayload
+from django_redisqueue.jobs import Envelope, JobRecord, cut_traceback
+
+GOOD = {"v": 1, "task": "tests.tasks.add", "args": [1, 2], "kwargs": {}, "queue": "default"}
+
+
+def payload(**changes):
+    return json.dumps({**GOOD, **changes})
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (payload(enqueued_at=1).replace("1}", "Infinity}"), "not valid JSON"),
+        (payload(run_after=1).replace('"run_after": 1', '"run_after": NaN'), "not valid JSON"),
+        (payload(run_after=1).replace("1}", "1e400}"), "not valid JSON"),
+        (payload(run_after=1e20), "'run_after' is not a time"),
+        (payload(run_after=-1), "'run_after' is not a time"),
+        (payload(run_after="soon"), "'run_after' is not a time"),
+        (payload(queue=[1]), "'queue' is a list, not a str"),
+        (payload(queue="../other"), "invalid queue"),
+        (payload(priority=1000), "outside -100..100"),
+        (payload(priority=True), "not a whole number"),
+        (payload(priority=1.5), "not a whole number"),
+        (payload(args={"a": 1}), "'args' is a dict, not a list"),
+        (payload(kwargs=[]), "'kwargs' is a list, not a dict"),
+        (payload(task=None), "'task' is a NoneType, not a str"),
+        (payload(v=True), "version True is not supported"),
+        (json.dumps({"v": 1}), "has no 'task'"),
+    ],
+)
+def test_every_envelope_field_is_checked(text, reason):
+    with pytest.raises(InvalidPayload, match=reason):
+        Envelope.loads(text, 1_000_000)
+
+
+def test_a_legacy_enqueued_at_of_any_value_is_ignored():
+    assert Envelope.loads(payload(enqueued_at=1e20), 1_000_000).task_path == "tests.tasks.add"
+
+
+def test_a_job_record_reads_any_fields_without_raising():
+    garbage = {
+        "payload": "\x00",
+        "status": "EXPLODED",
+        "attempts": "-3",
+        "lost": "NaN",
+        "priority": "9" * 400,
+        "enqueued_at": "1e400",
+        "started_at": "-1",
+        "finished_at": "99999999999999999999",
+        "errors": '[{"traceback": 1}, "x", 3]',
+        "result": "{",
+        "workers": "",
+    }
+    record = JobRecord.parse("j", garbage, 100)
+    assert (record.status, record.attempts, record.lost, record.priority) == ("READY", 0, 0, 100)
+    assert (record.enqueued_at, record.started_at, record.finished_at) == (None, None, None)
+    assert record.errors == [{"exception_class_path": "", "traceback": "1"}]
+    assert record.return_value == (False, None)
+    assert record.envelope is None and "not valid JSON" in record.problem
+
+
+def test_long_tracebacks_keep_their_head_and_tail():
+    text = "head\n" + "x" * 100_000 + "\nValueError: the end"
+    cut = cut_traceback(text, 1000)
+    assert len(cut) < 1100 and cut.startswith("head") and cut.endswith("ValueError: the end")
