@@ -90,7 +90,8 @@ class DashboardAdmin(admin.ModelAdmin):
             ),
             view(self.overview_view, "<str:alias>/", "overview"),
             view(self.queue_view, "<str:alias>/queue/<str:queue>/", "queue"),
-            view(self.delayed_view, "<str:alias>/delayed/", "delayed"),
+            view(self.delayed_index_view, "<str:alias>/delayed/", "delayed_index"),
+            view(self.delayed_view, "<str:alias>/delayed/<str:queue>/", "delayed"),
             view(self.running_view, "<str:alias>/running/", "running"),
             view(self.failed_index_view, "<str:alias>/failed/", "failed_index"),
             view(self.failed_view, "<str:alias>/failed/<str:queue>/", "failed"),
@@ -197,10 +198,16 @@ class DashboardAdmin(admin.ModelAdmin):
             request, "queue.html", alias, f"Queue {queue}", queue=queue, page=page, paused=paused
         )
 
-    def delayed_view(self, request: HttpRequest, alias: str) -> HttpResponse:
+    def delayed_index_view(self, request: HttpRequest, alias: str) -> HttpResponse:
+        return self._first_queue_with(request, alias, "delayed")
+
+    def delayed_view(self, request: HttpRequest, alias: str, queue: str) -> HttpResponse:
         backend = self._backend(request, alias)
-        page = DashboardData(backend).delayed(self._page_number(request))
-        return self._render(request, "delayed.html", alias, "Delayed jobs", page=page)
+        self._queue(backend, queue)
+        page = DashboardData(backend).delayed(queue, self._page_number(request))
+        return self._render(
+            request, "delayed.html", alias, f"Delayed jobs: {queue}", queue=queue, page=page
+        )
 
     def running_view(self, request: HttpRequest, alias: str) -> HttpResponse:
         backend = self._backend(request, alias)
@@ -208,11 +215,15 @@ class DashboardAdmin(admin.ModelAdmin):
         return self._render(request, "running.html", alias, "Running jobs", rows=rows)
 
     def failed_index_view(self, request: HttpRequest, alias: str) -> HttpResponse:
-        """The failed jobs of the first queue that has any (of the first queue if none)."""
+        return self._first_queue_with(request, alias, "failed")
+
+    def _first_queue_with(self, request: HttpRequest, alias: str, kind: str) -> HttpResponse:
+        """The ``kind`` page (failed, delayed) of the first queue that has such jobs, or
+        of the first queue if none has."""
         backend = self._backend(request, alias)
         counts = backend.broker.counts(backend.queue_names)
-        queue = next((q for q, row in counts.items() if row["failed"]), backend.queue_names[0])
-        return HttpResponseRedirect(reverse("admin:redisqueue_failed", args=[alias, queue]))
+        queue = next((q for q, row in counts.items() if row[kind]), backend.queue_names[0])
+        return HttpResponseRedirect(reverse(f"admin:redisqueue_{kind}", args=[alias, queue]))
 
     def failed_view(self, request: HttpRequest, alias: str, queue: str) -> HttpResponse:
         backend = self._backend(request, alias)

@@ -22,7 +22,7 @@ PAGES = [
     "/admin/django_redisqueue/dashboard/",
     BASE,
     BASE + "queue/default/",
-    BASE + "delayed/",
+    BASE + "delayed/default/",
     BASE + "running/",
     BASE + "failed/default/",
     BASE + "job/some-id/",
@@ -156,7 +156,7 @@ def test_the_pages_list_jobs_in_order_and_escape_arguments(manager, backend):
 
     later = tasks.record.using(delay=600).enqueue("later")
     sooner = tasks.record.using(delay=60).enqueue("sooner")
-    page = manager.get(BASE + "delayed/").text
+    page = manager.get(BASE + "delayed/default/").text
     assert page.index(sooner.id[:10]) < page.index(later.id[:10])
 
 
@@ -203,7 +203,7 @@ def test_run_a_delayed_job_now_and_cancel_jobs(manager, backend, r):
     delayed = tasks.add.using(delay=600).enqueue(1, 2)
     manager.post(BASE + "act/run_now/", {"queue": "default", "job_id": delayed.id})
     assert r.zrange("{drq:default}:queue:default", 0, -1) == [delayed.id]
-    assert r.hget("{drq:default}:delayed:counts", "default") == "0"
+    assert r.zcard("{drq:default}:delayed:default") == 0
 
     waiting = tasks.add.enqueue(1, 1)
     response = manager.post(
@@ -430,3 +430,12 @@ def test_the_job_lookup_only_redirects_to_a_job_page(manager, job_id):
     followed = manager.get(location)
     assert followed.status_code == 404  # no such job, but its page: the lookup round-trips
     assert followed.request["PATH_INFO"].startswith(BASE + "job/")
+
+
+def test_delayed_jobs_are_listed_per_queue(manager):
+    later = tasks.add.using(queue_name="low", delay=600).enqueue(1, 2)
+    response = manager.get(BASE + "delayed/")
+    assert response.status_code == 302 and response["Location"].endswith("/delayed/low/")
+    assert later.id[:10] in manager.get(BASE + "delayed/low/").text
+    assert "0 delayed jobs in default" in manager.get(BASE + "delayed/default/").text
+    assert manager.get(BASE + "delayed/nope/").status_code == 404
