@@ -1,6 +1,6 @@
-# make test: set up .venv, then run ruff and the test suite on every supported
+# make test: set up .venv, then run ruff, mypy and the test suite on every supported
 #   (Python, Django) pair with nox (see noxfile.py).
-# make test-fast: ruff and the test suite in .venv only (Python 3.11, Django 5.2).
+# make test-fast: ruff, mypy and the test suite in .venv only (Python 3.11, Django 5.2).
 # make demo: set up .venv and run the example project (web server, worker, Redis).
 PYTHON ?= python3
 VENV := .venv
@@ -30,6 +30,7 @@ system-packages:
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 test: $(VENV)/.installed system-packages
 	$(BIN)/nox

@@ -8,7 +8,9 @@ Actions are POST with CSRF; destructive ones are confirmed on a page of their ow
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -51,6 +53,11 @@ ACTIONS = {
 }
 
 
+def allowed(request: HttpRequest, permission: str) -> bool:
+    """Whether the user of ``request`` has ``permission`` (any user model of the admin)."""
+    return bool(getattr(request.user, "has_perm", lambda _: False)(permission))
+
+
 def redisqueue_aliases() -> list[str]:
     """The TASKS aliases served by this app, in settings order."""
     return [
@@ -63,10 +70,10 @@ def redisqueue_aliases() -> list[str]:
 @admin.register(Dashboard)
 class DashboardAdmin(admin.ModelAdmin):
     def has_module_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(VIEW)
+        return allowed(request, VIEW)
 
     def has_view_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return request.user.has_perm(VIEW)
+        return allowed(request, VIEW)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -78,7 +85,7 @@ class DashboardAdmin(admin.ModelAdmin):
         return False
 
     def get_urls(self) -> list[URLPattern]:
-        def view(function, route: str, name: str) -> URLPattern:
+        def view(function: Callable[..., HttpResponse], route: str, name: str) -> URLPattern:
             return path(route, self.admin_site.admin_view(function), name=f"redisqueue_{name}")
 
         return [
@@ -104,11 +111,11 @@ class DashboardAdmin(admin.ModelAdmin):
     # Helpers
 
     def _backend(self, request: HttpRequest, alias: str) -> RedisQueueBackend:
-        if not request.user.has_perm(VIEW):
+        if not allowed(request, VIEW):
             raise PermissionDenied
         if alias not in redisqueue_aliases():
             raise Http404(f"No django_redisqueue backend {alias!r} in settings.TASKS")
-        return task_backends[alias]
+        return cast(RedisQueueBackend, task_backends[alias])
 
     def _render(
         self,
@@ -126,7 +133,7 @@ class DashboardAdmin(admin.ModelAdmin):
         again every ``REFRESH_SECONDS``. A page that is not live (one holding a form to
         fill in) never refreshes, and has no part to ask for: ``?partial=1`` is a 404.
         """
-        backend = task_backends[alias]
+        backend = cast(RedisQueueBackend, task_backends[alias])
         partial = bool(request.GET.get("partial"))
         query = request.GET.copy()
         query.pop("partial", None)
@@ -137,7 +144,7 @@ class DashboardAdmin(admin.ModelAdmin):
             "alias": alias,
             "aliases": redisqueue_aliases(),
             "queues": backend.queue_names,
-            "can_manage": request.user.has_perm(MANAGE),
+            "can_manage": allowed(request, MANAGE),
             "refresh_seconds": REFRESH_SECONDS if live else 0,
             # Where an action goes back to: this page, also when only its part is rendered.
             "here": escape_uri_path(request.path) + (f"?{query.urlencode()}" if query else ""),
@@ -177,7 +184,7 @@ class DashboardAdmin(admin.ModelAdmin):
     # Pages
 
     def index_view(self, request: HttpRequest) -> HttpResponse:
-        if not request.user.has_perm(VIEW):
+        if not allowed(request, VIEW):
             raise PermissionDenied
         aliases = redisqueue_aliases()
         if not aliases:
@@ -256,7 +263,7 @@ class DashboardAdmin(admin.ModelAdmin):
 
     def _confirm(self, request: HttpRequest, alias: str, action: str) -> HttpResponse:
         backend = self._backend(request, alias)
-        if not request.user.has_perm(MANAGE):
+        if not allowed(request, MANAGE):
             raise PermissionDenied
         if action not in ACTIONS:
             raise Http404(f"No action {action!r}")
@@ -280,7 +287,7 @@ class DashboardAdmin(admin.ModelAdmin):
 
     def _act(self, request: HttpRequest, alias: str, action: str) -> HttpResponse:
         backend = self._backend(request, alias)
-        if not request.user.has_perm(MANAGE):
+        if not allowed(request, MANAGE):
             raise PermissionDenied
         spec = ACTIONS.get(action)
         if spec is None:

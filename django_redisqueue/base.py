@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, overload
+from typing import Any, Protocol, cast, overload
 
 from django.db import transaction
 from django.utils import timezone
@@ -118,7 +118,7 @@ class RedisTask(Task):
             if not isinstance(delay, timedelta):
                 delay = timedelta(seconds=delay)
             run_after = timezone.now() + delay
-        return Task.using(
+        return Task.using(  # type: ignore[return-value]  # a RedisTask, as self is
             self,
             priority=priority,
             queue_name=queue_name,
@@ -127,8 +127,9 @@ class RedisTask(Task):
         )
 
 
+# TaskResult is a frozen dataclass at run time; django-stubs do not say so.
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RedisTaskResult(TaskResult):
+class RedisTaskResult(TaskResult):  # type: ignore[misc]
     # The job's JSON envelope, made once when it is prepared (not kept once stored).
     _payload: str = field(init=False, default="", repr=False, compare=False)
 
@@ -138,7 +139,7 @@ class RedisTaskResult(TaskResult):
         Raises ``ResultTimeout`` (a ``TimeoutError``) if it has not finished in
         ``timeout`` seconds (None waits for ever).
         """
-        task_backends[self.backend].wait(self.id, timeout)
+        _backend(self.backend).wait(self.id, timeout)
         self.refresh()
         if self.status == TaskResultStatus.FAILED:
             raise TaskFailed(self)
@@ -149,8 +150,19 @@ class RedisTaskResult(TaskResult):
 
         A cancelled job ends FAILED, with a ``JobCancelled`` error.
         """
-        task_backends[self.backend].cancel(self.id)
+        _backend(self.backend).cancel(self.id)
         self.refresh()
+
+
+class _WaitsAndCancels(Protocol):
+    def wait(self, result_id: str, timeout: float | None = None) -> None: ...
+
+    def cancel(self, result_id: str) -> None: ...
+
+
+def _backend(alias: str) -> _WaitsAndCancels:
+    """The backend of a result: this app's (Redis or immediate), which can wait and cancel."""
+    return cast(_WaitsAndCancels, task_backends[alias])
 
 
 @overload

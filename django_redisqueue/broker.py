@@ -277,7 +277,8 @@ class Broker:
         BLMOVE from the list to itself leaves the token in place for other waiters.
         """
         done = self.keys.done(job_id)
-        return self.client.blmove(done, done, timeout, "LEFT", "RIGHT") is not None
+        # Redis takes a fractional timeout; redis-py's annotation says int.
+        return self.client.blmove(done, done, timeout, "LEFT", "RIGHT") is not None  # type: ignore[arg-type]
 
     # Liveness, for the dashboard
 
@@ -338,7 +339,7 @@ class Broker:
     ) -> list[tuple[str, float]]:
         """A page of a sorted set (a queue, a delayed set, the running set, a failed
         index): ids with their scores."""
-        rows = self.client.zrange(
+        rows: list[tuple[bytes | str, float]] = self.client.zrange(  # type: ignore[assignment]
             key, offset, offset + limit - 1, desc=newest_first, withscores=True
         )
         return [(text(member) or "", score) for member, score in rows]

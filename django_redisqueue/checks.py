@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from django.apps import AppConfig, apps
@@ -62,13 +62,14 @@ def check_redis(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     """W001: each RedisQueueBackend's Redis answers a PING within PING_TIMEOUT."""
+    from .backend import RedisQueueBackend
     from .compat import task_backends
 
     messages: list[checks.CheckMessage] = []
     for alias, params in our_backends():
         if validate(alias, params):
             continue  # the settings errors say what to fix first
-        backend = task_backends[alias]
+        backend = cast(RedisQueueBackend, task_backends[alias])  # our_backends() says so
         try:
             backend.broker.ping(PING_TIMEOUT)
         except Exception as exc:  # any failure to get a PONG back is the finding

@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from django.utils.timezone import localtime
 
@@ -220,7 +221,7 @@ class Dashboard:
     def job(self, job_id: str) -> JobRow:
         return self._rows([(job_id, 0.0)])[0]
 
-    def overview(self) -> dict[str, object]:
+    def overview(self) -> dict[str, Any]:
         counts = self.broker.counts(self.queues)
         running = self.running(RUNNING_FIELDS)
         minutes = self.broker.finished_per_minute(CHART_MINUTES)

@@ -35,7 +35,7 @@ class ImmediateBackend(JobPreparation, DjangoImmediateBackend):
         """Run a prepared job now, sending the task signals; ``result`` records the
         outcome."""
         self.results[result.id] = result
-        self._execute_task(result)
+        self._execute_task(result)  # type: ignore[attr-defined]  # Django's, and the backport's
 
     def get_result(self, result_id: str) -> RedisTaskResult:
         try:

@@ -263,7 +263,7 @@ class Worker:
     def register(self, owned: Mapping[str, str] | None = None) -> list[str]:
         """Tell the dashboard this worker is alive and what it serves, and extend the
         leases of the jobs it ``owned``; return the ids it no longer owns."""
-        info = {
+        info: dict[str, str | int] = {
             "queues": ",".join(self.queues),
             "pid": os.getpid(),
             "host": socket.gethostname(),
