@@ -25,10 +25,9 @@ def fill(backend, count: int, queue: str, due_from: int = 0) -> None:
 
     script = backend.broker._scripts["enqueue"]
     keys = backend.keys.script_keys
-    now = time.time()
     pipe = backend.broker.client.pipeline(transaction=False)
     for i in range(count):
-        payload = Envelope("bench.tasks.noop", [i], {}, queue, 0, "default", now).dumps()
+        payload = Envelope("bench.tasks.noop", [i], {}, queue, 0, "default").dumps()
         due = due_from + i if due_from else 0
         script(keys=keys, args=[uuid.uuid4().hex, payload, queue, 0, due], client=pipe)
         if i % 10_000 == 9_999:
@@ -81,8 +80,8 @@ def main() -> None:
             ("overview, refresh", base + "?partial=1"),
             ("queue, first page", base + "queue/default/"),
             ("queue, page 10,000", base + "queue/default/?page=10000"),
-            ("delayed, first page", base + "delayed/"),
-            ("delayed, last page", base + f"delayed/?page={options.delayed // 50}"),
+            ("delayed, first page", base + "delayed/low/"),
+            ("delayed, last page", base + f"delayed/low/?page={options.delayed // 50}"),
             ("running", base + "running/"),
             ("failed", base + "failed/default/"),
         ]

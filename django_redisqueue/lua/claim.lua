@@ -56,7 +56,8 @@ for i = first_queue, #ARGV do
     end
     if #id > 128 or not string.find(id, '^[%w_%-%.:]+$') then
       discard_malformed(id, name, 'a malformed job id (' .. #id .. ' bytes)', now, ttl)
-    elseif redis.call('EXISTS', JOB .. id) == 1 and not is_job(id) then
+    elseif redis.call('TYPE', JOB .. id)['ok'] ~= 'hash'
+        and redis.call('EXISTS', JOB .. id) == 1 then
       discard_malformed(id, name, 'a job whose key is not a hash', now, ttl)
     else
       claimed = claim(id)
