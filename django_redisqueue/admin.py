@@ -143,7 +143,7 @@ class DashboardAdmin(admin.ModelAdmin):
             "title": title,
             "alias": alias,
             "aliases": redisqueue_aliases(),
-            "queues": backend.queue_names,
+            "queues": backend.served_queues(),
             "can_manage": allowed(request, MANAGE),
             "refresh_seconds": REFRESH_SECONDS if live else 0,
             # Where an action goes back to: this page, also when only its part is rendered.
@@ -177,7 +177,7 @@ class DashboardAdmin(admin.ModelAdmin):
             return 1
 
     def _queue(self, backend: RedisQueueBackend, queue: str) -> str:
-        if queue not in backend.queue_names:
+        if queue not in backend.served_queues():
             raise Http404(f"No queue {queue!r} in backend {backend.alias!r}")
         return queue
 
@@ -228,8 +228,10 @@ class DashboardAdmin(admin.ModelAdmin):
         """The ``kind`` page (failed, delayed) of the first queue that has such jobs, or
         of the first queue if none has."""
         backend = self._backend(request, alias)
-        counts = backend.broker.counts(backend.queue_names)
-        queue = next((q for q, row in counts.items() if row[kind]), backend.queue_names[0])
+        counts = backend.broker.counts(backend.served_queues())
+        if not counts:
+            return HttpResponseRedirect(reverse("admin:redisqueue_overview", args=[alias]))
+        queue = next((q for q, row in counts.items() if row[kind]), next(iter(counts)))
         return HttpResponseRedirect(reverse(f"admin:redisqueue_{kind}", args=[alias, queue]))
 
     def failed_view(self, request: HttpRequest, alias: str, queue: str) -> HttpResponse:

@@ -17,6 +17,7 @@ from . import broker as broker_module
 from .base import RedisTask, RedisTaskResult
 from .broker import REDIS_ERRORS, Broker, Reconnector
 from .compat import (
+    DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
     InvalidTask,
     Task,
@@ -33,7 +34,15 @@ from .exceptions import (
     ResultTimeout,
     UnknownTask,
 )
-from .jobs import Envelope, JobRecord, ensure_json_arguments, error_info, from_seconds, to_json
+from .jobs import (
+    QUEUE_NAME_RE,
+    Envelope,
+    JobRecord,
+    ensure_json_arguments,
+    error_info,
+    from_seconds,
+    to_json,
+)
 from .keys import KeySchema
 from .registry import registry
 
@@ -170,8 +179,14 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
 
     @cached_property
     def queue_names(self) -> tuple[str, ...]:
-        """QUEUES in priority order (Django keeps them as a set)."""
+        """QUEUES in priority order (Django keeps them as a set); empty when any queue
+        name is valid."""
         return self.config.queues
+
+    def served_queues(self) -> list[str]:
+        """The queues workers serve by default, in priority order: QUEUES, or, when any
+        queue name is valid, every queue jobs were enqueued to, in alphabetical order."""
+        return list(self.queue_names) or self.broker.known_queues()
 
     @cached_property
     def keys(self) -> KeySchema:
@@ -195,11 +210,16 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         )
 
     def validate_task(self, task: Task) -> None:
-        if task.queue_name not in self.queue_names:
+        if self.queue_names and task.queue_name not in self.queue_names:
             raise InvalidTask(
-                f"Queue {task.queue_name!r} is not one of the {self.alias!r} backend's "
-                f"QUEUES ({', '.join(self.queue_names)}): add it to "
-                f"TASKS[{self.alias!r}]['QUEUES'] or use one of those."
+                f"Queue '{task.queue_name}' is not valid for backend. It is not one of the "
+                f"{self.alias!r} backend's QUEUES ({', '.join(self.queue_names)}): add it "
+                f"to TASKS[{self.alias!r}]['QUEUES'] or use one of those."
+            )
+        if not QUEUE_NAME_RE.match(task.queue_name):
+            raise InvalidTask(
+                f"Queue '{task.queue_name}' is not valid for backend: a queue name is 1 to "
+                "64 letters, digits, '_', '.' or '-'."
             )
         super().validate_task(task)
         if task.func is not unregistered_task:
@@ -211,7 +231,12 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         due_ms = int(task.run_after.timestamp() * 1000) if task.run_after else 0
         try:
             enqueued_at = self.broker.enqueue(
-                result.id, task.queue_name, task.priority, result._payload, due_ms
+                result.id,
+                task.queue_name,
+                task.priority,
+                result._payload,
+                due_ms,
+                record_queue=not self.queue_names,
             )
         except REDIS_ERRORS as exc:
             raise BrokerUnavailable(
@@ -279,7 +304,7 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
     def task_for(self, envelope: Envelope | None) -> Task:
         """The registered Task an envelope names, with the envelope's queue and priority."""
         if envelope is None or registry.get(envelope.task_path) is None:
-            return _unregistered(self.alias, self.queue_names[0])
+            return _unregistered(self.alias, (self.queue_names or (DEFAULT_TASK_QUEUE_NAME,))[0])
         return _task_variant(
             envelope.task_path,
             envelope.queue_name,

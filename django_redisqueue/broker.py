@@ -165,13 +165,27 @@ class Broker:
     # Producers
 
     def enqueue(
-        self, job_id: str, queue: str, priority: int, payload: str, due_ms: int = 0
+        self,
+        job_id: str,
+        queue: str,
+        priority: int,
+        payload: str,
+        due_ms: int = 0,
+        *,
+        record_queue: bool = False,
     ) -> int | None:
         """Store a job, ready now or (``due_ms``, by Redis's clock, still ahead) in its
-        queue's delayed set until then. Returns the enqueue time (ms), or None,
-        changing nothing, if the id is taken."""
-        enqueued_at = int(self._run("enqueue", job_id, payload, queue, priority, due_ms))
-        return enqueued_at or None
+        queue's delayed set until then; ``record_queue``: add the queue's name to the
+        queues used. Returns the enqueue time (ms), or None, changing nothing, if the id
+        is taken."""
+        enqueued_at = self._run(
+            "enqueue", job_id, payload, queue, priority, due_ms, int(record_queue)
+        )
+        return int(enqueued_at) or None
+
+    def known_queues(self) -> list[str]:
+        """The names of the queues jobs were enqueued to (kept when QUEUES is empty)."""
+        return sorted(text(name) or "" for name in self.client.smembers(self.keys.known_queues))
 
     def cancel(self, job_id: str, error: str) -> str | None:
         """Cancel a READY job; return "CANCELLED", or the status that prevents it."""

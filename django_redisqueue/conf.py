@@ -24,7 +24,7 @@ DJANGO_REDIS_CACHE = "django_redis.cache.RedisCache"
 class Options:
     """Everything a backend reads from its settings, with defaults."""
 
-    queues: tuple[str, ...]
+    queues: tuple[str, ...]  # empty: any queue name is valid
     connection: str | None = None  # a django-redis CACHES alias
     url: str | None = None
     key_prefix: str = ""
@@ -70,7 +70,7 @@ class Problem:
 def validate(alias: str, params: Mapping[str, Any]) -> list[Problem]:
     """Return every problem with ``TASKS[alias]``; an empty list means it is usable."""
     where = f"TASKS[{alias!r}]"
-    problems = _queue_problems(where, params.get("QUEUES") or [DEFAULT_TASK_QUEUE_NAME])
+    problems = _queue_problems(where, _queues(params))
     raw = params.get("OPTIONS") or {}
     if not isinstance(raw, Mapping):
         return [
@@ -207,4 +207,11 @@ def parse_options(alias: str, params: Mapping[str, Any]) -> Options:
     raw = params.get("OPTIONS") or {}
     values: dict[str, Any] = {OPTION_NAMES[name]: value for name, value in raw.items()}
     values.setdefault("key_prefix", f"drq:{alias}")
-    return Options(queues=tuple(params.get("QUEUES") or [DEFAULT_TASK_QUEUE_NAME]), **values)
+    return Options(queues=tuple(_queues(params)), **values)
+
+
+def _queues(params: Mapping[str, Any]) -> Any:
+    """QUEUES as given; ["default"] when it is not given. An empty list, as in Django,
+    means that any queue name is valid."""
+    queues = params.get("QUEUES")
+    return [DEFAULT_TASK_QUEUE_NAME] if queues is None else queues

@@ -182,7 +182,7 @@ class Dashboard:
         self.backend = backend
         self.broker = backend.broker
         self.keys = backend.keys
-        self.queues = list(backend.queue_names)
+        self.queues = backend.served_queues()
 
     def _rows(
         self, scored: Iterable[tuple[str, float]], fields: tuple[str, ...] = JOB_FIELDS

@@ -60,13 +60,16 @@ def from_json(text: str | bytes) -> Any:
 def ensure_json(value: Any, where: str) -> None:
     """Raise TypeError unless ``value`` comes back equal from a JSON round trip.
 
-    Tuples are accepted and arrive as lists, as in Django's tasks framework.
+    Tuples are accepted and arrive as lists, as in Django's tasks framework. Messages
+    start as Django's do (``Unsupported type: ...``), then say which value it was.
     """
     if value is None or isinstance(value, bool | int | str):
         return
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise TypeError(f"{where} is {value!r}, which JSON cannot represent.")
+            raise TypeError(
+                f"Unsupported value: {value!r}. {where} is {value!r}, which JSON cannot represent."
+            )
         return
     if isinstance(value, list | tuple):
         for i, item in enumerate(value):
@@ -76,14 +79,15 @@ def ensure_json(value: Any, where: str) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise TypeError(
-                    f"{where} has the key {key!r} ({type(key).__name__}); JSON object "
-                    "keys must be strings."
+                    f"Unsupported type: {type(key)}. {where} has the key {key!r}; JSON "
+                    "object keys must be strings."
                 )
             ensure_json(item, f"{where}[{key!r}]")
         return
     raise TypeError(
-        f"{where} is a {type(value).__module__}.{type(value).__qualname__}, which does "
-        "not survive a JSON round trip; pass plain data (e.g. a primary key) instead."
+        f"Unsupported type: {type(value)}. {where} is a {type(value).__module__}."
+        f"{type(value).__qualname__}, which does not survive a JSON round trip; pass plain "
+        "data (e.g. a primary key) instead."
     )
 
 

@@ -42,6 +42,9 @@ key                           type    contents (written by)
 ``{P}:stats:<minute>``        hash    ``ok:<queue>`` / ``failed:<queue>``: jobs
                                       finished in that minute; 2 h TTL
 ``{P}:paused``                set     names of paused queues (workers skip them)
+``{P}:queues``                set     names of the queues used, kept when QUEUES
+                                      is empty (any name valid) for workers,
+                                      schedulers and the dashboard (enqueue)
 ``{P}:workers``               zset    worker ids by last heartbeat (ms)
 ``{P}:worker:<id>``           hash    a worker's queues, pid, host, start time,
                                       jobs done; 60 s TTL, renewed by heartbeat
@@ -110,6 +113,10 @@ class KeySchema:
         return f"{self.prefix}:stats:"
 
     @property
+    def known_queues(self) -> str:
+        return f"{self.prefix}:queues"
+
+    @property
     def schedulers(self) -> str:
         return f"{self.prefix}:schedulers"
 
@@ -134,6 +141,7 @@ class KeySchema:
             self.schedulers,
             self.workers,
             self.worker(""),
+            self.known_queues,
         ]
 
     def queue(self, name: str) -> str:

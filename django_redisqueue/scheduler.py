@@ -76,7 +76,7 @@ class Scheduler:
             try:
                 tick = self.broker.tick(
                     self.scheduler_id,
-                    self.backend.queue_names,
+                    self.backend.served_queues(),
                     batch=BATCH,
                     lost_limit=self.backend.config.max_recoveries,
                     lost_error=self.lost_error,

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import FrameType
 
@@ -40,14 +41,21 @@ from .broker import (
 )
 from .compat import TaskContext, TaskError, TaskResultStatus, task_finished, task_started
 from .exceptions import InvalidPayload, JobTimeout, LeaseLost, UnknownTask, WorkerShutdown
-from .jobs import JobRecord, error_info, to_json
+from .jobs import JobRecord, ensure_json, error_info, to_json
 from .registry import registry
 
 logger = logging.getLogger(__name__)
 
-# A job that has run: its outcome to store, and its result for the task_finished
-# signal (None when the job never reached its task).
-Finished = tuple[Outcome, RedisTaskResult | None]
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A job that has run: its outcome to store, its result for the task_finished
+    signal (None when the job never reached its task), and what the task raised."""
+
+    outcome: Outcome
+    result: RedisTaskResult | None = None
+    error: BaseException | None = None
+
 
 # Seconds an idle worker blocks on its wake-up lists per call.
 WAIT_TIMEOUT = 1.0
@@ -58,6 +66,8 @@ HEARTBEAT_INTERVAL = 10.0
 HEARTBEAT_RETRY = 0.25
 # Tries to store the last outcome when stopping while Redis fails.
 FINISH_ATTEMPTS_ON_EXIT = 5
+# With QUEUES empty (any name valid), how often a worker looks for new queues (s).
+QUEUES_REFRESH = 1.0
 # Sent by the heartbeat to the main thread to stop a job whose lease was lost.
 LEASE_LOST_SIGNAL = signal.SIGUSR1
 
@@ -165,6 +175,9 @@ class Worker:
         self.backend = backend
         self.broker = backend.broker
         self.queues = list(queues or backend.queue_names)
+        # No queue named and QUEUES empty: serve every queue used, looking for new ones.
+        self.discover_queues = not self.queues
+        self.queues_seen_at = float("-inf")
         self.order = QueueOrder(self.queues, weights)
         self.burst = burst
         self.max_jobs = max_jobs
@@ -185,7 +198,7 @@ class Worker:
         logger.info(
             "Worker %s serving %s (backend %r)",
             self.worker_id,
-            ", ".join(self.queues),
+            ", ".join(self.queues) or "every queue used",
             self.backend.alias,
         )
         backoff = Reconnector(logger, f"Worker {self.worker_id}")
@@ -204,6 +217,7 @@ class Worker:
                     if uncertain:
                         finished = self._recover_claim(finished)
                         uncertain = False
+                    self._refresh_queues()
                     queues = self.order.next() if wanted else []
                     stored, job = self.broker.claim(queues, self.worker_id, _outcome(finished))
                     backoff.succeeded()
@@ -250,7 +264,7 @@ class Worker:
         repeat), then give back any job the lost claim took, so that it runs at once
         and does not count as lost."""
         if finished is not None:
-            self._report(finished, self.broker.finish(finished[0]), repeated=True)
+            self._report(finished, self.broker.finish(finished.outcome), repeated=True)
         given_back = self.broker.abandon(self.worker_id)
         if given_back:
             logger.warning(
@@ -275,7 +289,22 @@ class Worker:
     def _should_stop(self) -> bool:
         return self.stopping or (self.max_jobs is not None and self.jobs_done >= self.max_jobs)
 
+    def _refresh_queues(self) -> None:
+        """With QUEUES empty and no queue named: serve every queue jobs were enqueued
+        to, in alphabetical order, looking again at most every QUEUES_REFRESH s."""
+        if not self.discover_queues or time.monotonic() - self.queues_seen_at < QUEUES_REFRESH:
+            return
+        self.queues_seen_at = time.monotonic()
+        queues = self.broker.known_queues()
+        if queues != self.queues:
+            self.queues = queues
+            self.order = QueueOrder(queues)
+            logger.info("Worker %s serving %s", self.worker_id, ", ".join(queues) or "nothing yet")
+
     def _wait_for_work(self, backoff: Reconnector) -> None:
+        if not self.queues:  # QUEUES empty and nothing enqueued yet: look again soon
+            time.sleep(QUEUES_REFRESH)
+            return
         try:
             for _ in range(IDLE_WAITS_BEFORE_CLAIM):
                 if self.stopping or self.broker.wait_for_work(self.queues, WAIT_TIMEOUT):
@@ -284,7 +313,7 @@ class Worker:
             backoff.failed(exc)
 
     def _report(self, finished: Finished, stored: bool, *, repeated: bool = False) -> None:
-        outcome, result = finished
+        outcome, result = finished.outcome, finished.result
         if not stored:
             if repeated:
                 logger.info(
@@ -301,7 +330,15 @@ class Worker:
                     outcome.status,
                 )
         elif result is not None and outcome.status not in (RETRY, RELEASE):
-            task_finished.send_robust(type(self.backend), task_result=result)
+            if finished.error is None:
+                task_finished.send_robust(type(self.backend), task_result=result)
+                return
+            # Receivers log a failure with logger.exception (Django's does): send it
+            # while the task's exception is the one being handled.
+            try:
+                raise finished.error
+            except BaseException:
+                task_finished.send_robust(type(self.backend), task_result=result)
 
     def execute(self, claimed: Claimed) -> Finished:
         """Run one claimed job; never raises for anything the job or its payload does."""
@@ -330,19 +367,21 @@ class Worker:
         except InvalidPayload as exc:
             logger.error("Job %s FAILED: %s", claimed.job_id, exc)
             error = to_json(error_info(exc))
-            return Outcome(claimed.job_id, claimed.owner, FAILED, error=error), None
+            return Finished(Outcome(claimed.job_id, claimed.owner, FAILED, error=error))
 
         task = self.backend.task_for(envelope)
         result = make_result(self.backend.alias, task, record)
         task_started.send_robust(type(self.backend), task_result=result)
         close_old_connections()
         self.in_task = True
+        raised: BaseException | None = None
         try:
             args = envelope.args
             if task.takes_context:
                 args = [TaskContext(task_result=result), *args]
             with time_limit(getattr(task, "timeout", None), envelope.task_path):
                 value = task.call(*args, **envelope.kwargs)
+            ensure_json(value, f"The return value of {envelope.task_path}()")
             encoded = to_json(value)
             if len(encoded.encode()) > config.max_payload_bytes:
                 raise InvalidPayload(
@@ -354,6 +393,7 @@ class Worker:
             outcome = Outcome(claimed.job_id, claimed.owner, RELEASE)
         # A task that calls sys.exit() fails; it does not stop the worker.
         except (Exception, SystemExit) as exc:
+            raised = exc
             info = error_info(exc)
             result.errors.append(TaskError(**info))
             outcome = self._failure(task, record, claimed, exc, to_json(info))
@@ -369,15 +409,33 @@ class Worker:
         )
         if not retrying:
             object.__setattr__(result, "finished_at", datetime.now(tz=UTC))
-        logger.info(
-            "Job %s %s %s in %.1f ms%s",
-            claimed.job_id,
-            envelope.task_path,
-            outcome.status,
-            (time.perf_counter() - started) * 1000,
-            f", again in {outcome.retry_in_ms / 1000:.1f} s" if outcome.status == RETRY else "",
-        )
-        return outcome, result
+        elapsed = (time.perf_counter() - started) * 1000
+        if raised is None:
+            status = outcome.status
+            logger.info(
+                "Job %s %s %s in %.1f ms", claimed.job_id, envelope.task_path, status, elapsed
+            )
+        elif outcome.status == RETRY:
+            logger.warning(
+                "Job %s %s raised %s: %s in %.1f ms; again in %.1f s",
+                claimed.job_id,
+                envelope.task_path,
+                type(raised).__name__,
+                raised,
+                elapsed,
+                outcome.retry_in_ms / 1000,
+            )
+        else:
+            logger.error(
+                "Job %s %s FAILED in %.1f ms: %s: %s",
+                claimed.job_id,
+                envelope.task_path,
+                elapsed,
+                type(raised).__name__,
+                raised,
+                exc_info=raised,
+            )
+        return Finished(outcome, result, raised)
 
     def _failure(
         self, task: object, record: JobRecord, claimed: Claimed, exc: BaseException, error: str
@@ -411,7 +469,7 @@ class Worker:
 
     def _abandoned(self, claimed: Claimed) -> Finished:
         # Sent anyway, fenced: Redis refuses it, as the job has another owner now.
-        return Outcome(claimed.job_id, claimed.owner, RELEASE), None
+        return Finished(Outcome(claimed.job_id, claimed.owner, RELEASE))
 
     def stop(self) -> None:
         """Finish the job in hand, take no new one, and return from ``run()``."""
@@ -447,4 +505,4 @@ class Worker:
 
 
 def _outcome(finished: Finished | None) -> Outcome | None:
-    return finished[0] if finished else None
+    return finished.outcome if finished else None

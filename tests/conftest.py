@@ -51,7 +51,7 @@ def use_redis(url: str) -> Iterator[None]:
     from django.conf import settings
 
     tasks = {alias: dict(conf) for alias, conf in settings.TASKS.items()}
-    for alias in ("default", "leased"):
+    for alias in ("default", "leased", "anyqueue"):
         tasks[alias]["OPTIONS"] = {**tasks[alias]["OPTIONS"], "URL": url}
     caches = {"default": {**settings.CACHES["default"], "LOCATION": url}}
     previous = os.environ.get("REDISQUEUE_TEST_URL")

@@ -84,6 +84,12 @@ TASKS = {
         "QUEUES": ["default"],
         "OPTIONS": {"URL": REDIS_URL, "LEASE": 1, "MAX_RECOVERIES": 2},
     },
+    # Any queue name is valid, as Django reads an empty QUEUES.
+    "anyqueue": {
+        "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
+        "QUEUES": [],
+        "OPTIONS": {"URL": REDIS_URL},
+    },
     "cached": {
         "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
         "QUEUES": ["default"],

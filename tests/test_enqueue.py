@@ -14,6 +14,7 @@ from django_redisqueue.compat import (
 )
 from django_redisqueue.exceptions import ConfigurationError
 from tests import tasks
+from tests.conftest import run_worker_here
 
 
 def queued(r, queue="default"):
@@ -51,21 +52,37 @@ def test_using_picks_queue_and_priority(r, backend):
     [
         ((object(),), {}, "Argument 0 of tests.tasks.add()"),
         ((1,), {"b": {1, 2}}, "Argument 'b' of tests.tasks.add()"),
-        ((1,), {"b": {1: "x"}}, "JSON object keys must be strings"),
+        ((1,), {"b": {1: "x"}}, "object keys must be strings"),
         ((float("nan"),), {}, "JSON cannot represent"),
         (([1, b"raw"],), {}, "Argument 0 of tests.tasks.add()[1]"),
     ],
 )
 def test_arguments_that_do_not_survive_json_are_refused(r, args, kwargs, message):
-    with pytest.raises(TypeError, match=re.escape(message)):
+    with pytest.raises(TypeError, match=re.escape(message)) as refused:
         tasks.add.enqueue(*args, **kwargs)
+    assert str(refused.value).startswith(("Unsupported type: ", "Unsupported value: "))
     assert r.keys("*") == []
 
 
 def test_unknown_queue_is_refused_at_the_call_site(r):
-    with pytest.raises(InvalidTask, match="'urgent' is not one of the 'default' backend's"):
+    with pytest.raises(InvalidTask, match=r"^Queue 'urgent' is not valid for backend\. It is"):
         tasks.add.using(queue_name="urgent").enqueue(1, 2)
     assert r.keys("*") == []
+
+
+def test_empty_queues_accept_any_queue_name_and_workers_find_them(r):
+    """QUEUES: [] means any queue name is valid, as in Django; a worker given no queue
+    serves every queue used, in alphabetical order."""
+    backend = task_backends["anyqueue"]
+    first = tasks.record.using(backend="anyqueue", queue_name="zeta").enqueue("z")
+    second = tasks.record.using(backend="anyqueue", queue_name="alpha").enqueue("a")
+    with pytest.raises(InvalidTask, match=r"^Queue 'no/slash' is not valid for backend"):
+        tasks.record.using(backend="anyqueue", queue_name="no/slash").enqueue("x")
+    assert backend.served_queues() == ["alpha", "zeta"]
+    run_worker_here(backend)
+    assert r.lrange(tasks.LOG, 0, -1) == ["a", "z"]
+    assert backend.get_result(first.id).status == backend.get_result(second.id).status
+    assert backend.get_result(first.id).status == "SUCCESSFUL"
 
 
 def test_oversized_payload_is_refused(r):

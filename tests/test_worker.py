@@ -1,5 +1,6 @@
 """``manage.py runworker`` in subprocesses: draining, results, failures, signals."""
 
+import logging
 import signal
 import threading
 
@@ -89,7 +90,7 @@ def test_bad_jobs_fail_with_a_reason_and_the_worker_goes_on(r, backend):
     assert "not valid JSON" in reason(garbage.id)
     assert "envelope version 99 is not supported" in reason(future.id)
     assert "no payload is stored" in reason("orphan-id")
-    assert "not JSON serializable" in reason(bad_return.id)
+    assert "Unsupported type" in reason(bad_return.id)
     assert backend.get_result(good.id).return_value == 4
 
 
@@ -240,3 +241,17 @@ def test_times_come_from_redis_and_share_one_precision(backend):
     stamps = [stored.enqueued_at, stored.started_at, stored.last_attempted_at]
     assert stored.enqueued_at <= stored.started_at <= stored.finished_at
     assert all(stamp.microsecond % 1000 == 0 for stamp in [*stamps, stored.finished_at])
+
+
+def test_a_failed_job_logs_its_exception_and_traceback(backend, caplog):
+    job = tasks.fail.enqueue("boom")
+    with caplog.at_level(logging.INFO):
+        run_worker_here(backend)
+    ours = [
+        r for r in caplog.records if r.name == "django_redisqueue.worker" and job.id in r.message
+    ]
+    django = [r for r in caplog.records if "state=FAILED" in r.getMessage()]
+    assert "FAILED" in ours[-1].getMessage() and "ValueError: boom" in ours[-1].getMessage()
+    for record in (ours[-1], *django):  # Django's own log line of the failure too
+        assert record.exc_info and record.exc_info[0] is ValueError
+    assert django, "Django's task_finished log line"

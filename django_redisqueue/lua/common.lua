@@ -10,6 +10,7 @@
 --   KEYS[10] per-minute stats prefix ({P}:stats:)
 --   KEYS[11] schedulers (zset)             KEYS[12] workers (zset)
 --   KEYS[13] worker record prefix ({P}:worker:)
+--   KEYS[14] names of the queues used (set), kept when any queue name is valid
 -- Per-job and per-queue keys are built from the prefixes; all share one hash tag.
 --
 -- Two rules keep every move atomic. Time is Redis's (TIME), never a caller's, so
@@ -20,7 +21,7 @@
 local JOB, QUEUE, WAKE, SEQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local RUNNING, DELAYED, SCHEDULER_WAKE, PAUSED = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local FAILED, STATS, SCHEDULERS, WORKERS = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
-local WORKER = KEYS[13]
+local WORKER, KNOWN_QUEUES = KEYS[13], KEYS[14]
 
 -- How long the per-minute finish counts are kept (s): the dashboard shows an hour.
 local STATS_TTL = 7200

@@ -41,7 +41,7 @@ class Command(BaseCommand):
                 )
             )
             return
-        width = max(len(q) for q in backend.queue_names) + 2
+        width = max((len(q) for q in overview["counts"]), default=5) + 2
         self.stdout.write("queue".ljust(width) + "".join(c.rjust(10) for c in COLUMNS))
         for queue, row in overview["counts"].items():
             state = "  (paused)" if row["paused"] else ""

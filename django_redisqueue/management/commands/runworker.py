@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.compat import task_backends
+from django_redisqueue.jobs import QUEUE_NAME_RE
 from django_redisqueue.pool import run_pool
 from django_redisqueue.registry import registry
 from django_redisqueue.worker import Worker
@@ -54,7 +55,7 @@ def parse_queues(backend: RedisQueueBackend, specs: list[str]) -> tuple[list[str
     weights: dict[str, int] = {}
     for spec in specs:
         name, _, weight = spec.partition(":")
-        if name not in backend.queue_names:
+        if backend.queue_names and name not in backend.queue_names:
             raise CommandError(
                 f"Queue {name!r} is not one of backend {backend.alias!r}'s QUEUES: "
                 f"{', '.join(backend.queue_names)}."
@@ -69,7 +70,11 @@ def parse_queues(backend: RedisQueueBackend, specs: list[str]) -> tuple[list[str
                 raise CommandError(
                     f"Weight {weight!r} of queue {name!r} must be a whole number >= 1."
                 ) from None
-    return names or list(backend.queue_names), weights
+        if not QUEUE_NAME_RE.match(name):
+            raise CommandError(
+                f"Queue {name!r} is not a queue name: 1 to 64 letters, digits, '_', '.' or '-'."
+            )
+    return names, weights
 
 
 class Command(BaseCommand):
@@ -132,11 +137,13 @@ class Command(BaseCommand):
     ) -> None:
         if options["verbosity"] < 1:
             return
-        order = (
-            ", ".join(f"{q}:{weights.get(q, 1)}" for q in queues) + " (weighted)"
-            if weights
-            else " > ".join(queues) + " (strict priority)"
-        )
+        queues = queues or list(backend.queue_names)
+        if not queues:
+            order = "every queue used, in alphabetical order (QUEUES is empty)"
+        elif weights:
+            order = ", ".join(f"{q}:{weights.get(q, 1)}" for q in queues) + " (weighted)"
+        else:
+            order = " > ".join(queues) + " (strict priority)"
         client = backend.broker.client.connection_pool.connection_kwargs
         where = f"{client.get('host', client.get('path', '?'))}:{client.get('port', '')}"
         lines = [
