@@ -312,3 +312,21 @@ def record_signal(sender, task_result, signal, **kwargs):
 SIGNAL_NAMES = {task_enqueued: "enqueued", task_started: "started", task_finished: "finished"}
 for _signal in SIGNAL_NAMES:
     _signal.connect(record_signal)
+
+
+# Redis error tests: the ledger lives on another Redis, out of reach of the errors the
+# tests inject into the queue's Redis (a task writing there would fail with them).
+
+
+def client_at(url: str) -> redis.Redis:
+    """A client of the Redis at ``url``, made once per process."""
+    if url not in _clients:
+        _clients[url] = redis.Redis.from_url(url, decode_responses=True)
+    return _clients[url]
+
+
+@task
+def ledger_at(url, i, sleep_ms):
+    """Run for ``sleep_ms`` and append ``i`` to the ledger on the Redis at ``url``."""
+    time.sleep(sleep_ms / 1000)
+    client_at(url).rpush("test:ledger", i)
