@@ -50,9 +50,12 @@ class Scheduler:
         self.scheduler_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self.stopping = False
         self.waiting = False
-        # After a Redis error, leases are not recovered until this (monotonic) time:
-        # workers whose heartbeats failed alike get a lease's time to renew them.
+        # After a Redis error, leases are not recovered until a lease has passed since
+        # Redis answered again (a monotonic time): workers whose heartbeats failed alike
+        # get that long to renew them. Counted from the first reply, not from the error,
+        # because a command can be held (CLIENT PAUSE, a busy script) for longer.
         self.recover_after = 0.0
+        self.redis_failed = False
         self.lost_error = to_json(
             error_info(
                 WorkerLost(
@@ -74,14 +77,18 @@ class Scheduler:
         backoff = Reconnector(logger, f"Scheduler {self.scheduler_id}")
         while not self.stopping:
             try:
+                recover = not self.redis_failed and time.monotonic() >= self.recover_after
                 tick = self.broker.tick(
                     self.scheduler_id,
                     self.backend.served_queues(),
                     batch=BATCH,
                     lost_limit=self.backend.config.max_recoveries,
                     lost_error=self.lost_error,
-                    recover=time.monotonic() >= self.recover_after,
+                    recover=recover,
                 )
+                if self.redis_failed:
+                    self.redis_failed = False
+                    self.recover_after = time.monotonic() + self.backend.config.lease
                 backoff.succeeded()
             except REDIS_ERRORS as exc:
                 self._failed(backoff, exc)
@@ -105,7 +112,7 @@ class Scheduler:
                 self._failed(backoff, exc)
 
     def _failed(self, backoff: Reconnector, exc: Exception) -> None:
-        self.recover_after = time.monotonic() + self.backend.config.lease
+        self.redis_failed = True
         backoff.failed(exc)
 
     def sleep(self, seconds: float | None) -> None:
