@@ -16,7 +16,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, path, register_converter, reverse
 from django.utils.encoding import escape_uri_path
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
@@ -51,6 +51,21 @@ ACTIONS = {
     "resume": Action("Resume the queue", destructive=False),
     "empty": Action("Delete every waiting job of the queue", destructive=True),
 }
+
+
+class JobIdConverter:
+    """Any job id, as Redis may hold any member in a queue: empty, or with slashes."""
+
+    regex = r"[\s\S]*"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(JobIdConverter, "drq_job_id")
 
 
 def allowed(request: HttpRequest, permission: str) -> bool:
@@ -103,7 +118,7 @@ class DashboardAdmin(admin.ModelAdmin):
             view(self.failed_index_view, "<str:alias>/failed/", "failed_index"),
             view(self.failed_view, "<str:alias>/failed/<str:queue>/", "failed"),
             view(self.job_lookup_view, "<str:alias>/job/", "job_lookup"),
-            view(self.job_view, "<str:alias>/job/<str:job_id>/", "job"),
+            view(self.job_view, "<str:alias>/job/<drq_job_id:job_id>/", "job"),
             view(self.confirm_view, "<str:alias>/confirm/<str:action>/", "confirm"),
             view(self.action_view, "<str:alias>/act/<str:action>/", "act"),
         ]

@@ -216,7 +216,7 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
                 f"{self.alias!r} backend's QUEUES ({', '.join(self.queue_names)}): add it "
                 f"to TASKS[{self.alias!r}]['QUEUES'] or use one of those."
             )
-        if not QUEUE_NAME_RE.match(task.queue_name):
+        if not QUEUE_NAME_RE.fullmatch(task.queue_name):
             raise InvalidTask(
                 f"Queue '{task.queue_name}' is not valid for backend: a queue name is 1 to "
                 "64 letters, digits, '_', '.' or '-'."

@@ -107,7 +107,7 @@ def _queue_problems(where: str, queues: Any) -> list[Problem]:
             "Redis keys and of runworker's arguments.",
         )
         for name in queues
-        if not isinstance(name, str) or not QUEUE_NAME_RE.match(name)
+        if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name)
     ]
     if len(set(map(repr, queues))) != len(queues):  # repr: a wrong entry may be a list
         problems.append(

@@ -3,7 +3,6 @@ the templates. Views live in ``admin.py``; every Redis command is the broker's."
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -13,7 +12,7 @@ from django.utils.timezone import localtime
 
 from .backend import RedisQueueBackend
 from .broker import now_ms
-from .jobs import Envelope, JobRecord, from_ms
+from .jobs import Envelope, JobRecord, from_ms, to_json
 
 PAGE_SIZE = 50
 # Running jobs read for the overview: far more than any fleet runs at once.
@@ -35,8 +34,12 @@ RUNNING_FIELDS = ("queue", "owner", "status")
 
 def preview(value: object, limit: int = PREVIEW_CHARS) -> str:
     """JSON text of ``value``, cut to ``limit`` characters."""
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return preview_text(to_json(value), limit)
+
+
+def printable(text: str) -> str:
+    """``text`` with lone surrogates (JSON can hold them, a page cannot) escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass
@@ -73,12 +76,12 @@ class JobRow:
 
     @property
     def task(self) -> str:
-        return self.envelope.task_path if self.envelope else "?"
+        return printable(self.envelope.task_path) if self.envelope else "?"
 
     @property
     def arguments(self) -> str:
         if not self.envelope:
-            return self.problem
+            return printable(self.problem)
         parts = [preview(a) for a in self.envelope.args]
         parts += [f"{k}={preview(v)}" for k, v in self.envelope.kwargs.items()]
         return preview_text(", ".join(parts))
@@ -126,7 +129,7 @@ class JobRow:
 
     @property
     def errors(self) -> list[dict[str, str]]:
-        return self.record.errors
+        return [{k: printable(v) for k, v in error.items()} for error in self.record.errors]
 
     @property
     def last_error(self) -> str:
@@ -142,6 +145,7 @@ class JobRow:
 
 
 def preview_text(text: str, limit: int = PREVIEW_CHARS * 2) -> str:
+    text = printable(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

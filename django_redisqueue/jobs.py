@@ -30,15 +30,42 @@ MIN_PRIORITY, MAX_PRIORITY = -100, 100
 # The latest instant a datetime holds (year 9999), in seconds since the epoch.
 MAX_TIMESTAMP = 253402300799
 # A queue name becomes part of Redis keys and of command-line arguments.
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # whole names: use fullmatch
 # Longest traceback kept per error: the head and the tail survive, the middle is cut.
 MAX_TRACEBACK_CHARS = 16_000
+# Deepest nesting of lists and objects in arguments: deeper ones would exhaust the
+# recursion of code that walks them (Django's TaskResult does).
+MAX_DEPTH = 100
 
 STATUSES = ("READY", "RUNNING", "SUCCESSFUL", "FAILED")
 
 
 def to_json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """Compact JSON, UTF-8 where it can be: a string holding a lone surrogate (which no
+    UTF-8 text can carry, so Redis could not be sent it) makes the whole text ASCII,
+    with escapes."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return text
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """True if lists and objects nest deeper than ``limit`` (walked without recursion)."""
+    level = [value]
+    for _ in range(limit + 1):
+        level = [
+            item
+            for container in level
+            if isinstance(container, list | tuple | dict)
+            for item in (container.values() if isinstance(container, dict) else container)
+        ]
+        if not level:
+            return False
+    return True
 
 
 def _refuse_constant(name: str) -> Any:
@@ -93,6 +120,11 @@ def ensure_json(value: Any, where: str) -> None:
 
 def ensure_json_arguments(task_path: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
     """Raise TypeError, naming the argument, unless every argument survives JSON."""
+    if too_deep([list(args), dict(kwargs)], MAX_DEPTH + 1):
+        raise TypeError(
+            f"Unsupported value: the arguments of {task_path}() nest lists or dicts deeper "
+            f"than {MAX_DEPTH} levels."
+        )
     for i, value in enumerate(args):
         ensure_json(value, f"Argument {i} of {task_path}()")
     for name, value in kwargs.items():
@@ -152,6 +184,8 @@ class Envelope:
                 f"envelope version {version!r:.40} is not supported (this worker reads "
                 f"version {ENVELOPE_VERSION})"
             )
+        if too_deep([data.get("args"), data.get("kwargs")], MAX_DEPTH + 1):
+            raise InvalidPayload(f"arguments nest deeper than {MAX_DEPTH} levels")
         return cls(
             task_path=_field(data, "task", str, required=True),
             args=_field(data, "args", list, default=[]),
@@ -179,7 +213,7 @@ def _field(data: dict[str, Any], name: str, kind: type, *, default: Any = None,
 
 def _queue_field(data: dict[str, Any]) -> str:
     queue = _field(data, "queue", str, default="")
-    if queue and not QUEUE_NAME_RE.match(queue):
+    if queue and not QUEUE_NAME_RE.fullmatch(queue):
         raise InvalidPayload(f"envelope names an invalid queue {queue[:80]!r}")
     return str(queue)
 

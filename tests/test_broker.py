@@ -114,7 +114,8 @@ def test_errors_accumulate_as_a_json_list(broker, backend):
         claimed = claim_one(broker)
         error = f'{{"exception_class_path":"builtins.ValueError","traceback":"try {attempt}"}}'
         broker.finish(Outcome(claimed.job_id, claimed.owner, FAILED, error=error))
-        # put it back by hand: retries come with the scheduler
+        # put it back by hand, as a retry would: retries come with the scheduler
+        broker.client.hset(f"{{drq:default}}:job:{job.id}", "status", "READY")
         broker.client.zadd("{drq:default}:queue:default", {job.id: 0})
     stored = backend.get_result(job.id)
     assert [e.traceback for e in stored.errors] == ["try 1", "try 2"]
@@ -213,3 +214,14 @@ def test_a_scheduler_can_leave_expired_leases_alone(r, broker):
     tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}", recover=False)
     assert tick.recovered == 0 and r.zscore("{drq:default}:running", claimed.job_id) == 0
     assert broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}").recovered == 1
+
+
+def test_a_finished_job_left_in_a_queue_or_delayed_set_never_runs_again(r, broker, backend):
+    cancelled = tasks.noop.using(delay=600).enqueue()
+    backend.cancel(cancelled.id)
+    r.zadd("{drq:default}:delayed:default", {cancelled.id: 0})  # left there by hand, due
+    r.zadd("{drq:default}:queue:default", {cancelled.id: 0})
+    tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
+    assert tick.promoted == 0
+    assert claim_one(broker) is None
+    assert backend.get_result(cancelled.id).status == FAILED

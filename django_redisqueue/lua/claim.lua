@@ -59,10 +59,10 @@ for i = first_queue, #ARGV do
     elseif redis.call('TYPE', JOB .. id)['ok'] ~= 'hash'
         and redis.call('EXISTS', JOB .. id) == 1 then
       discard_malformed(id, name, 'a job whose key is not a hash', now, ttl)
-    else
+    elseif not final(redis.call('HGET', JOB .. id, 'status')) then
       claimed = claim(id)
       break
-    end
+    end -- else a job that has ended, left in a queue by hand: it does not run again
   end
   if #claimed > 0 then
     -- Pass the wake-up on: another idle worker may take what is left.

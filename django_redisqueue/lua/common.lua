@@ -62,11 +62,17 @@ local function queue_score(priority, seq)
 end
 
 -- Leave one wake-up token on a list. It never holds more than one: a token is a hint
--- that there may be work, not a count.
+-- that there may be work, not a count. Hints, counts and indexes are written with
+-- pcall: a key of theirs spoilt by hand must not stop a job from moving.
 local function leave_wake_token(wake)
-  if redis.call('LLEN', wake) == 0 then
-    redis.call('RPUSH', wake, '1')
+  if redis.pcall('LLEN', wake) == 0 then
+    redis.pcall('RPUSH', wake, '1')
   end
+end
+
+-- True for the statuses of a job that has ended: it never runs again.
+local function final(status)
+  return status == 'SUCCESSFUL' or status == 'FAILED'
 end
 
 -- Put a READY job on its queue at `score`, and wake the queue's workers.
@@ -115,12 +121,12 @@ local function record_outcome(id, status, now, result, error, ttl)
   local queue = fields[1] or ''
   redis.call('HSET', job, 'status', status, 'finished_at', now)
   local stats = STATS .. math.floor(now / 60000)
-  redis.call('HINCRBY', stats, (status == 'FAILED' and 'failed:' or 'ok:') .. queue, 1)
+  redis.pcall('HINCRBY', stats, (status == 'FAILED' and 'failed:' or 'ok:') .. queue, 1)
   redis.call('EXPIRE', stats, STATS_TTL)
   if status == 'FAILED' and not fields[2] then
     local failed = FAILED .. queue
-    redis.call('ZADD', failed, now, id)
-    redis.call('ZREMRANGEBYSCORE', failed, '-inf', now - ttl * 1000)
+    redis.pcall('ZADD', failed, now, id)
+    redis.pcall('ZREMRANGEBYSCORE', failed, '-inf', now - ttl * 1000)
     redis.call('EXPIRE', failed, ttl)
   end
   if result ~= '' then
@@ -132,7 +138,7 @@ local function record_outcome(id, status, now, result, error, ttl)
   redis.call('EXPIRE', job, ttl)
   if redis.call('HEXISTS', job, 'waiters') == 1 then
     local done = job .. ':done'
-    redis.call('RPUSH', done, status)
+    redis.pcall('RPUSH', done, status)
     redis.call('EXPIRE', done, 60)
   end
 end
@@ -155,21 +161,18 @@ local function discard_malformed(id, queue, why, now, ttl)
                  invalid_error('queue ' .. queue .. ' held ' .. why .. ', removed unrun'), ttl)
 end
 
--- Put a job back on its queue at the place it had (FIFO survives a give-back or a
--- recovery). Returns false if the job hash is gone; a job whose stored queue is not
--- a valid name is failed, as nothing could ever serve it.
+-- Put a job (a hash: the caller checked) back on its queue at the place it had (FIFO
+-- survives a give-back or a recovery). A job whose stored queue is missing or not a
+-- valid name is failed instead, as nothing could ever serve it: returns false then.
 local function requeue(id, now, ttl)
   local fields = redis.call('HMGET', JOB .. id, 'queue', 'priority', 'score')
-  if not fields[1] then
-    return false
-  end
   if not valid_queue(fields[1]) then
     record_outcome(id, 'FAILED', now, '', invalid_error('the job names no valid queue'), ttl)
     return false
   end
   local score = number(fields[3], nil)
   if score then
-    put_on_queue(id, fields[1], fields[3])
+    put_on_queue(id, fields[1], string.format('%.0f', score))
   else
     push_ready(id, fields[1], fields[2])
   end

@@ -8,9 +8,10 @@
 local now, worker = clock_ms(), ARGV[2]
 local pairs_at = 5 + tonumber(ARGV[4]) * 2
 
+-- pcall: a record spoilt by hand must not stop the leases from being renewed.
 local record = WORKER .. worker
 for i = 5, pairs_at - 1, 2 do
-  redis.call('HSET', record, ARGV[i], ARGV[i + 1])
+  redis.pcall('HSET', record, ARGV[i], ARGV[i + 1])
 end
 redis.call('EXPIRE', record, ARGV[3])
 redis.call('ZADD', WORKERS, now, worker)

@@ -34,8 +34,11 @@ for i = 7, #ARGV do
   for _, id in ipairs(due) do
     redis.call('ZREM', delayed, id)
     if is_job(id) then
-      push_ready(id, queue, redis.call('HGET', JOB .. id, 'priority'))
-      promoted = promoted + 1
+      local fields = redis.call('HMGET', JOB .. id, 'priority', 'status')
+      if not final(fields[2]) then -- one that has ended (cancelled) does not run again
+        push_ready(id, queue, fields[1])
+        promoted = promoted + 1
+      end
     elseif redis.call('EXISTS', JOB .. id) == 1 then
       discard_malformed(id, queue, 'a delayed job whose key is not a hash', now, ttl)
     end

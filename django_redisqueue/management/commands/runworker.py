@@ -70,7 +70,7 @@ def parse_queues(backend: RedisQueueBackend, specs: list[str]) -> tuple[list[str
                 raise CommandError(
                     f"Weight {weight!r} of queue {name!r} must be a whole number >= 1."
                 ) from None
-        if not QUEUE_NAME_RE.match(name):
+        if not QUEUE_NAME_RE.fullmatch(name):
             raise CommandError(
                 f"Queue {name!r} is not a queue name: 1 to 64 letters, digits, '_', '.' or '-'."
             )
