@@ -1,10 +1,8 @@
 """The test matrix: ``nox`` runs ruff and mypy once, then on every supported (Python,
 Django) pair the test suite and Django's own ``tests/tasks/`` against this backend;
-``nox -s tests-3.11`` runs one of them, ``nox -s django-suite-3.13`` Django's tests on
-one pair, ``nox -s lint`` ruff and mypy.
+``nox -s tests-3.11`` runs one pair, ``nox -s lint`` ruff and mypy.
 
-The ``tests`` and ``django-suite`` sessions need ``redis-server`` on the PATH: each
-starts its own.
+The ``tests`` sessions need ``redis-server`` on the PATH: the suites start their own.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ MATRIX = [
     ("3.13", "6.1", "dev,hiredis"),
 ]
 
-nox.options.sessions = ["lint", "tests", "django-suite"]
+nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
 
@@ -55,21 +53,12 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=[python for python, _, _ in MATRIX])
 def tests(session: nox.Session) -> None:
-    """The test suite on one (Python, Django) pair, against a private redis-server."""
+    """On one (Python, Django) pair: the test suite, then Django's own tests/tasks/
+    against RedisQueueBackend (from the sdist of the Django installed, downloaded once
+    into .nox/django-suite-cache; see docs/conformance.md), each with a private
+    redis-server. Arguments after ``--`` go to pytest."""
     django, extras = next((d, e) for p, d, e in MATRIX if p == session.python)
     session.install("-e", f".[{extras}]", f"django~={django}.0")
     session.run("python", "-m", "django", "--version")
     session.run("pytest", *session.posargs)
-
-
-@nox.session(name="django-suite", python=[python for python, _, _ in MATRIX])
-def django_suite(session: nox.Session) -> None:
-    """Django's own tests/tasks/ against RedisQueueBackend, on one (Python, Django) pair.
-
-    Taken from the sdist of the Django installed (downloaded once into
-    .nox/django-suite-cache); see tests/django_suite and docs/conformance.md. On Django
-    5.2 it says why there is nothing to run."""
-    django, extras = next((d, e) for p, d, e in MATRIX if p == session.python)
-    extras = ",".join(extra for extra in extras.split(",") if extra != "dev")
-    session.install("-e", f".[{extras}]", f"django~={django}.0")
-    session.run("python", "-m", "tests.django_suite", *session.posargs)
+    session.run("python", "-m", "tests.django_suite")

@@ -391,8 +391,9 @@ class Worker:
             outcome = Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result=encoded)
         except WorkerShutdown:
             outcome = Outcome(claimed.job_id, claimed.owner, RELEASE)
-        # A task that calls sys.exit() fails; it does not stop the worker.
-        except (Exception, SystemExit) as exc:
+        # A task that calls sys.exit() fails; it does not stop the worker. Nor does one
+        # that raises KeyboardInterrupt: Ctrl-C reaches the worker's handler, not a task.
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
             raised = exc
             info = error_info(exc)
             result.errors.append(TaskError(**info))

@@ -217,6 +217,11 @@ def raises_system_exit():
 
 
 @task
+def raises_keyboard_interrupt():
+    raise KeyboardInterrupt("raised by the task")
+
+
+@task
 def complex_exception():
     raise ValueError(ValueError("This task failed"))
 

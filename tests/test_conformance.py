@@ -393,8 +393,10 @@ def test_result():
     [
         (tasks.raises_value_error, ValueError, "This task failed due to ValueError"),
         (tasks.raises_system_exit, SystemExit, "This task failed due to SystemExit"),
+        # Django's immediate backend lets it reach the caller; a worker fails the job.
+        (tasks.raises_keyboard_interrupt, KeyboardInterrupt, "raised by the task"),
     ],
-    ids=["ValueError", "SystemExit"],
+    ids=["ValueError", "SystemExit", "KeyboardInterrupt"],
 )
 def test_catches_exception(made_task, exception, message):
     result = made_task.enqueue()
