@@ -66,6 +66,19 @@ def use_redis(url: str) -> Iterator[None]:
             os.environ["REDISQUEUE_TEST_URL"] = previous
 
 
+@contextmanager
+def private_redis(*args: str) -> Iterator[RedisServer]:
+    """A redis-server of the test's own (``args`` passed on), which every backend and
+    process the test starts uses, so that the test may kill, restart or spoil it."""
+    server = RedisServer(*args)
+    server.start()
+    try:
+        with use_redis(server.url):
+            yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def redis_server() -> Iterator[RedisServer]:
     if not shutil.which("redis-server"):

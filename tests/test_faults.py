@@ -18,20 +18,16 @@ import redis
 
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.exceptions import BrokerUnavailable
-from django_redisqueue.testing import RedisServer
 from tests import tasks
-from tests.conftest import start_manage, use_redis, wait_until
+from tests.conftest import private_redis, start_manage, wait_until
 
 LEASED = ("--backend", "leased")
 
 
 @pytest.fixture
 def server():
-    server = RedisServer("--appendonly", "yes", "--appendfsync", "always")
-    server.start()
-    with use_redis(server.url):
+    with private_redis("--appendonly", "yes", "--appendfsync", "always") as server:
         yield server
-    server.stop()
 
 
 @pytest.fixture

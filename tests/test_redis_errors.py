@@ -29,9 +29,9 @@ import redis
 
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
 from django_redisqueue.exceptions import BrokerUnavailable
-from django_redisqueue.testing import RedisServer, free_port
+from django_redisqueue.testing import free_port
 from tests import tasks
-from tests.conftest import use_redis, wait_until
+from tests.conftest import private_redis, wait_until
 from tests.test_faults import Processes
 
 LEASED = ("--backend", "leased")
@@ -190,11 +190,8 @@ INJECTIONS = [
 
 @pytest.fixture
 def server():
-    server = RedisServer()
-    server.start()
-    with use_redis(server.url):
+    with private_redis() as server:
         yield server
-    server.stop()
 
 
 @pytest.fixture
