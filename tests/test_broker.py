@@ -142,6 +142,7 @@ def test_abandon_gives_back_uncounted_what_a_lost_claim_reply_took(r, broker, ba
     assert broker.abandon("w1") == [claimed.job_id]
     stored = backend.get_result(ids[0])
     assert (stored.status, stored.attempts, stored.worker_ids) == ("READY", 0, [])
+    assert (stored.started_at, stored.last_attempted_at) == (None, None)  # never ran
     assert backend.get_result(other.job_id).status == "RUNNING"  # another worker's: kept
     assert claim_one(broker).job_id == ids[0]
 
@@ -225,3 +226,14 @@ def test_a_finished_job_left_in_a_queue_or_delayed_set_never_runs_again(r, broke
     assert tick.promoted == 0
     assert claim_one(broker) is None
     assert backend.get_result(cancelled.id).status == FAILED
+
+
+def test_a_retry_without_an_error_keeps_the_error_list_readable(r, broker, backend):
+    job = tasks.noop.enqueue()
+    first = claim_one(broker)
+    broker.finish(Outcome(job.id, first.owner, "RETRY", error='{"traceback":"one"}'))
+    r.zadd("{drq:default}:delayed:default", {job.id: 0})
+    broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
+    second = claim_one(broker)
+    broker.finish(Outcome(job.id, second.owner, "RETRY", error=""))
+    assert [e.traceback for e in backend.get_result(job.id).errors] == ["one"]

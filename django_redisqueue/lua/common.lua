@@ -101,6 +101,9 @@ end
 -- Append one JSON error object to the job's JSON list of errors (a list that is not
 -- one, written by hand, is replaced).
 local function append_error(job, error)
+  if error == '' then
+    return
+  end
   local errors = redis.call('HGET', job, 'errors')
   if errors and string.sub(errors, 1, 1) == '[' and string.sub(errors, -1) == ']'
       and #errors > 2 then
@@ -179,10 +182,15 @@ local function requeue(id, now, ttl)
   return true
 end
 
--- Forget the latest attempt of a job given back unfinished: it does not count.
+-- Forget the latest attempt of a job given back unfinished: it does not count. A job
+-- back to no attempt has not started either.
 local function forget_attempt(job)
   local fields = redis.call('HMGET', job, 'attempts', 'workers')
-  redis.call('HSET', job, 'attempts', math.max(number(fields[1], 1) - 1, 0))
+  local attempts = math.max(number(fields[1], 1) - 1, 0)
+  redis.call('HSET', job, 'attempts', attempts)
+  if attempts == 0 then
+    redis.call('HDEL', job, 'started_at', 'last_attempted_at')
+  end
   local workers = fields[2] or ''
   local last_comma = string.find(workers, ',[^,]*$')
   if last_comma then
