@@ -27,9 +27,9 @@ def fill(backend, count: int, queue: str, due_from: int = 0) -> None:
     keys = backend.keys.script_keys
     pipe = backend.broker.client.pipeline(transaction=False)
     for i in range(count):
-        payload = Envelope("bench.tasks.noop", [i], {}, queue, 0, "default").dumps()
+        payload = Envelope("bench.tasks.noop", [i], {}, queue).dumps()
         due = due_from + i if due_from else 0
-        script(keys=keys, args=[uuid.uuid4().hex, payload, queue, 0, due], client=pipe)
+        script(keys=keys, args=[0, uuid.uuid4().hex, payload, queue, 0, due], client=pipe)
         if i % 10_000 == 9_999:
             pipe.execute()
     pipe.execute()

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
+import secrets
 import time
-import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +15,7 @@ from django.db import transaction
 
 from . import broker as broker_module
 from .base import RedisTask, RedisTaskResult
-from .broker import REDIS_ERRORS, Broker, Reconnector
+from .broker import REDIS_ERRORS, Broker, NewJob, Reconnector
 from .compat import (
     DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
@@ -54,6 +54,12 @@ FINAL_STATUSES = frozenset({broker_module.SUCCESSFUL, broker_module.FAILED})
 WAIT_SLICE = 1.0
 
 
+def new_job_id() -> str:
+    """A job id: 104 random bits as 26 hex digits, short enough that a waiting job's
+    key and its queue entry stay in Redis's small allocation classes."""
+    return secrets.token_hex(13)
+
+
 def unregistered_task(*args: Any, **kwargs: Any) -> None:
     """Stands in for the task of a job whose task is unknown or unreadable."""
     raise UnknownTask("this job's task is not registered")
@@ -78,19 +84,36 @@ class JobPreparation:
 
         def validate_task(self, task: Task) -> None: ...
 
-    def push(self, result: RedisTaskResult) -> None:
-        """Hand a prepared job on: to Redis, or run it."""
+    def push(self, results: Sequence[RedisTaskResult]) -> None:
+        """Hand prepared jobs on: to Redis (one round trip), or run them."""
         raise NotImplementedError
 
     def enqueue(
         self, task: Task, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]
     ) -> RedisTaskResult:
         """Queue a job; with ENQUEUE_ON_COMMIT, once the current transaction commits."""
-        if self.config.enqueue_on_commit:
-            return self.enqueue_on_commit(task, args, kwargs)
-        result = self.prepare(task, args, kwargs)
-        self.push(result)
-        return result
+        return self.enqueue_many(task, [(args, kwargs)])[0]
+
+    def enqueue_many(
+        self,
+        task: Task,
+        calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
+        *,
+        on_commit: bool | None = None,
+        using: str | None = None,
+    ) -> list[RedisTaskResult]:
+        """Queue one job of ``task`` per ``(args, kwargs)`` pair, sent together (one
+        round trip per batch). Every job is checked before any is sent: a bad one
+        raises and none is queued. ``on_commit`` (default: ENQUEUE_ON_COMMIT): once
+        the transaction on database ``using`` commits."""
+        results = [self.prepare(task, args, kwargs) for args, kwargs in calls]
+        if on_commit is None:
+            on_commit = self.config.enqueue_on_commit
+        if on_commit:
+            self.push_on_commit(results, using)
+        else:
+            self.push(results)
+        return results
 
     def enqueue_on_commit(
         self,
@@ -106,12 +129,29 @@ class JobPreparation:
         The result carries the job's id from the start; its ``enqueued_at`` is set
         when the job is pushed, and until then ``get_result()`` does not find it.
         """
-        result = self.prepare(task, args, kwargs)
-        transaction.on_commit(functools.partial(self.push, result), using=using)
-        return result
+        return self.enqueue_many(task, [(args, kwargs)], on_commit=True, using=using)[0]
+
+    def push_on_commit(self, results: list[RedisTaskResult], using: str | None) -> None:
+        """Push ``results`` when the transaction commits, together with the jobs
+        queued just before them in the same transaction and savepoint: a view that
+        queues ten jobs sends them in one round trip at the commit."""
+        connection = transaction.get_connection(using)
+        if connection.in_atomic_block and connection.run_on_commit:
+            savepoints, last, _ = connection.run_on_commit[-1]
+            # Joining the batch registered last keeps both Django's guarantees: the
+            # order of the on_commit callbacks, and that a savepoint rolled back
+            # drops its jobs (they all belong to the same savepoints).
+            if (
+                isinstance(last, _CommitBatch)
+                and last.backend is self
+                and savepoints == set(connection.savepoint_ids)
+            ):
+                last.results += results
+                return
+        transaction.on_commit(_CommitBatch(self, results), using=using)
 
     def prepare(
-        self, task: Task, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]
+        self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> RedisTaskResult:
         """Validate a job and give it its id: a READY result that is not pushed yet.
 
@@ -123,10 +163,9 @@ class JobPreparation:
         envelope = Envelope(
             task_path=task.module_path,
             args=list(args),
-            kwargs=kwargs,
+            kwargs=dict(kwargs),
             queue_name=task.queue_name,
             priority=task.priority,
-            backend=self.alias,
             run_after=task.run_after.timestamp() if task.run_after else None,
         )
         payload = envelope.dumps()
@@ -137,9 +176,20 @@ class JobPreparation:
                 f"{self.config.max_payload_bytes}-byte MAX_PAYLOAD_BYTES limit: pass "
                 "a reference (a primary key, a file path) instead of the data."
             )
-        result = make_result(self.alias, task, JobRecord(uuid.uuid4().hex, {}, envelope))
+        result = make_result(self.alias, task, JobRecord(new_job_id(), {}, envelope))
         object.__setattr__(result, "_payload", payload)
         return result
+
+
+class _CommitBatch:
+    """The jobs pushed together when a transaction commits (an on_commit callback)."""
+
+    def __init__(self, backend: JobPreparation, results: list[RedisTaskResult]) -> None:
+        self.backend = backend
+        self.results = results
+
+    def __call__(self) -> None:
+        self.backend.push(self.results)
 
 
 def make_result(alias: str, task: Task, record: JobRecord) -> RedisTaskResult:
@@ -225,31 +275,38 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         if task.func is not unregistered_task:
             registry.register(task)
 
-    def push(self, result: RedisTaskResult) -> None:
-        """Put a prepared job in Redis, set its ``enqueued_at`` and send task_enqueued."""
-        task = result.task
-        due_ms = int(task.run_after.timestamp() * 1000) if task.run_after else 0
-        try:
-            enqueued_at = self.broker.enqueue(
+    def push(self, results: Sequence[RedisTaskResult]) -> None:
+        """Put prepared jobs in Redis (one round trip), set their ``enqueued_at`` and
+        send task_enqueued for each."""
+        jobs = [
+            NewJob(
                 result.id,
-                task.queue_name,
-                task.priority,
+                result.task.queue_name,
+                result.task.priority,
                 result._payload,
-                due_ms,
-                record_queue=not self.queue_names,
+                int(result.task.run_after.timestamp() * 1000) if result.task.run_after else 0,
             )
+            for result in results
+        ]
+        try:
+            enqueued = self.broker.enqueue(jobs, record_queues=not self.queue_names)
         except REDIS_ERRORS as exc:
             raise BrokerUnavailable(
-                f"Could not enqueue {task.module_path}(): the {self.alias!r} task "
-                f"backend's Redis did not answer or refused it ({type(exc).__name__}: "
-                f"{exc})."
+                f"Could not enqueue {_names(results)}: the {self.alias!r} task backend's "
+                f"Redis did not answer or refused it ({type(exc).__name__}: {exc})."
             ) from exc
-        if enqueued_at is None:
+        taken = []
+        for result, enqueued_at in zip(results, enqueued, strict=True):
+            if enqueued_at is None:
+                taken.append(result)
+                continue
+            object.__setattr__(result, "enqueued_at", from_seconds(enqueued_at / 1000))
+            task_enqueued.send(type(self), task_result=result)
+        if taken:
             raise BrokerUnavailable(
-                f"Could not enqueue {task.module_path}(): job id {result.id} is taken."
+                f"Could not enqueue {_names(taken)}: job id "
+                f"{', '.join(r.id for r in taken)} is taken."
             )
-        object.__setattr__(result, "enqueued_at", from_seconds(enqueued_at / 1000))
-        task_enqueued.send(type(self), task_result=result)
 
     def get_result(self, result_id: str) -> RedisTaskResult:
         fields = self.broker.get_job(result_id)
@@ -312,6 +369,14 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
             self.alias,
             envelope.run_after,
         )
+
+
+def _names(results: Sequence[RedisTaskResult]) -> str:
+    """What a batch of jobs is, for a message: "app.tasks.f()" or "3 jobs"."""
+    paths = {result.task.module_path for result in results}
+    if len(results) == 1:
+        return f"{paths.pop()}()"
+    return f"{len(results)} jobs of {paths.pop()}()" if len(paths) == 1 else f"{len(results)} jobs"
 
 
 @lru_cache(maxsize=64)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, cast, overload
@@ -87,6 +87,19 @@ class RedisTask(Task):
     def delay(self, *args: Any, **kwargs: Any) -> TaskResult:
         """Queue up the task: an alias of ``enqueue()``."""
         return self.enqueue(*args, **kwargs)
+
+    def enqueue_many(
+        self, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
+    ) -> list[TaskResult]:
+        """Queue one job per ``(args, kwargs)`` pair, sent together: one round trip
+        per batch of up to 1,000 jobs. Every job is checked before any is sent.
+        With ENQUEUE_ON_COMMIT the jobs wait for the transaction to commit, as
+        ``enqueue()`` does. On a backend that is not this app's, ``enqueue()`` is
+        called for each."""
+        backend = self.get_backend()
+        if hasattr(backend, "enqueue_many"):
+            return list(backend.enqueue_many(self, calls))
+        return [self.enqueue(*args, **kwargs) for args, kwargs in calls]
 
     def enqueue_on_commit(self, *args: Any, **kwargs: Any) -> TaskResult | None:
         """Queue up the task once the current transaction (default database) commits.

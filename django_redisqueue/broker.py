@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -30,6 +30,11 @@ RELEASE = "RELEASE"  # an outcome only: given back unfinished to its queue, READ
 
 # Seconds a worker's record outlives its last heartbeat.
 WORKER_TTL = 60
+# Most jobs, and most payload bytes, one enqueue script call stores: Redis runs
+# nothing else during a script, so a large batch is cut into calls of this size (all
+# sent in one round trip).
+ENQUEUE_BATCH_JOBS = 1000
+ENQUEUE_BATCH_BYTES = 1 << 20
 
 # Every error Redis or the connection to it can raise. A loop that must outlive Redis
 # trouble (out of memory, read-only replica, loading, busy script, lost connection)
@@ -68,6 +73,20 @@ def _pairs(flat: Sequence[Any]) -> dict[str, str]:
     """A flat name/value reply of a script as a dict of strings (Lua numbers arrive as
     integers)."""
     return {str(text(flat[i])): str(text(flat[i + 1])) for i in range(0, len(flat) - 1, 2)}
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to store: READY now, or in its queue's delayed set until ``due_ms``."""
+
+    job_id: str
+    queue: str
+    priority: int
+    payload: str  # the JSON envelope
+    due_ms: int = 0  # ms since the epoch by Redis's clock; 0 (or passed): ready now
+
+    def as_args(self) -> list[Any]:
+        return [self.job_id, self.payload, self.queue, self.priority, self.due_ms]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,9 +172,10 @@ class Broker:
         self.lease_ms = int(lease * 1000)
         self.result_ttl = result_ttl
         self._scripts = _load_scripts(client)
+        self._script_keys = keys.script_keys
 
     def _run(self, script: str, *args: Any) -> Any:
-        return self._scripts[script](keys=self.keys.script_keys, args=args)
+        return self._scripts[script](keys=self._script_keys, args=args)
 
     def clock_ms(self) -> int:
         """Redis's clock, in ms: the one that leases and due times are measured by."""
@@ -164,24 +184,24 @@ class Broker:
 
     # Producers
 
-    def enqueue(
-        self,
-        job_id: str,
-        queue: str,
-        priority: int,
-        payload: str,
-        due_ms: int = 0,
-        *,
-        record_queue: bool = False,
-    ) -> int | None:
-        """Store a job, ready now or (``due_ms``, by Redis's clock, still ahead) in its
-        queue's delayed set until then; ``record_queue``: add the queue's name to the
-        queues used. Returns the enqueue time (ms), or None, changing nothing, if the id
-        is taken."""
-        enqueued_at = self._run(
-            "enqueue", job_id, payload, queue, priority, due_ms, int(record_queue)
-        )
-        return int(enqueued_at) or None
+    def enqueue(self, jobs: Sequence[NewJob], *, record_queues: bool = False) -> list[int | None]:
+        """Store jobs in one round trip: one script call per ENQUEUE_BATCH_JOBS jobs
+        (or ENQUEUE_BATCH_BYTES of payload), each call atomic. ``record_queues``: add
+        the queues' names to the queues used. Returns each job's enqueue time (ms), or
+        None for a job whose id is taken (that job changes nothing)."""
+        if not jobs:
+            return []
+        batches = list(_batches(jobs))
+        if len(batches) == 1:
+            replies = [self._run("enqueue", int(record_queues), *batches[0])]
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            for args in batches:
+                self._scripts["enqueue"](
+                    keys=self._script_keys, args=[int(record_queues), *args], client=pipe
+                )
+            replies = pipe.execute()
+        return [int(enqueued_at) or None for reply in replies for enqueued_at in reply]
 
     def known_queues(self) -> list[str]:
         """The names of the queues jobs were enqueued to (kept when QUEUES is empty)."""
@@ -419,6 +439,19 @@ class Broker:
             connection.read_response()
         finally:
             connection.disconnect()
+
+
+def _batches(jobs: Sequence[NewJob]) -> Iterator[list[Any]]:
+    """The enqueue script's arguments for ``jobs``, cut into batches."""
+    args: list[Any] = []
+    size = 0
+    for job in jobs:
+        if args and (len(args) >= 5 * ENQUEUE_BATCH_JOBS or size >= ENQUEUE_BATCH_BYTES):
+            yield args
+            args, size = [], 0
+        args += job.as_args()
+        size += len(job.payload)
+    yield args
 
 
 def _counts(counts: Any) -> dict[str, int]:

@@ -11,6 +11,7 @@ each job runs once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .backend import JobPreparation
@@ -31,11 +32,12 @@ class ImmediateBackend(JobPreparation, DjangoImmediateBackend):
         # Every result of this backend instance, for get_result(): fine for a test run.
         self.results: dict[str, RedisTaskResult] = {}
 
-    def push(self, result: RedisTaskResult) -> None:
-        """Run a prepared job now, sending the task signals; ``result`` records the
-        outcome."""
-        self.results[result.id] = result
-        self._execute_task(result)  # type: ignore[attr-defined]  # Django's, and the backport's
+    def push(self, results: Sequence[RedisTaskResult]) -> None:
+        """Run prepared jobs now, one after the other, sending the task signals; each
+        result records its outcome."""
+        for result in results:
+            self.results[result.id] = result
+            self._execute_task(result)  # type: ignore[attr-defined]  # Django's, and the backport's
 
     def get_result(self, result_id: str) -> RedisTaskResult:
         try:

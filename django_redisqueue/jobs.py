@@ -1,11 +1,14 @@
 """The job envelope (the JSON a job travels as) and the job record it becomes.
 
-Envelope, version 1: ``{"v": 1, "task": "app.tasks.func", "args": [...],
-"kwargs": {...}, "queue": "default", "priority": 0, "backend": "default",
-"run_after": null}``, ``run_after`` in seconds since the epoch. Unknown fields are
-ignored, so an older worker can read a newer job of the same version; a newer version
-is refused with a clear reason. Times the job records as it moves (enqueued, started,
-finished) are fields of its hash, in ms by Redis's clock, not part of the envelope.
+Envelope, version 1: ``{"v":1,"task":"app.tasks.func","args":[...],"kwargs":{...},
+"priority":5,"run_after":1767225600.0}``, ``run_after`` in seconds since the epoch.
+Fields holding their default (no arguments, priority 0, no ``run_after``) are left
+out, and the queue is a field of the job's hash, not of the envelope: a small job's
+envelope stays under the 64 bytes up to which Redis keeps a hash in its compact
+encoding (see docs/protocol.md, "Memory"). Unknown fields are ignored, so an older
+worker can read a newer job of the same version; a newer version is refused with a
+clear reason. Times the job records as it moves (enqueued, started, finished) are
+fields of its hash, in ms by Redis's clock, not part of the envelope.
 
 Everything read from Redis is checked here: ``Envelope.loads`` refuses a payload with
 a reason, and ``JobRecord.parse`` reads whatever a job hash holds without raising.
@@ -140,28 +143,28 @@ class Envelope:
     task_path: str
     args: list[Any]
     kwargs: dict[str, Any]
-    queue_name: str
-    priority: int
-    backend: str
+    queue_name: str  # stored in the job's hash, beside the envelope
+    priority: int = 0
     run_after: float | None = None  # seconds since the epoch
 
     def dumps(self) -> str:
-        return to_json(
-            {
-                "v": ENVELOPE_VERSION,
-                "task": self.task_path,
-                "args": self.args,
-                "kwargs": self.kwargs,
-                "queue": self.queue_name,
-                "priority": self.priority,
-                "backend": self.backend,
-                "run_after": self.run_after,
-            }
-        )
+        """The payload: compact JSON without the queue and without default fields."""
+        data: dict[str, Any] = {"v": ENVELOPE_VERSION, "task": self.task_path}
+        if self.args:
+            data["args"] = self.args
+        if self.kwargs:
+            data["kwargs"] = self.kwargs
+        if self.priority:
+            data["priority"] = self.priority
+        if self.run_after is not None:
+            data["run_after"] = self.run_after
+        return to_json(data)
 
     @classmethod
-    def loads(cls, payload: bytes | str, max_bytes: int) -> Envelope:
+    def loads(cls, payload: bytes | str, max_bytes: int, queue: str = "") -> Envelope:
         """Parse a payload read from Redis; raise InvalidPayload saying what is wrong.
+        ``queue`` is the job's queue as its hash names it (an envelope naming one, as
+        older ones did, is checked and wins).
 
         Checked in order: size, JSON, envelope version, then every field's type and
         range. Whatever the bytes, nothing else is raised.
@@ -190,9 +193,8 @@ class Envelope:
             task_path=_field(data, "task", str, required=True),
             args=_field(data, "args", list, default=[]),
             kwargs=_field(data, "kwargs", dict, default={}),
-            queue_name=_queue_field(data),
+            queue_name=_queue_field(data, queue),
             priority=_priority_field(data),
-            backend=_field(data, "backend", str, default=""),
             run_after=_time_field(data, "run_after"),
         )
 
@@ -211,10 +213,10 @@ def _field(data: dict[str, Any], name: str, kind: type, *, default: Any = None,
     return value
 
 
-def _queue_field(data: dict[str, Any]) -> str:
-    queue = _field(data, "queue", str, default="")
+def _queue_field(data: dict[str, Any], default: str) -> str:
+    queue = _field(data, "queue", str, default=default)
     if queue and not QUEUE_NAME_RE.fullmatch(queue):
-        raise InvalidPayload(f"envelope names an invalid queue {queue[:80]!r}")
+        raise InvalidPayload(f"the job names an invalid queue {queue[:80]!r}")
     return str(queue)
 
 
@@ -311,7 +313,7 @@ class JobRecord:
     def parse(cls, job_id: str, fields: Mapping[str, str], max_payload_bytes: int) -> JobRecord:
         try:
             envelope: Envelope | None = Envelope.loads(
-                fields.get("payload", ""), max_payload_bytes
+                fields.get("payload", ""), max_payload_bytes, fields.get("queue", "")
             )
             problem = ""
         except InvalidPayload as exc:

@@ -51,10 +51,12 @@ key                           type    contents (written by)
 ``{P}:schedulers``            zset    scheduler ids by last step (ms)
 ============================  ======  ===========================================
 
-Every Lua script gets the same ``KEYS`` (``script_keys``): the fixed keys and the
-prefixes of the per-job and per-queue keys, which the scripts complete with an id or
-a queue name because a claim or a promotion learns them only inside the script. Those
-keys carry the same hash tag, so Cluster still accepts them.
+Every Lua script gets one key (``script_keys``): the prefix with its hash tag and a
+colon. ``lua/common.lua`` completes it with the names above, which it spells as this
+module does (a test checks that they agree), and with an id or a queue name, which a
+claim or a promotion learns only inside the script. Those keys carry the one hash
+tag, so Cluster keeps them on that key's slot. One key instead of fourteen saves
+every call the packing and the checking of thirteen arguments.
 """
 
 from __future__ import annotations
@@ -126,23 +128,30 @@ class KeySchema:
 
     @property
     def script_keys(self) -> list[str]:
-        """The KEYS every Lua script receives, in the order lua/common.lua names them."""
-        return [
-            self.job_prefix,
-            self.queue_prefix,
-            self.wake_prefix,
-            self.seq,
-            self.running,
-            self.delayed_prefix,
-            self.scheduler_wake,
-            self.paused,
-            self.failed_prefix,
-            self.stats_prefix,
-            self.schedulers,
-            self.workers,
-            self.worker(""),
-            self.known_queues,
-        ]
+        """The KEYS every Lua script receives: the prefix, which lua/common.lua
+        completes into every key above."""
+        return [f"{self.prefix}:"]
+
+    @property
+    def fixed_keys(self) -> dict[str, str]:
+        """The keys lua/common.lua builds from ``script_keys``, by its names for them
+        (prefixes for the per-job, per-queue and per-worker keys)."""
+        return {
+            "JOB": self.job_prefix,
+            "QUEUE": self.queue_prefix,
+            "WAKE": self.wake_prefix,
+            "SEQ": self.seq,
+            "RUNNING": self.running,
+            "DELAYED": self.delayed_prefix,
+            "SCHEDULER_WAKE": self.scheduler_wake,
+            "PAUSED": self.paused,
+            "FAILED": self.failed_prefix,
+            "STATS": self.stats_prefix,
+            "SCHEDULERS": self.schedulers,
+            "WORKERS": self.workers,
+            "WORKER": self.worker(""),
+            "KNOWN_QUEUES": self.known_queues,
+        }
 
     def queue(self, name: str) -> str:
         return f"{self.queue_prefix}{name}"

@@ -1,9 +1,11 @@
 """The Lua scripts against the real server: ordering, fencing, wake-up tokens."""
 
+from importlib import resources
+
 import pytest
 
 from django_redisqueue import ResultTimeout
-from django_redisqueue.broker import FAILED, SUCCESSFUL, Outcome
+from django_redisqueue.broker import ENQUEUE_BATCH_JOBS, FAILED, SUCCESSFUL, NewJob, Outcome
 from tests import tasks
 
 QUEUES = ["high", "default", "low"]
@@ -237,3 +239,48 @@ def test_a_retry_without_an_error_keeps_the_error_list_readable(r, broker, backe
     second = claim_one(broker)
     broker.finish(Outcome(job.id, second.owner, "RETRY", error=""))
     assert [e.traceback for e in backend.get_result(job.id).errors] == ["one"]
+
+
+def test_the_scripts_build_the_keys_the_key_schema_names(r, backend):
+    """lua/common.lua completes the one key it is given as keys.py spells every key."""
+    common = (resources.files("django_redisqueue") / "lua" / "common.lua").read_text()
+    names = list(backend.keys.fixed_keys)
+    script = r.register_script(common + f"\nreturn {{{', '.join(names)}}}")
+    built = script(keys=backend.keys.script_keys)
+    assert dict(zip(names, built, strict=True)) == backend.keys.fixed_keys
+
+
+def test_a_batch_is_stored_in_order_and_a_taken_id_is_skipped_alone(r, broker, backend):
+    taken = tasks.noop.enqueue()
+    now = broker.clock_ms()
+    payload = backend.prepare(tasks.noop, (), {})._payload
+    jobs = [
+        NewJob("a1", "default", 0, payload),
+        NewJob(taken.id, "default", 0, payload),
+        NewJob("a2", "high", 0, payload),
+        NewJob("a3", "default", 5, payload),
+        NewJob("a4", "default", 0, payload, due_ms=now + 60_000),
+        NewJob("a5", "default", 0, payload),
+    ]
+    enqueued = broker.enqueue(jobs)
+    assert enqueued[1] is None
+    assert all(at is not None and at >= now for i, at in enumerate(enqueued) if i != 1)
+    assert r.zrange(backend.keys.queue("default"), 0, -1) == [
+        "a3",
+        taken.id,
+        "a1",
+        "a5",
+    ]
+    assert r.zrange(backend.keys.queue("high"), 0, -1) == ["a2"]
+    assert r.zrange(backend.keys.delayed("default"), 0, -1) == ["a4"]
+    # One wake-up per queue, whatever the batch's size.
+    assert r.llen(backend.keys.wake("default")) == 1
+
+
+def test_a_large_batch_is_cut_into_calls_sent_in_one_round_trip(r, broker, backend):
+    payload = backend.prepare(tasks.noop, (), {})._payload
+    jobs = [NewJob(f"j{i}", "default", 0, payload) for i in range(2 * ENQUEUE_BATCH_JOBS + 1)]
+    r.config_resetstat()
+    assert None not in broker.enqueue(jobs)
+    assert r.info("commandstats")["cmdstat_evalsha"]["calls"] == 3
+    assert r.zrange(backend.keys.queue("default"), 0, -1) == [job.job_id for job in jobs]

@@ -133,3 +133,31 @@ def test_bad_settings_say_what_to_fix(params, message):
         with pytest.raises(ConfigurationError) as exc:
             tasks.add.enqueue(1, 2)
     assert message in str(exc.value)
+
+
+def test_enqueue_many_sends_every_job_in_one_call_in_order(r, backend):
+    r.config_resetstat()
+    results = tasks.add.enqueue_many([((i, 1), {}) for i in range(5)] + [((), {"a": 9, "b": 1})])
+
+    assert r.info("commandstats")["cmdstat_evalsha"]["calls"] == 1
+    assert queued(r) == [result.id for result in results]
+    assert all(result.enqueued_at is not None for result in results)
+    assert [backend.get_result(result.id).args for result in results[:2]] == [[0, 1], [1, 1]]
+    assert backend.get_result(results[-1].id).kwargs == {"a": 9, "b": 1}
+    run_worker_here(backend)
+    assert [result.wait(timeout=5) for result in results] == [1, 2, 3, 4, 5, 10]
+
+
+def test_enqueue_many_checks_every_job_before_sending_any(r):
+    with pytest.raises(TypeError, match="Argument 0"):
+        tasks.add.enqueue_many([((1, 2), {}), ((object(), 2), {})])
+    assert queued(r) == []
+
+
+def test_enqueue_many_of_a_delayed_task_fills_the_delayed_set(r, backend):
+    results = tasks.noop.using(delay=60).enqueue_many([((), {})] * 3)
+    delayed = r.zrange("{drq:default}:delayed:default", 0, -1, withscores=True)
+    assert sorted(delayed) == sorted(
+        (res.id, int(res.task.run_after.timestamp() * 1000)) for res in results
+    )
+    assert queued(r) == []

@@ -59,7 +59,7 @@ def test_demo_runs_a_job_enqueued_from_the_page():
         page = wait_until(lambda: _try(browser.get, "/"), 60, "the demo's web server")
         username = f"ann{uuid.uuid4().hex[:8]}"  # the demo's database outlives the test
         page = browser.post("/signup/", page, username=username)
-        job_id = re.search(r"job ([0-9a-f]{32})", page)[1]
+        job_id = re.search(r"job ([0-9a-f]{26})", page)[1]
 
         def job_done():
             status = json.loads(browser.get(f"/jobs/{job_id}/"))
@@ -70,7 +70,7 @@ def test_demo_runs_a_job_enqueued_from_the_page():
 
         # A report is enqueued on commit; the page links its job by the id handed back.
         page = browser.post("/reports/", page, limit="1000")
-        job_id = re.search(r'href="/jobs/([0-9a-f]{32})/"', page)[1]
+        job_id = re.search(r'href="/jobs/([0-9a-f]{26})/"', page)[1]
         assert wait_until(job_done, 30, "the report job")["return_value"] == 168
         demo_redis = redis.Redis(port=redis_port)
         # The worker and the scheduler are both up and waiting on Redis.

@@ -418,11 +418,10 @@ def verdict(payload: bytes, registered: frozenset[str]) -> str | None:
         return "refuse"
     priority = data.get("priority", 0)
     run_after = data.get("run_after")
-    queue = data.get("queue", "default")
+    queue = data.get("queue", "default")  # the hash's queue ("default") when absent
     if not (
         isinstance(data.get("args", []), list)
         and isinstance(data.get("kwargs", {}), dict)
-        and isinstance(data.get("backend", ""), str)
         and type(priority) is int
         and -100 <= priority <= 100
         and (run_after is None or (type(run_after) in (int, float) and 0 <= run_after <= LATEST))

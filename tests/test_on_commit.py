@@ -130,3 +130,41 @@ def test_redis_down_at_the_commit_raises_after_the_commit(r):
         report = Report.objects.create(title="kept")
         tasks.report_title.enqueue_on_commit(report.pk)
     assert Report.objects.filter(title="kept").exists()
+
+
+def evalsha_calls(r):
+    return r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+
+
+def test_the_jobs_of_one_transaction_are_sent_in_one_call_at_the_commit(r, enqueued):
+    r.config_resetstat()
+    with transaction.atomic():
+        results = [tasks.add.enqueue_on_commit(i, 1) for i in range(10)]
+        results += tasks.add.enqueue_many([((i, 2), {}) for i in range(3)])  # with the option off
+        assert evalsha_calls(r) == 1  # enqueue_many did not wait: ENQUEUE_ON_COMMIT is off
+        assert len(queued_ids(r)) == 3
+
+    assert evalsha_calls(r) == 2
+    assert queued_ids(r) == [result.id for result in results[10:] + results[:10]]
+    assert enqueued == [result.id for result in results[10:] + results[:10]]
+
+
+def test_a_rolled_back_savepoint_drops_its_jobs_from_the_batch(r):
+    with transaction.atomic():
+        before = tasks.noop.enqueue_on_commit()
+        with pytest.raises(RuntimeError), transaction.atomic():
+            dropped = tasks.noop.enqueue_on_commit()
+            raise RuntimeError("rolled back")
+        after = tasks.noop.enqueue_on_commit()
+    assert queued_ids(r) == [before.id, after.id]
+    assert dropped.id not in queued_ids(r)
+
+
+def test_other_on_commit_callbacks_keep_their_place_between_jobs(r):
+    seen = []
+    with transaction.atomic():
+        first = tasks.noop.enqueue_on_commit()
+        transaction.on_commit(lambda: seen.append(list(queued_ids(r))))
+        second = tasks.noop.enqueue_on_commit()
+    assert seen == [[first.id]]
+    assert queued_ids(r) == [first.id, second.id]

@@ -38,8 +38,8 @@ The scripts read Redis's clock (TIME), which a test cannot move. So:
   slower than 20 ms), the model accepts exactly the outcomes some instant of that
   window would give, and follows the one Redis took.
 
-Job ids are made deterministic (``uuid.uuid4`` is replaced during the test by a
-counter hashed into a UUID), so that a failing sequence replays with the same ids,
+Job ids are made deterministic (``backend.new_job_id`` is replaced during the test by
+a counter hashed into an id), so that a failing sequence replays with the same ids,
 and so the same ties between equal scores.
 """
 
@@ -49,7 +49,6 @@ import hashlib
 import json
 import os
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -67,7 +66,15 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from django_redisqueue.broker import FAILED, RELEASE, RETRY, SUCCESSFUL, Broker, Outcome
+from django_redisqueue.broker import (
+    FAILED,
+    RELEASE,
+    RETRY,
+    SUCCESSFUL,
+    Broker,
+    NewJob,
+    Outcome,
+)
 from django_redisqueue.compat import TaskResultDoesNotExist
 from django_redisqueue.exceptions import NotCancellable
 from tests import tasks
@@ -155,9 +162,9 @@ class Ids:
     def __init__(self) -> None:
         self.n = 0
 
-    def uuid4(self) -> uuid.UUID:
+    def new_job_id(self) -> str:
         self.n += 1
-        return uuid.UUID(bytes=hashlib.sha256(str(self.n).encode()).digest()[:16])
+        return hashlib.sha256(str(self.n).encode()).hexdigest()[:26]
 
 
 @dataclass
@@ -402,22 +409,32 @@ class ProtocolMachine(RuleBasedStateMachine):
     # If the call raises, the model is left as it was.
 
     def op_enqueue(self, queue: str, priority: int, delay: int | None, via_api: bool) -> None:
-        t0 = self.clock()
-        due = 0
-        if via_api:
-            when = None
-            if delay is not None:
-                when, due = run_after(t0 + delay)
-            task = tasks.noop.using(queue_name=queue, priority=priority, run_after=when)
-            job_id = task.enqueue().id
-        else:
-            prepared = self.backend.prepare(tasks.noop, (), {})
-            job_id = prepared.id
-            due = 0 if delay is None else t0 + delay
-            enqueued_at = self.broker.enqueue(job_id, queue, priority, prepared._payload, due)
-        t1 = self.clock()
         if not via_api:
+            self.op_enqueue_batch([(queue, priority, delay)])
+            return
+        t0 = self.clock()
+        when, due = (None, 0) if delay is None else run_after(t0 + delay)
+        task = tasks.noop.using(queue_name=queue, priority=priority, run_after=when)
+        job_id = task.enqueue().id
+        self.place_new(job_id, queue, priority, due, t0, self.clock())
+
+    def op_enqueue_batch(self, specs: list[tuple[str, int, int | None]]) -> None:
+        """Jobs (queue, priority, delay) stored by one enqueue call, in that order."""
+        prepared = [self.backend.prepare(tasks.noop, (), {}) for _ in specs]
+        t0 = self.clock()
+        jobs = [
+            NewJob(result.id, queue, priority, result._payload, 0 if delay is None else t0 + delay)
+            for result, (queue, priority, delay) in zip(prepared, specs, strict=True)
+        ]
+        enqueued = self.broker.enqueue(jobs)
+        t1 = self.clock()
+        assert len(enqueued) == len(jobs)
+        for job, enqueued_at in zip(jobs, enqueued, strict=True):
             assert enqueued_at is not None and t0 <= enqueued_at <= t1
+            self.place_new(job.job_id, job.queue, job.priority, job.due_ms, t0, t1)
+
+    def place_new(self, job_id: str, queue: str, priority: int, due: int, t0: int, t1: int):
+        """Model a job just stored, due at ``due`` (0: now), between t0 and t1."""
         job = Job(job_id, len(self.jobs), queue, priority)
         self.jobs[job_id] = job
         if due > t1:
@@ -715,6 +732,17 @@ class ProtocolMachine(RuleBasedStateMachine):
     def enqueue_now(self, queue, priority):
         self.op_enqueue(queue, priority, None, via_api=False)
 
+    @rule(
+        batch=st.lists(
+            st.tuples(JOB_QUEUE, PRIORITY, st.sampled_from(list(DELAYS))),
+            min_size=2,
+            max_size=5,
+        )
+    )
+    def enqueue_a_batch(self, batch):
+        """Several jobs, of any queues, priorities and delays, in one script call."""
+        self.op_enqueue_batch([(q, p, DELAYS[d]) for q, p, d in batch])
+
     @rule(pick=PICK)
     def enqueue_a_taken_id(self, pick):
         """An id already taken (any job not deleted): refused, nothing changes."""
@@ -723,7 +751,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             return
         before = snapshot(self.r)
         payload = self.backend.prepare(tasks.noop, (), {})._payload
-        assert self.broker.enqueue(job.id, "low", 5, payload) is None
+        assert self.broker.enqueue([NewJob(job.id, "low", 5, payload)]) == [None]
         assert snapshot(self.r) == before
 
     # Rules: Workers.
@@ -1142,7 +1170,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report):
     STATES.clear()
     started = time.monotonic()
     try:
-        with mock.patch("uuid.uuid4", ids.uuid4):
+        with mock.patch("django_redisqueue.backend.new_job_id", ids.new_job_id):
             run_state_machine_as_test(
                 lambda: ProtocolMachine(env),
                 settings=settings(

@@ -21,23 +21,24 @@ for i = 0, outcomes - 1 do
 end
 local first_queue = 5 + outcomes * 6
 
-local READ = {'payload', 'attempts', 'workers', 'lost', 'enqueued_at', 'started_at',
-              'queue', 'priority'}
+-- The fields a claim reads: the status first (a job that has ended is skipped), then
+-- what the worker needs to run the job.
+local READ = {'status', 'payload', 'attempts', 'workers', 'lost', 'enqueued_at',
+              'started_at', 'queue', 'priority'}
 
-local function claim(id)
+local function claim(id, fields)
   local job = JOB .. id
-  local fields = redis.call('HMGET', job, unpack(READ))
-  local attempts = math.floor(math.max(number(fields[2], 0), 0)) + 1
+  local attempts = math.floor(math.max(number(fields[3], 0), 0)) + 1
   local owner = worker .. '/' .. attempts
-  local workers = fields[3] and (fields[3] .. ',' .. worker) or worker
-  local started = fields[6] or now
+  local workers = fields[4] and (fields[4] .. ',' .. worker) or worker
+  local started = fields[7] or now
   redis.call('HSET', job, 'status', 'RUNNING', 'owner', owner, 'attempts', attempts,
              'workers', workers, 'last_attempted_at', now, 'started_at', started)
   redis.call('ZADD', RUNNING, now + lease, id)
   local reply = {id, owner, 'status', 'RUNNING', 'attempts', attempts, 'workers', workers,
                  'last_attempted_at', now, 'started_at', started}
-  for i, name in ipairs(READ) do
-    if fields[i] and name ~= 'attempts' and name ~= 'workers' and name ~= 'started_at' then
+  for i, name in ipairs(READ) do -- the rest as read (absent fields left out)
+    if fields[i] and i ~= 1 and i ~= 3 and i ~= 4 and i ~= 7 then
       reply[#reply + 1] = name
       reply[#reply + 1] = fields[i]
     end
@@ -54,13 +55,17 @@ for i = first_queue, #ARGV do
     if not id then
       break
     end
-    if #id > 128 or not string.find(id, '^[%w_%-%.:]+$') then
+    local fields
+    if #id <= 128 and string.find(id, '^[%w_%-%.:]+$') then
+      -- pcall: a key of another type answers an error instead of the fields.
+      fields = redis.pcall('HMGET', JOB .. id, unpack(READ))
+    end
+    if not fields then
       discard_malformed(id, name, 'a malformed job id (' .. #id .. ' bytes)', now, ttl)
-    elseif redis.call('TYPE', JOB .. id)['ok'] ~= 'hash'
-        and redis.call('EXISTS', JOB .. id) == 1 then
+    elseif fields.err then
       discard_malformed(id, name, 'a job whose key is not a hash', now, ttl)
-    elseif not final(redis.call('HGET', JOB .. id, 'status')) then
-      claimed = claim(id)
+    elseif not final(fields[1]) then
+      claimed = claim(id, fields)
       break
     end -- else a job that has ended, left in a queue by hand: it does not run again
   end

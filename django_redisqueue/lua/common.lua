@@ -1,27 +1,24 @@
 -- Shared by every script: the backend's keys and the steps that move a job.
 -- The broker prepends this file to each script.
 --
--- Every script gets the same KEYS (KeySchema.script_keys):
---   KEYS[1] job key prefix ({P}:job:)      KEYS[2] queue key prefix ({P}:queue:)
---   KEYS[3] wake-up key prefix ({P}:wake:) KEYS[4] arrival counter ({P}:seq)
---   KEYS[5] running zset                   KEYS[6] delayed key prefix ({P}:delayed:)
---   KEYS[7] the scheduler's wake-up list   KEYS[8] paused queues (set)
---   KEYS[9] failed index prefix ({P}:failed:)
---   KEYS[10] per-minute stats prefix ({P}:stats:)
---   KEYS[11] schedulers (zset)             KEYS[12] workers (zset)
---   KEYS[13] worker record prefix ({P}:worker:)
---   KEYS[14] names of the queues used (set), kept when any queue name is valid
--- Per-job and per-queue keys are built from the prefixes; all share one hash tag.
+-- Every script gets one key, KEYS[1]: the backend's prefix with its hash tag and a
+-- colon ('{drq:default}:'). The names below complete it as keys.py spells them
+-- (tests/test_broker.py checks that they agree); per-job and per-queue keys are then
+-- completed with an id or a queue name, which a claim or a promotion learns only
+-- inside the script. Every key carries the one hash tag, so Cluster keeps them on the
+-- slot of KEYS[1].
 --
 -- Two rules keep every move atomic. Time is Redis's (TIME), never a caller's, so
 -- clocks of other hosts decide no lease and no due time. And nothing a script reads
 -- can make it fail half-way: a job key of another type, or fields holding garbage,
 -- are read as absent or as defaults, because Redis does not undo the writes a
 -- failing script made before the error.
-local JOB, QUEUE, WAKE, SEQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local RUNNING, DELAYED, SCHEDULER_WAKE, PAUSED = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local FAILED, STATS, SCHEDULERS, WORKERS = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
-local WORKER, KNOWN_QUEUES = KEYS[13], KEYS[14]
+local P = KEYS[1]
+local JOB, QUEUE, WAKE, SEQ = P .. 'job:', P .. 'queue:', P .. 'wake:', P .. 'seq'
+local RUNNING, DELAYED, SCHEDULER_WAKE = P .. 'running', P .. 'delayed:', P .. 'scheduler:wake'
+local PAUSED, FAILED, STATS = P .. 'paused', P .. 'failed:', P .. 'stats:'
+local SCHEDULERS, WORKERS, WORKER = P .. 'schedulers', P .. 'workers', P .. 'worker:'
+local KNOWN_QUEUES = P .. 'queues'
 
 -- How long the per-minute finish counts are kept (s): the dashboard shows an hour.
 local STATS_TTL = 7200
@@ -75,6 +72,11 @@ local function final(status)
   return status == 'SUCCESSFUL' or status == 'FAILED'
 end
 
+-- The place of a new arrival in a queue: behind the jobs of its priority already there.
+local function next_score(priority)
+  return queue_score(priority, redis.call('INCR', SEQ))
+end
+
 -- Put a READY job on its queue at `score`, and wake the queue's workers.
 local function put_on_queue(id, queue, score)
   redis.call('HSET', JOB .. id, 'status', 'READY', 'score', score)
@@ -84,18 +86,23 @@ end
 
 -- Make a job READY on its queue, behind the jobs of its priority already there.
 local function push_ready(id, queue, priority)
-  put_on_queue(id, queue, queue_score(priority, redis.call('INCR', SEQ)))
+  put_on_queue(id, queue, next_score(priority))
 end
 
--- Make a job READY in its queue's delayed set, due at `due` (ms). Wake the scheduler
--- when the job is now the first due of that queue, so that it does not sleep past it.
-local function push_delayed(id, due, queue)
-  redis.call('HSET', JOB .. id, 'status', 'READY')
+-- Put a job in its queue's delayed set, due at `due` (ms). Wake the scheduler when
+-- the job is now the first due of that queue, so that it does not sleep past it.
+local function add_delayed(id, due, queue)
   local delayed = DELAYED .. queue
   redis.call('ZADD', delayed, due, id)
   if redis.call('ZRANGE', delayed, 0, 0)[1] == id then
     leave_wake_token(SCHEDULER_WAKE)
   end
+end
+
+-- Make a job READY in its queue's delayed set, due at `due` (ms).
+local function push_delayed(id, due, queue)
+  redis.call('HSET', JOB .. id, 'status', 'READY')
+  add_delayed(id, due, queue)
 end
 
 -- Append one JSON error object to the job's JSON list of errors (a list that is not
@@ -120,26 +127,32 @@ end
 -- index expires with the results it lists; the tick trims what is older.
 local function record_outcome(id, status, now, result, error, ttl)
   local job = JOB .. id
-  local fields = redis.call('HMGET', job, 'queue', 'cancelled')
+  local fields = redis.call('HMGET', job, 'queue', 'cancelled', 'waiters')
   local queue = fields[1] or ''
-  redis.call('HSET', job, 'status', status, 'finished_at', now)
+  if result ~= '' then
+    redis.call('HSET', job, 'status', status, 'finished_at', now, 'result', result)
+  else
+    redis.call('HSET', job, 'status', status, 'finished_at', now)
+  end
+  -- The minute's counts get their TTL with their first count: one EXPIRE a minute,
+  -- not one per job.
   local stats = STATS .. math.floor(now / 60000)
-  redis.pcall('HINCRBY', stats, (status == 'FAILED' and 'failed:' or 'ok:') .. queue, 1)
-  redis.call('EXPIRE', stats, STATS_TTL)
+  local count = redis.pcall('HINCRBY', stats,
+                            (status == 'FAILED' and 'failed:' or 'ok:') .. queue, 1)
+  if count == 1 then
+    redis.call('EXPIRE', stats, STATS_TTL)
+  end
   if status == 'FAILED' and not fields[2] then
     local failed = FAILED .. queue
     redis.pcall('ZADD', failed, now, id)
     redis.pcall('ZREMRANGEBYSCORE', failed, '-inf', now - ttl * 1000)
     redis.call('EXPIRE', failed, ttl)
   end
-  if result ~= '' then
-    redis.call('HSET', job, 'result', result)
-  end
   if error ~= '' then
     append_error(job, error)
   end
   redis.call('EXPIRE', job, ttl)
-  if redis.call('HEXISTS', job, 'waiters') == 1 then
+  if fields[3] then
     local done = job .. ':done'
     redis.pcall('RPUSH', done, status)
     redis.call('EXPIRE', done, 60)
@@ -206,7 +219,8 @@ end
 -- was stopped in the middle). Returns 1 when stored, 0 when the caller is not the owner.
 local function finish_job(id, owner, status, now, result, error, ttl, retry_in)
   local job = JOB .. id
-  if not is_job(id) or redis.call('HGET', job, 'owner') ~= owner then
+  -- pcall: a key of another type answers an error, which is no owner.
+  if redis.pcall('HGET', job, 'owner') ~= owner then
     return 0
   end
   redis.call('ZREM', RUNNING, id)

@@ -1,24 +1,44 @@
--- Store a job and make it READY: on its queue, or in its queue's delayed set until due.
--- ARGV[1] job id, ARGV[2] payload (JSON envelope), ARGV[3] queue name,
--- ARGV[4] priority (-100..100), ARGV[5] due time (ms since the epoch), or 0 for now;
--- a due time Redis's clock has passed queues the job at once;
--- ARGV[6] 1 to record the queue's name among the queues used (QUEUES is empty)
--- Returns the enqueue time (ms), or 0 when a key with this id exists already (nothing
--- is changed).
-local id = ARGV[1]
-if redis.call('EXISTS', JOB .. id) == 1 then
-  return 0
-end
+-- Store jobs and make them READY: each on its queue, or in its queue's delayed set
+-- until due. One job or a batch: one call, one round trip.
+-- ARGV[1] 1 to record the queues' names among the queues used (QUEUES is empty),
+-- then 5 values per job: id, payload (JSON envelope), queue name, priority
+-- (-100..100), due time (ms since the epoch, or 0 for now; a due time Redis's clock
+-- has passed queues the job at once).
+-- Returns, per job, the enqueue time (ms), or 0 when a key with its id exists already
+-- (that job is skipped, nothing of it changed).
+local record_queues = ARGV[1] == '1'
 local now = clock_ms()
-redis.call('HSET', JOB .. id, 'payload', ARGV[2], 'queue', ARGV[3], 'priority', ARGV[4],
-           'enqueued_at', now)
-if ARGV[6] == '1' then
-  redis.call('SADD', KNOWN_QUEUES, ARGV[3])
+local enqueued = {}
+local woken, to_wake = {}, {}
+for at = 2, #ARGV, 5 do
+  local id, payload, queue, priority = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
+  local due = tonumber(ARGV[at + 4])
+  local job = JOB .. id
+  if redis.call('EXISTS', job) == 1 then
+    enqueued[#enqueued + 1] = 0
+  else
+    if due > now then
+      redis.call('HSET', job, 'payload', payload, 'queue', queue, 'priority', priority,
+                 'enqueued_at', now, 'status', 'READY')
+      add_delayed(id, due, queue)
+    else
+      local score = next_score(priority)
+      redis.call('HSET', job, 'payload', payload, 'queue', queue, 'priority', priority,
+                 'enqueued_at', now, 'status', 'READY', 'score', score)
+      redis.call('ZADD', QUEUE .. queue, score, id)
+      if not woken[queue] then
+        woken[queue] = true
+        to_wake[#to_wake + 1] = queue
+      end
+    end
+    if record_queues then
+      redis.call('SADD', KNOWN_QUEUES, queue)
+    end
+    enqueued[#enqueued + 1] = now
+  end
 end
-local due = tonumber(ARGV[5])
-if due > now then
-  push_delayed(id, due, ARGV[3])
-else
-  push_ready(id, ARGV[3], ARGV[4])
+-- One wake-up per queue, after the whole batch is in place.
+for _, queue in ipairs(to_wake) do
+  leave_wake_token(WAKE .. queue)
 end
-return now
+return enqueued
