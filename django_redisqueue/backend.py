@@ -106,7 +106,8 @@ class JobPreparation:
         round trip per batch). Every job is checked before any is sent: a bad one
         raises and none is queued. ``on_commit`` (default: ENQUEUE_ON_COMMIT): once
         the transaction on database ``using`` commits."""
-        results = [self.prepare(task, args, kwargs) for args, kwargs in calls]
+        self.validate_once(task)
+        results = [self.prepare_valid(task, args, kwargs) for args, kwargs in calls]
         if on_commit is None:
             on_commit = self.config.enqueue_on_commit
         if on_commit:
@@ -158,7 +159,28 @@ class JobPreparation:
         Raises at the call site: InvalidTask, TypeError for an argument that does not
         survive JSON, ValueError for a job over MAX_PAYLOAD_BYTES.
         """
+        self.validate_once(task)
+        return self.prepare_valid(task, args, kwargs)
+
+    def validate_once(self, task: Task) -> None:
+        """``validate_task``, remembered: a task (a frozen value) that passed once
+        passes again, so the checks are not paid on every enqueue."""
+        validated: set[Task] = self.__dict__.setdefault("_validated_tasks", set())
+        try:
+            if task in validated:
+                return
+        except TypeError:  # a field that cannot be hashed: check every time
+            self.validate_task(task)
+            return
         self.validate_task(task)
+        if len(validated) >= 1024:
+            validated.clear()
+        validated.add(task)
+
+    def prepare_valid(
+        self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> RedisTaskResult:
+        """``prepare`` for a task already validated."""
         ensure_json_arguments(task.module_path, args, kwargs)
         envelope = Envelope(
             task_path=task.module_path,

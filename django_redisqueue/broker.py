@@ -72,7 +72,10 @@ def text(value: bytes | str | None) -> str | None:
 def _pairs(flat: Sequence[Any]) -> dict[str, str]:
     """A flat name/value reply of a script as a dict of strings (Lua numbers arrive as
     integers)."""
-    return {str(text(flat[i])): str(text(flat[i + 1])) for i in range(0, len(flat) - 1, 2)}
+    values = [
+        item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item) for item in flat
+    ]
+    return dict(zip(values[::2], values[1::2], strict=False))
 
 
 @dataclass(frozen=True, slots=True)

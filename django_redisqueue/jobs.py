@@ -87,12 +87,37 @@ def from_json(text: str | bytes) -> Any:
     return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
+def _plain_json(value: Any, depth: int = 0) -> bool:
+    """True if ``value`` surely survives a JSON round trip, nesting at most
+    MAX_DEPTH - 2 levels: the quick check of every enqueue, which builds no message.
+    False leaves the verdict to the slow walk, which says what is wrong."""
+    if value is None or isinstance(value, str | int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if depth >= MAX_DEPTH - 2:
+        return False
+    if isinstance(value, list | tuple):
+        return all(_plain_json(item, depth + 1) for item in value)
+    if isinstance(value, dict):
+        return all(
+            isinstance(key, str) and _plain_json(item, depth + 1) for key, item in value.items()
+        )
+    return False
+
+
 def ensure_json(value: Any, where: str) -> None:
     """Raise TypeError unless ``value`` comes back equal from a JSON round trip.
 
     Tuples are accepted and arrive as lists, as in Django's tasks framework. Messages
     start as Django's do (``Unsupported type: ...``), then say which value it was.
     """
+    if not _plain_json(value):
+        _explain_json(value, where)
+
+
+def _explain_json(value: Any, where: str) -> None:
+    """ensure_json's slow walk: raise TypeError naming the value that is not JSON."""
     if value is None or isinstance(value, bool | int | str):
         return
     if isinstance(value, float):
@@ -103,7 +128,7 @@ def ensure_json(value: Any, where: str) -> None:
         return
     if isinstance(value, list | tuple):
         for i, item in enumerate(value):
-            ensure_json(item, f"{where}[{i}]")
+            _explain_json(item, f"{where}[{i}]")
         return
     if isinstance(value, dict):
         for key, item in value.items():
@@ -112,7 +137,7 @@ def ensure_json(value: Any, where: str) -> None:
                     f"Unsupported type: {type(key)}. {where} has the key {key!r}; JSON "
                     "object keys must be strings."
                 )
-            ensure_json(item, f"{where}[{key!r}]")
+            _explain_json(item, f"{where}[{key!r}]")
         return
     raise TypeError(
         f"Unsupported type: {type(value)}. {where} is a {type(value).__module__}."
@@ -123,15 +148,17 @@ def ensure_json(value: Any, where: str) -> None:
 
 def ensure_json_arguments(task_path: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
     """Raise TypeError, naming the argument, unless every argument survives JSON."""
+    if _plain_json(args, 1) and _plain_json(kwargs, 1):
+        return
     if too_deep([list(args), dict(kwargs)], MAX_DEPTH + 1):
         raise TypeError(
             f"Unsupported value: the arguments of {task_path}() nest lists or dicts deeper "
             f"than {MAX_DEPTH} levels."
         )
     for i, value in enumerate(args):
-        ensure_json(value, f"Argument {i} of {task_path}()")
+        _explain_json(value, f"Argument {i} of {task_path}()")
     for name, value in kwargs.items():
-        ensure_json(value, f"Argument {name!r} of {task_path}()")
+        _explain_json(value, f"Argument {name!r} of {task_path}()")
 
 
 def _is_number(value: Any) -> bool:
@@ -187,7 +214,12 @@ class Envelope:
                 f"envelope version {version!r:.40} is not supported (this worker reads "
                 f"version {ENVELOPE_VERSION})"
             )
-        if too_deep([data.get("args"), data.get("kwargs")], MAX_DEPTH + 1):
+        # Nesting needs a bracket per level: most payloads are cleared by counting.
+        opening = (b"[", b"{") if isinstance(payload, bytes) else ("[", "{")
+        brackets = payload.count(opening[0]) + payload.count(opening[1])  # type: ignore[arg-type]
+        if brackets > MAX_DEPTH and too_deep(
+            [data.get("args"), data.get("kwargs")], MAX_DEPTH + 1
+        ):
             raise InvalidPayload(f"arguments nest deeper than {MAX_DEPTH} levels")
         return cls(
             task_path=_field(data, "task", str, required=True),
@@ -259,6 +291,8 @@ def error_info(exc: BaseException) -> dict[str, str]:
 
 def from_ms(value: Any) -> datetime | None:
     """A time stored in ms since the epoch, or None for anything that is not one."""
+    if value is None:
+        return None
     try:
         ms = int(value)
     except (TypeError, ValueError, OverflowError):
