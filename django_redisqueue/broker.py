@@ -128,6 +128,8 @@ class Tick:
     recovered: int
     failed: int
     next_in: float | None  # seconds; None when nothing is delayed or running; 0: again
+    now_ms: int  # Redis's clock when the step ran
+    held: bool = False  # it ran past recover_until_ms, so it recovered no lease
 
 
 class Reconnector:
@@ -270,10 +272,12 @@ class Broker:
         lost_limit: int,
         lost_error: str,
         recover: bool = True,
+        recover_until_ms: int = 0,
     ) -> Tick:
         """Promote the due delayed jobs of ``queues`` and (``recover``) recover jobs
-        whose lease has passed."""
-        promoted, recovered, failed, next_at, now = self._run(
+        whose lease has passed, unless the step runs after ``recover_until_ms`` by
+        Redis's clock (0: whenever it runs)."""
+        promoted, recovered, failed, next_at, now, held = self._run(
             "tick",
             scheduler_id,
             batch,
@@ -281,11 +285,12 @@ class Broker:
             self.result_ttl,
             lost_error,
             int(recover),
+            recover_until_ms,
             *queues,
         )
         next_at = int(next_at)
         next_in = None if next_at < 0 else max(next_at - int(now), 0) / 1000
-        return Tick(int(promoted), int(recovered), int(failed), next_in)
+        return Tick(int(promoted), int(recovered), int(failed), next_in, int(now), bool(held))
 
     def wait_for_schedule(self, timeout: float) -> bool:
         """Block until a job becomes the first due, or the timeout (~0.1 s precise)."""

@@ -33,6 +33,10 @@ IDLE_WAIT = 3.0
 LOCAL_SLEEP_BELOW = 0.25
 # Most jobs each kind of move handles per step; a full batch runs the next step at once.
 BATCH = 500
+# A step that reaches Redis later than expected by this share of the lease was held
+# on its way, and so were the workers' heartbeats: it recovers no lease. Held for
+# less, no live worker's lease can run out, as heartbeats renew it every third of it.
+HELD_SHARE_OF_LEASE = 0.25
 
 
 class _Interrupted(Exception):
@@ -56,6 +60,9 @@ class Scheduler:
         # because a command can be held (CLIENT PAUSE, a busy script) for longer.
         self.recover_after = 0.0
         self.redis_failed = False
+        # Redis's clock at the last step, and this host's monotonic clock then: what
+        # Redis's clock should read at the next step, if nothing held it.
+        self.last_step: tuple[int, float] | None = None
         self.lost_error = to_json(
             error_info(
                 WorkerLost(
@@ -85,8 +92,17 @@ class Scheduler:
                     lost_limit=self.backend.config.max_recoveries,
                     lost_error=self.lost_error,
                     recover=recover,
+                    recover_until_ms=self._recover_until_ms(),
                 )
-                if self.redis_failed:
+                self.last_step = (tick.now_ms, time.monotonic())
+                if tick.held:
+                    logger.warning(
+                        "Scheduler %s: Redis held a step; no lease is recovered for the "
+                        "next %.1f s, while workers renew theirs",
+                        self.scheduler_id,
+                        self.backend.config.lease,
+                    )
+                if self.redis_failed or tick.held:
                     self.redis_failed = False
                     self.recover_after = time.monotonic() + self.backend.config.lease
                 backoff.succeeded()
@@ -110,6 +126,18 @@ class Scheduler:
                 self.sleep(tick.next_in)
             except REDIS_ERRORS as exc:
                 self._failed(backoff, exc)
+
+    def _recover_until_ms(self) -> int:
+        """The latest time by Redis's clock at which the next step may recover leases:
+        when it was sent, by the last step's reading and this host's elapsed time
+        (no clocks compared), plus a share of the lease; 0 before the first step."""
+        if self.last_step is None:
+            return 0
+        redis_then, local_then = self.last_step
+        elapsed_ms = (time.monotonic() - local_then) * 1000
+        return int(
+            redis_then + elapsed_ms + HELD_SHARE_OF_LEASE * self.backend.config.lease * 1000
+        )
 
     def _failed(self, backoff: Reconnector, exc: Exception) -> None:
         self.redis_failed = True

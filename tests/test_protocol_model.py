@@ -501,9 +501,11 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.held[worker].pop(job_id, None)
         self.heartbeats.add(worker)
 
-    def op_tick(self, scheduler: str, queues, batch: int, recover: bool) -> None:
+    def op_tick(
+        self, scheduler: str, queues, batch: int, recover: bool, held: bool = False
+    ) -> None:
+        """``held``: the step reaches Redis after the time it may recover leases by."""
         before_delayed = [j for j in self.job_list(DELAYED) if j.queue in queues]
-        before_running = self.job_list(RUNNING) if recover else []
         t0 = self.clock()
         tick = self.broker.tick(
             scheduler,
@@ -512,8 +514,12 @@ class ProtocolMachine(RuleBasedStateMachine):
             lost_limit=LOST_LIMIT,
             lost_error=LOST_ERROR,
             recover=recover,
+            recover_until_ms=t0 - 1 if held else t0 + 60_000,
         )
         t1 = self.clock()
+        assert tick.held == held, tick
+        recover = recover and not held
+        before_running = self.job_list(RUNNING) if recover else []
         pipe = self.r.pipeline(transaction=False)
         for job in before_delayed:
             pipe.zscore(self.keys.delayed(job.queue), job.id)
@@ -881,9 +887,10 @@ class ProtocolMachine(RuleBasedStateMachine):
         queues=st.sampled_from(TICK_QUEUES),
         batch=st.sampled_from([1, 2, 100]),
         recover=st.sampled_from([True, True, False]),
+        held=st.sampled_from([False, False, False, True]),
     )
-    def tick(self, scheduler, queues, batch, recover):
-        self.op_tick(scheduler, queues, batch, recover)
+    def tick(self, scheduler, queues, batch, recover, held):
+        self.op_tick(scheduler, queues, batch, recover, held)
 
     @rule(pick=PICK, via_api=st.booleans())
     def cancel(self, pick, via_api):

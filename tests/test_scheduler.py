@@ -254,3 +254,23 @@ def test_after_a_redis_error_the_scheduler_gives_workers_a_lease_to_renew(r):
         scheduler.run()
     assert r.zscore("{drq:leased}:running", claimed.job_id) == 0  # left to its worker
     assert scheduler.recover_after > time.monotonic()
+
+
+def test_a_step_that_redis_held_recovers_no_lease(r, caplog):
+    """A step that reaches Redis much later than sent (CLIENT PAUSE, a busy script) finds
+    leases that ran out because the heartbeats were held too: it leaves them alone, and
+    so do the steps of the next lease."""
+    backend = task_backends["leased"]
+    tasks.noop.using(backend="leased").enqueue()
+    _, claimed = backend.broker.claim(["default"], "w1")
+    r.zadd("{drq:leased}:running", {claimed.job_id: 0})  # its lease ran out meanwhile
+    scheduler = Scheduler(backend, burst=True)
+    # The last step read Redis's clock 10 s ago by Redis, just now by this host: the
+    # next step is 10 s late, as if Redis had held it.
+    scheduler.last_step = (backend.broker.clock_ms() - 10_000, time.monotonic())
+    scheduler.run()
+    assert r.zscore("{drq:leased}:running", claimed.job_id) == 0  # left to its worker
+    assert scheduler.recover_after > time.monotonic()
+    assert "Redis held a step" in caplog.text
+    Scheduler(backend, burst=True).run()  # a step in time recovers it
+    assert r.zscore("{drq:leased}:running", claimed.job_id) is None

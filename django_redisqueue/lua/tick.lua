@@ -5,13 +5,22 @@
 -- job may be recovered before it fails, ARGV[4] result TTL (s), ARGV[5] error JSON
 -- for a job that fails because its workers keep getting lost, ARGV[6] 1 to recover
 -- expired leases, 0 to leave them (the scheduler has just seen Redis fail, and gives
--- workers time to renew), then the names of the queues whose delayed jobs to promote
--- Returns {promoted, recovered, failed, next, now}: next is the time (ms) of the next
--- due job or lease deadline, -1 if there is none, or 0 if a batch was full (call
--- again); now is Redis's time (ms).
+-- workers time to renew), ARGV[7] the latest time (ms, Redis's clock) at which
+-- this step may recover leases, or 0 for any: a step that runs later was held on its
+-- way (CLIENT PAUSE, a busy script, a stalled network), and so were the heartbeats
+-- of live workers: it leaves expired leases alone, then the names of the queues
+-- whose delayed jobs to promote
+-- Returns {promoted, recovered, failed, next, now, held}: next is the time (ms) of
+-- the next due job or lease deadline, -1 if there is none, or 0 if a batch was full
+-- (call again); now is Redis's time (ms); held is 1 when the step ran past ARGV[7].
 local batch, lost_limit = tonumber(ARGV[2]), tonumber(ARGV[3])
 local ttl, recover = tonumber(ARGV[4]), ARGV[6] == '1'
 local now = clock_ms()
+local recover_until = number(ARGV[7], 0)
+local held = 0
+if recover_until > 0 and now > recover_until then
+  recover, held = false, 1
+end
 
 -- Who is alive, for the dashboard; entries silent for an hour are dropped. This is
 -- the first write, and one Redis refuses when out of memory: then the whole step is
@@ -27,7 +36,7 @@ local function consider(score)
   end
 end
 
-for i = 7, #ARGV do
+for i = 8, #ARGV do
   local queue = ARGV[i]
   local delayed = DELAYED .. queue
   local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, batch)
@@ -73,4 +82,4 @@ end
 if full then
   next = 0
 end
-return {promoted, recovered, failed, next, now}
+return {promoted, recovered, failed, next, now, held}
