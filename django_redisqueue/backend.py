@@ -138,10 +138,11 @@ class JobPreparation:
         queues ten jobs sends them in one round trip at the commit."""
         connection = transaction.get_connection(using)
         if connection.in_atomic_block and connection.run_on_commit:
-            savepoints, last, _ = connection.run_on_commit[-1]
-            # Joining the batch registered last keeps both Django's guarantees: the
-            # order of the on_commit callbacks, and that a savepoint rolled back
-            # drops its jobs (they all belong to the same savepoints).
+            # Django keeps (savepoint ids, callback, robust) per callback. Joining the
+            # batch registered last keeps both its guarantees: the order of the
+            # on_commit callbacks, and that a savepoint rolled back drops its jobs
+            # (they all belong to the same savepoints).
+            savepoints, last = connection.run_on_commit[-1][:2]
             if (
                 isinstance(last, _CommitBatch)
                 and last.backend is self
