@@ -219,16 +219,23 @@ class Broker:
     # Workers
 
     def claim(
-        self, queues: Sequence[str], worker_id: str, finished: Outcome | None = None
+        self,
+        queues: Sequence[str],
+        worker_id: str,
+        finished: Outcome | None = None,
+        *,
+        woken_by: str = "",
     ) -> tuple[bool | None, Claimed | None]:
         """Store ``finished`` (if any), then claim the next job from the first
-        non-empty queue of ``queues`` (none: only store).
+        non-empty queue of ``queues`` (none: only store). ``woken_by``: the queue whose
+        wake-up token the worker took since its last claim; the claim passes it on if
+        that queue still holds jobs.
 
         Returns whether the outcome was stored (False: the caller no longer owned the
         job; None: there was none) and the job claimed, if any.
         """
         outcomes = [finished] if finished else []
-        args: list[Any] = [self.lease_ms, worker_id, self.result_ttl, len(outcomes)]
+        args: list[Any] = [self.lease_ms, worker_id, self.result_ttl, woken_by, len(outcomes)]
         for outcome in outcomes:
             args += outcome.as_args()
         stored, claimed = self._run("claim", *args, *queues)
@@ -245,9 +252,13 @@ class Broker:
         """Give back, uncounted, every job ``worker_id`` owns; return their ids."""
         return [text(i) or "" for i in self._run("abandon", worker_id, self.result_ttl)]
 
-    def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
-        """Block until a wake-up token arrives for one of ``queues``, or the timeout."""
-        return self.client.blpop([self.keys.wake(q) for q in queues], timeout) is not None
+    def wait_for_work(self, queues: Sequence[str], timeout: float) -> str | None:
+        """Block until a wake-up token arrives for one of ``queues``, or the timeout;
+        return the queue whose token was taken (None: the timeout)."""
+        taken = self.client.blpop([self.keys.wake(q) for q in queues], timeout)
+        if taken is None:
+            return None
+        return (text(taken[0]) or "").removeprefix(self.keys.wake_prefix)
 
     def heartbeat(
         self, worker_id: str, info: Mapping[str, str | int], owned: Mapping[str, str]

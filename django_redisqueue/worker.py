@@ -188,6 +188,7 @@ class Worker:
         self.in_task = False
         self.current: Claimed | None = None  # the job running now
         self._lost: Claimed | None = None  # the job the heartbeat found taken from us
+        self.woken_by = ""  # the queue whose wake-up token this worker took, to pass on
 
     def run(self) -> None:
         """Run jobs until stopped (``stop()``), out of work (burst) or max_jobs."""
@@ -219,7 +220,10 @@ class Worker:
                         uncertain = False
                     self._refresh_queues()
                     queues = self.order.next() if wanted else []
-                    stored, job = self.broker.claim(queues, self.worker_id, _outcome(finished))
+                    stored, job = self.broker.claim(
+                        queues, self.worker_id, _outcome(finished), woken_by=self.woken_by
+                    )
+                    self.woken_by = ""
                     backoff.succeeded()
                 except UNCERTAIN_ERRORS as exc:
                     uncertain = True
@@ -307,7 +311,11 @@ class Worker:
             return
         try:
             for _ in range(IDLE_WAITS_BEFORE_CLAIM):
-                if self.stopping or self.broker.wait_for_work(self.queues, WAIT_TIMEOUT):
+                if self.stopping:
+                    return
+                woken_by = self.broker.wait_for_work(self.queues, WAIT_TIMEOUT)
+                if woken_by is not None:
+                    self.woken_by = woken_by
                     return
         except REDIS_ERRORS as exc:
             backoff.failed(exc)

@@ -106,7 +106,21 @@ def test_wake_tokens_stay_bounded_and_are_passed_on(r, broker):
         tasks.noop.enqueue()
     assert r.llen("{drq:default}:wake:default") == 1
     r.delete("{drq:default}:wake:default")  # an idle worker took it...
-    broker.claim(QUEUES, "w1")  # ...and the claim leaves one for the next idle worker
+    broker.claim(QUEUES, "w1", woken_by="default")  # ...and leaves one for the next
+    assert r.llen("{drq:default}:wake:default") == 1
+    r.delete("{drq:default}:wake:default")
+    broker.claim(QUEUES, "w1")  # a busy worker took no token: it passes none on
+    assert r.llen("{drq:default}:wake:default") == 0
+
+
+def test_a_token_taken_from_one_queue_is_passed_on_after_a_claim_from_another(r, broker):
+    """A worker serving high and default, woken by default's token, runs a high job:
+    the workers that serve default alone must still be woken for its jobs."""
+    tasks.noop.enqueue()
+    tasks.noop.using(queue_name="high").enqueue()
+    r.delete("{drq:default}:wake:default", "{drq:default}:wake:high")  # taken
+    _, claimed = broker.claim(["high", "default"], "w1", woken_by="default")
+    assert claimed.fields["queue"] == "high"
     assert r.llen("{drq:default}:wake:default") == 1
 
 

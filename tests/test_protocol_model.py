@@ -447,12 +447,19 @@ class ProtocolMachine(RuleBasedStateMachine):
             else:
                 self.push_ready(job)
 
-    def op_claim(self, worker: str, order, outcome: Outcome | None) -> None:
+    def op_claim(self, worker: str, order, outcome: Outcome | None, woken_by: str = "") -> None:
+        """``woken_by``: the worker took that queue's wake-up token (BLPOP) first."""
+        if woken_by:
+            self.r.lpop(self.keys.wake(woken_by))
         t0 = self.clock()
-        stored, claimed = self.broker.claim(order, worker, outcome)
+        stored, claimed = self.broker.claim(order, worker, outcome, woken_by=woken_by)
         t1 = self.clock()
         expected_stored = self.m_finish(outcome, (t0, t1))
         job = self.m_claim(order, worker, (t0, t1))
+        if woken_by in QUEUES and woken_by not in self.paused:
+            waiting = any(j.queue == woken_by for j in self.job_list(QUEUED))
+            tokens = self.r.llen(self.keys.wake(woken_by))
+            assert tokens == int(waiting), f"wake:{woken_by}: {tokens} token(s) after a pass-on"
         if outcome is not None:
             self.drop_held(worker, outcome)
         assert stored is expected_stored, f"stored {stored}, model {expected_stored}"
@@ -762,9 +769,9 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     # Rules: Workers.
 
-    @rule(worker=WORKER, order=ORDER)
-    def claim(self, worker, order):
-        self.op_claim(worker, order, None)
+    @rule(worker=WORKER, order=ORDER, woken_by=st.sampled_from(["", "", *QUEUES, "no/queue"]))
+    def claim(self, worker, order, woken_by):
+        self.op_claim(worker, order, None, woken_by)
 
     @rule(worker=WORKER, status=STATUS, retry_in=RETRY_DELAY)
     def work(self, worker, status, retry_in):

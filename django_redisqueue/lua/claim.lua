@@ -2,7 +2,8 @@
 -- non-empty, unpaused queue in the order given. One round trip per job when busy.
 -- Claiming starts the job: it is RUNNING, under a lease, from this step on.
 -- ARGV[1] lease (ms), ARGV[2] worker id, ARGV[3] result TTL (s),
--- ARGV[4] F, the number of outcomes to store first,
+-- ARGV[4] the queue whose wake-up token woke the worker for this claim, or '',
+-- ARGV[5] F, the number of outcomes to store first,
 -- then F groups of 6: job id, owner token, status, result JSON or '', error JSON or '',
 --   retry delay (ms, for RETRY)
 -- then the names of the queues to try, in order (none: only store the outcomes)
@@ -10,16 +11,16 @@
 -- owner) per outcome; claimed is {} or {id, owner, field, value, ...} with the job's
 -- fields as the worker reads them.
 local lease, worker, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-local outcomes = tonumber(ARGV[4])
+local woken_by, outcomes = ARGV[4], tonumber(ARGV[5])
 local now = clock_ms()
 
 local stored = {}
 for i = 0, outcomes - 1 do
-  local at = 5 + i * 6
+  local at = 6 + i * 6
   stored[#stored + 1] = finish_job(ARGV[at], ARGV[at + 1], ARGV[at + 2], now,
                                    ARGV[at + 3], ARGV[at + 4], ttl, ARGV[at + 5])
 end
-local first_queue = 5 + outcomes * 6
+local first_queue = 6 + outcomes * 6
 
 -- The fields a claim reads: the status first (a job that has ended is skipped), then
 -- what the worker needs to run the job.
@@ -70,11 +71,15 @@ for i = first_queue, #ARGV do
     end -- else a job that has ended, left in a queue by hand: it does not run again
   end
   if #claimed > 0 then
-    -- Pass the wake-up on: another idle worker may take what is left.
-    if redis.call('ZCARD', queue) > 0 then
-      leave_wake_token(WAKE .. name)
-    end
     break
   end
+end
+-- Pass the wake-up on: a worker that took a queue's token leaves another while that
+-- queue still holds jobs, for the next idle worker (it may itself have claimed from
+-- another queue). A busy worker took no token and has none to pass on: every idle
+-- worker is blocked on a token that an enqueue, a promotion or a pass-on leaves.
+if valid_queue(woken_by) and redis.call('ZCARD', QUEUE .. woken_by) > 0
+    and redis.call('SISMEMBER', PAUSED, woken_by) == 0 then
+  leave_wake_token(WAKE .. woken_by)
 end
 return {stored, claimed}
