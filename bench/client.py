@@ -2,8 +2,10 @@
 system's library is loaded: ``python -m bench.client SYSTEM ACTION [options]``.
 Prints one JSON object on stdout.
 
-    enqueue --jobs N          time N one-at-a-time enqueues of the no-op job
-    bulk --jobs N             time the same with the system's bulk call
+    enqueue --jobs N          time N one-at-a-time enqueues of the no-op job, and take
+                              the Redis commands and CPU they cost (bench/redisstats.py)
+    bulk --jobs N             the same with the system's bulk call
+    commit --jobs N           the same from inside database transactions
     fill --jobs N [--arg]     enqueue N jobs, untimed (bulk if offered); --arg gives
                               each one small argument, its number
     latency --jobs N          one warm-up job, a rest, then N jobs at --rate per second,
@@ -18,10 +20,13 @@ import argparse
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
+import redis
+
+from bench import redisstats
 from bench.systems import load
-from bench.systems.base import Args, System
+from bench.systems.base import Args, System, redis_url
 from bench.systems.stamps import count
 
 # Enqueued and left waiting before a timed enqueue: connections, scripts, declarations.
@@ -46,23 +51,31 @@ def wait_for_stamps(expected: int, timeout: float) -> None:
         time.sleep(0.01)
 
 
-def timed_rate(system: System, jobs: int, bulk: bool) -> float:
+def timed_rate(system: System, jobs: int, action: str) -> dict[str, float]:
+    """Jobs per second, and the server's commands and CPU µs per job, over the timed
+    enqueue of ``jobs`` jobs (after the warm-up)."""
+    enqueue: Callable[[Sequence[Args]], None] = {
+        "enqueue": system.enqueue_each,
+        "bulk": system.enqueue_bulk,
+        "commit": system.enqueue_commit,
+    }[action]
     calls = [()] * jobs
-    if bulk:
-        system.enqueue_bulk([()] * WARMUP)
-        started = time.perf_counter()
-        system.enqueue_bulk(calls)
-    else:
-        system.enqueue_each([()] * WARMUP)
-        started = time.perf_counter()
-        system.enqueue_each(calls)
-    return jobs / (time.perf_counter() - started)
+    enqueue([()] * WARMUP)
+    stats = redis.Redis.from_url(redis_url())
+    before = redisstats.snapshot(stats)
+    started = time.perf_counter()
+    enqueue(calls)
+    took = time.perf_counter() - started
+    commands, cpu = redisstats.between(before, redisstats.snapshot(stats)).per_job(jobs)
+    return {"rate": jobs / took, "commands": commands, "cpu": cpu}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("system")
-    parser.add_argument("action", choices=["enqueue", "bulk", "fill", "latency", "delayed"])
+    parser.add_argument(
+        "action", choices=["enqueue", "bulk", "commit", "fill", "latency", "delayed"]
+    )
     parser.add_argument("--jobs", type=int, required=True)
     parser.add_argument("--arg", action="store_true")
     parser.add_argument("--first", type=int, default=0, help="fill: number of the first job")
@@ -75,8 +88,8 @@ def main() -> None:
     system = load(options.system)
     system.connect()
     out: dict[str, float] = {}
-    if options.action in ("enqueue", "bulk"):
-        out["rate"] = timed_rate(system, options.jobs, options.action == "bulk")
+    if options.action in ("enqueue", "bulk", "commit"):
+        out = timed_rate(system, options.jobs, options.action)
     elif options.action == "fill":
         numbers = range(options.first, options.first + options.jobs)
         calls: list[Args] = [(i,) if options.arg else () for i in numbers]

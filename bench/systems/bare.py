@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from redis import Redis
 
-from bench.systems.base import DEFAULT, Args, System, python, redis_url
+from bench.systems.base import DEFAULT, FOUR, PROCESSES, Args, System, python, redis_url
 from bench.systems.stamps import run_job
 
 KEY = "bare:queue"
@@ -25,7 +25,8 @@ class Bare(System):
     distributions = ()
     settings = (
         "redis-py: `RPUSH` of `[name, args]` as JSON; worker: `BLPOP` (1 s timeout), "
-        f"`json.loads`, call; bulk: `RPUSH` of {BULK_CHUNK} jobs per call; no delayed jobs"
+        f"`json.loads`, call; {PROCESSES} processes: {PROCESSES} such loops; bulk: `RPUSH` of "
+        f"{BULK_CHUNK} jobs per call; no delayed jobs"
     )
     has_bulk = True
     has_delay = False
@@ -43,7 +44,7 @@ class Bare(System):
     def commands(self, config: str) -> list[list[str]]:
         if config == DEFAULT:
             return []  # one loop, one process: no concurrency to choose
-        return [python("-m", "bench.systems.bare")]
+        return [python("-m", "bench.systems.bare")] * (PROCESSES if config == FOUR else 1)
 
 
 def work() -> None:

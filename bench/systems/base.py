@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 ONE = "one"  # one process running one job at a time
 DEFAULT = "default"  # the system's default concurrency on this machine
 SERVE = "serve"  # DEFAULT plus whatever runs delayed jobs: for latency and lateness
+FOUR = "four"  # four processes, each running one job at a time
+PROCESSES = 4  # in FOUR
 
 Args = tuple[float, ...]
 
@@ -34,6 +36,7 @@ class System:
     distributions: tuple[str, ...] = ()  # whose versions are printed
     settings = ""  # the configuration chosen, as the report states it
     has_bulk = False
+    has_commit = False  # enqueue_commit(): jobs queued inside database transactions
     has_delay = True
     default_is_one = False  # the default concurrency is one job at a time
 
@@ -50,6 +53,10 @@ class System:
 
     def enqueue_bulk(self, calls: Sequence[Args]) -> None:
         """Enqueue the jobs with the system's own bulk call."""
+        raise NotImplementedError
+
+    def enqueue_commit(self, calls: Sequence[Args]) -> None:
+        """Enqueue the jobs from inside database transactions, sent at each commit."""
         raise NotImplementedError
 
     def enqueue_due(self, dues: Iterable[float]) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
-from bench.systems.base import ONE, System, python, redis_url
+from bench.systems.base import FOUR, ONE, PROCESSES, System, python, redis_url
 from bench.systems.stamps import run_job
 
 dramatiq.set_broker(RedisBroker(url=redis_url()))
@@ -25,9 +25,13 @@ class Dramatiq(System):
     title = "Dramatiq"
     distributions = ("dramatiq",)
     settings = (
-        "`RedisBroker` with the default middleware; `dramatiq --processes 1 --threads 1`; "
-        "default: one process per core (2) with 8 threads each; delayed jobs: "
-        "`send_with_options(delay=...)`"
+        "`RedisBroker` with the default middleware and prefetch (twice the threads), "
+        "hiredis installed (its docs' one throughput advice); `dramatiq --processes 1 "
+        "--threads 1`, so 2 messages prefetched: once both are taken the consumer backs off "
+        "(5 ms and up) until the worker's acks go through, which bounds this row "
+        "(`dramatiq_queue_prefetch`, documented without advice on a value, lifts it); "
+        f"default: one process per core (2) with 8 threads each; {PROCESSES} processes: "
+        f"`--processes {PROCESSES} --threads 1`; delayed jobs: `send_with_options(delay=...)`"
     )
 
     def enqueue_one(self, *args: float) -> None:
@@ -39,6 +43,8 @@ class Dramatiq(System):
 
     def commands(self, config: str) -> list[list[str]]:
         worker = python("-m", "dramatiq", "bench.systems.dramatiq")
+        if config == FOUR:
+            return [[*worker, "--processes", str(PROCESSES), "--threads", "1"]]
         return [[*worker, "--processes", "1", "--threads", "1"] if config == ONE else worker]
 
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from huey import RedisHuey
 
-from bench.systems.base import System, python, redis_url
+from bench.systems.base import FOUR, PROCESSES, System, python, redis_url
 from bench.systems.stamps import run_job
 
 huey = RedisHuey("bench", url=redis_url())
@@ -26,8 +26,9 @@ class Huey(System):
     settings = (
         "`RedisHuey` with its defaults (blocking dequeue, results kept, `None` not "
         "stored); `huey_consumer -w 1 -k thread --quiet`, which is also its default "
-        "concurrency; delayed jobs: `schedule(eta=...)`, the scheduler checking every "
-        "second (`-s 1`, the default)"
+        f"concurrency; {PROCESSES} processes: `-w {PROCESSES} -k process` (its docs: raise "
+        "`-w` for throughput, processes for CPU-bound work); delayed jobs: "
+        "`schedule(eta=...)`, the scheduler checking every second (`-s 1`, the default)"
     )
     default_is_one = True  # -w 1 -k thread is the consumer's default
 
@@ -39,8 +40,10 @@ class Huey(System):
             job.schedule(args=(due,), eta=datetime.fromtimestamp(due, UTC))
 
     def commands(self, config: str) -> list[list[str]]:
-        consumer = python("-m", "huey.bin.huey_consumer", "bench.systems.huey.huey")
-        return [[*consumer, "--workers", "1", "--worker-type", "thread", "--quiet"]]
+        consumer = python("-m", "huey.bin.huey_consumer", "bench.systems.huey.huey", "--quiet")
+        if config == FOUR:
+            return [[*consumer, "--workers", str(PROCESSES), "--worker-type", "process"]]
+        return [[*consumer, "--workers", "1", "--worker-type", "thread"]]
 
 
 SYSTEM = Huey()

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
-from bench.systems.base import DEFAULT, ONE, System, python
+from bench.systems.base import DEFAULT, FOUR, ONE, PROCESSES, Args, System, python
+from django_redisqueue.base import RedisTask
+
+BULK_CHUNK = 1000  # jobs per enqueue_many() call, and per transaction in enqueue_commit()
 
 
 def manage(*args: str) -> list[str]:
     return python("-m", "django", *args, "--settings", "bench.settings", "-v0")
+
+
+# enqueue_many() and enqueue_on_commit() may be newer than the benchmark: without them
+# there is no bulk or on-commit row.
+HAS_BULK = hasattr(RedisTask, "enqueue_many")
+HAS_COMMIT = hasattr(RedisTask, "enqueue_on_commit")
 
 
 class RedisQueue(System):
@@ -19,9 +28,21 @@ class RedisQueue(System):
     distributions = ("django-redisqueue", "django", "django-tasks")
     settings = (
         "`bench/settings.py` (one queue, default options); `runworker --concurrency 1`; "
-        "default: `--concurrency 2` (one process per core); delayed jobs: "
-        "`task.using(run_after=...)` and `runscheduler`"
+        "default: `--concurrency 2` (one process per core); 4 processes: `runworker "
+        f"--concurrency {PROCESSES}` (its documented way: one supervisor forking the "
+        "workers); "
+        + (f"bulk: `task.enqueue_many()` in chunks of {BULK_CHUNK}; " if HAS_BULK else "")
+        + (
+            "on commit: `task.enqueue_on_commit()` inside `transaction.atomic()`, "
+            f"{BULK_CHUNK} jobs per transaction (in-memory SQLite), sent together at each "
+            "commit; "
+            if HAS_COMMIT
+            else ""
+        )
+        + "delayed jobs: `task.using(run_after=...)` and `runscheduler`"
     )
+    has_bulk = HAS_BULK
+    has_commit = HAS_COMMIT
 
     def connect(self) -> None:
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
@@ -35,6 +56,18 @@ class RedisQueue(System):
     def enqueue_one(self, *args: float) -> None:
         self.job.enqueue(*args)
 
+    def enqueue_bulk(self, calls: Sequence[Args]) -> None:
+        for i in range(0, len(calls), BULK_CHUNK):
+            self.job.enqueue_many((args, {}) for args in calls[i : i + BULK_CHUNK])
+
+    def enqueue_commit(self, calls: Sequence[Args]) -> None:
+        from django.db import transaction
+
+        for i in range(0, len(calls), BULK_CHUNK):
+            with transaction.atomic():
+                for args in calls[i : i + BULK_CHUNK]:
+                    self.job.enqueue_on_commit(*args)
+
     def enqueue_due(self, dues: Iterable[float]) -> None:
         for due in dues:
             self.job.using(run_after=datetime.fromtimestamp(due, UTC)).enqueue(due)
@@ -42,6 +75,8 @@ class RedisQueue(System):
     def commands(self, config: str) -> list[list[str]]:
         if config == ONE:
             return [manage("runworker", "--concurrency", "1")]
+        if config == FOUR:
+            return [manage("runworker", "--concurrency", str(PROCESSES))]
         worker = manage("runworker", "--concurrency", "2")
         return [worker] if config == DEFAULT else [worker, manage("runscheduler")]
 

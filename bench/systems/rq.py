@@ -1,5 +1,5 @@
-"""RQ, the engine of django-rq: ``Queue.enqueue()``, ``rq worker``; delayed jobs with
-``enqueue_at`` and ``rq worker --with-scheduler``."""
+"""RQ, the engine of django-rq: ``Queue.enqueue()``, ``rq worker`` with ``SimpleWorker``;
+delayed jobs with ``enqueue_at`` and ``rq worker --with-scheduler``."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ from datetime import UTC, datetime
 from redis import Redis
 from rq import Queue
 
-from bench.systems.base import SERVE, Args, System, python, redis_url
+from bench.systems.base import FOUR, PROCESSES, SERVE, Args, System, python, redis_url
 from bench.systems.stamps import run_job
 
 BULK_CHUNK = 1000
+# Runs each job in the worker's own process, as every other system here does. The default
+# Worker forks a work horse per job; RQ's notes on performance (README, docs/benchmark.md)
+# measure SimpleWorker about 6.5 times as fast and advise it for jobs of a few ms.
+WORKER_CLASS = "rq.worker.SimpleWorker"
 
 
 def job(given: float = 0.0) -> None:
@@ -24,10 +28,14 @@ class RQ(System):
     title = "RQ"
     distributions = ("rq",)
     settings = (
-        "queue `default`; `rq worker --quiet` with the default `Worker` class (a fork per "
-        "job), its default concurrency being one job at a time; bulk: `enqueue_many` in "
-        f"chunks of {BULK_CHUNK}; delayed jobs: `enqueue_at` and `--with-scheduler` "
-        "(which checks every second)"
+        f"queue `default`, results kept 500 s and pickle (the defaults); `rq worker --quiet "
+        f"--worker-class {WORKER_CLASS}`: each job runs in the worker process, without the "
+        "default `Worker`'s fork per job, as RQ's notes on performance advise for jobs of "
+        "single-digit milliseconds and as every other system here runs its jobs; its "
+        f"default concurrency is one job at a time; {PROCESSES} processes: `rq worker-pool "
+        f"-n {PROCESSES}` of the same class; bulk: `enqueue_many` in chunks of {BULK_CHUNK}; "
+        "delayed jobs: `enqueue_at` and `--with-scheduler` (which checks every second and "
+        "keeps due times in whole seconds)"
     )
     has_bulk = True
     default_is_one = True  # more than one job at a time means more workers
@@ -49,7 +57,12 @@ class RQ(System):
             self.queue.enqueue_at(datetime.fromtimestamp(due, UTC), job, due)
 
     def commands(self, config: str) -> list[list[str]]:
-        worker = python("-m", "rq.cli", "worker", "default", "--url", redis_url(), "--quiet")
+        common = ["--url", redis_url(), "--worker-class", WORKER_CLASS, "--quiet"]
+        if config == FOUR:
+            return [
+                python("-m", "rq.cli", "worker-pool", "default", "-n", str(PROCESSES), *common)
+            ]
+        worker = python("-m", "rq.cli", "worker", "default", *common)
         return [[*worker, "--with-scheduler"] if config == SERVE else worker]
 
 
