@@ -2,6 +2,8 @@
 
 Every job stamps a file (``bench/systems/stamps.py``): rates run from the first job's
 start to the last job's end as the jobs recorded them, so worker start-up is excluded.
+What the redis-server spent (commands, CPU) is taken over the same stretch
+(``bench/redisstats.py``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from pathlib import Path
 
 import redis
 
+from bench import redisstats
 from bench.procs import ROOT, Processes, wait_for_rest
 from bench.systems import stamps
-from bench.systems.base import DEFAULT, ONE, SERVE, System
+from bench.systems.base import DEFAULT, FOUR, ONE, SERVE, System
 
 ENQUEUE_JOBS = 20_000
 DRAIN_JOBS = 20_000
@@ -106,7 +109,9 @@ class Bench:
         return Processes(system.commands(config), self.env(stamp_file), log)
 
 
-def wait_for_count(path: Path, expected: int, timeout: float, processes: Processes) -> None:
+def wait_for_count(
+    path: Path, expected: int, timeout: float, processes: Processes, step: float = 0.02
+) -> None:
     deadline = time.monotonic() + timeout
     while stamps.count(str(path)) < expected:
         processes.check()
@@ -115,7 +120,7 @@ def wait_for_count(path: Path, expected: int, timeout: float, processes: Process
                 f"only {stamps.count(str(path))} of {expected} jobs ran within {timeout:.0f} s\n"
                 + processes.log_tail()
             )
-        time.sleep(0.02)
+        time.sleep(step)
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -124,13 +129,21 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def enqueue(bench: Bench, system: System) -> None:
-    """Jobs per second enqueued one at a time from one process, then in bulk."""
+    """Jobs per second enqueued one at a time from one process, with the Redis commands
+    and CPU per job that cost; then in bulk, and from inside database transactions."""
     jobs = bench.jobs(ENQUEUE_JOBS)
     bench.fresh()
-    bench.record(system, "enqueue_one", bench.call(system, "enqueue", "--jobs", jobs)["rate"])
-    if system.has_bulk:
-        bench.fresh()
-        bench.record(system, "enqueue_bulk", bench.call(system, "bulk", "--jobs", jobs)["rate"])
+    one = bench.call(system, "enqueue", "--jobs", jobs)
+    bench.record(system, "enqueue_one", one["rate"])
+    bench.record(system, "enqueue_commands", one["commands"])
+    bench.record(system, "enqueue_cpu", one["cpu"])
+    for action, metric, offered in (
+        ("bulk", "enqueue_bulk", system.has_bulk),
+        ("commit", "enqueue_commit", system.has_commit),
+    ):
+        if offered:
+            bench.fresh()
+            bench.record(system, metric, bench.call(system, action, "--jobs", jobs)["rate"])
     bench.fresh()
 
 
@@ -146,8 +159,8 @@ def memory(bench: Bench, system: System) -> None:
 
 
 def drain(bench: Bench, system: System, config: str) -> None:
-    """Jobs per second run by a worker from a full queue, first start to last end."""
-    metric = "drain_one" if config == ONE else "drain_default"
+    """Jobs per second run by the workers of ``config`` from a full queue, first start to
+    last end, and the Redis commands and CPU per job over that stretch."""
     if config == DEFAULT and (system.default_is_one or not system.commands(DEFAULT)):
         return
     jobs = bench.jobs(DRAIN_JOBS)
@@ -157,14 +170,18 @@ def drain(bench: Bench, system: System, config: str) -> None:
     processes = bench.start(system, config, path)
     capped = False
     try:
-        wait_for_count(path, 1, START_TIMEOUT, processes)
+        wait_for_count(path, 1, START_TIMEOUT, processes, step=0.001)
+        # From the first job on, as the rate: start-up (connections, scripts loaded,
+        # registrations) is left out of the server's figures too.
+        before, ran_before = redisstats.snapshot(bench.client), stamps.count(str(path))
         cap = time.monotonic() + bench.drain_cap
         while stamps.count(str(path)) < jobs:
             processes.check()
             if time.monotonic() > cap:
                 capped = True
                 break
-            time.sleep(0.02)
+            time.sleep(0.002)
+        after, ran_after = redisstats.snapshot(bench.client), stamps.count(str(path))
     finally:
         processes.stop()
     rows = stamps.read(str(path))
@@ -172,7 +189,14 @@ def drain(bench: Bench, system: System, config: str) -> None:
         raise RuntimeError(f"{len(rows)} jobs ran for {jobs} enqueued")
     rate = len(rows) / (max(r.ended for r in rows) - min(r.started for r in rows))
     note = f"cut short after {bench.drain_cap:.0f} s: {len(rows):,} of {jobs:,} jobs" * capped
+    commands, cpu = redisstats.between(before, after).per_job(max(1, ran_after - ran_before))
+    metric = {ONE: "drain_one", DEFAULT: "drain_default", FOUR: "drain_four"}[config]
     bench.record(system, metric, rate, note)
+    if config == ONE:
+        bench.record(system, "drain_commands", commands)
+        bench.record(system, "drain_cpu", cpu)
+    elif config == FOUR:
+        bench.record(system, "drain_four_cpu", cpu)
     bench.fresh()
 
 
@@ -228,6 +252,7 @@ WORKLOADS: dict[str, Callable[[Bench, System], None]] = {
     "memory": memory,
     "drain": lambda bench, system: drain(bench, system, ONE),
     "drain-default": lambda bench, system: drain(bench, system, DEFAULT),
+    "drain-4": lambda bench, system: drain(bench, system, FOUR),
     "rest": lambda bench, system: rest(bench, system, ONE),
     "rest-default": lambda bench, system: rest(bench, system, DEFAULT),
     "serve": serve,
