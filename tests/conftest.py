@@ -1,5 +1,8 @@
+import contextlib
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -157,3 +160,54 @@ def child_env() -> dict[str, str]:
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "PYTHONPATH": str(ROOT),
     }
+
+
+class Processes:
+    """Background ``manage.py`` processes, each in its own process group."""
+
+    def __init__(self):
+        self.running = []
+        self.seen = {}  # output read so far, by process
+
+    def expect(self, process, text, timeout=30):
+        """Read the process's output until ``text`` appears."""
+        deadline = time.monotonic() + timeout
+        while text not in self.seen.get(process, ""):
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no {text!r} in {self.seen.get(process, '')!r}"
+            ready, _, _ = select.select([process.stdout], [], [], remaining)
+            if ready:
+                chunk = os.read(process.stdout.fileno(), 65536).decode()
+                assert chunk, f"the process ended without printing {text!r}"
+                self.seen[process] = self.seen.get(process, "") + chunk
+
+    def start(self, *args):
+        process = start_manage(*args)
+        self.running.append(process)
+        return process
+
+    def kill(self, process):
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        self.running.remove(process)
+
+    def stop(self, process, signal_first=True):
+        """SIGTERM, wait, and return the whole output."""
+        if signal_first:
+            process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0]
+        self.running.remove(process)
+        return self.seen.pop(process, "") + output
+
+    def stop_all(self):
+        return [self.stop(p) for p in list(self.running)]
+
+
+@pytest.fixture
+def procs():
+    processes = Processes()
+    yield processes
+    for process in processes.running:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

@@ -5,11 +5,9 @@ Each test runs its own redis-server (AOF on where it restarts it) and real
 ``leased`` backend (1 s leases) so that lost jobs come back quickly.
 """
 
-import contextlib
 import json
 import os
 import random
-import select
 import signal
 import time
 
@@ -19,7 +17,7 @@ import redis
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.exceptions import BrokerUnavailable
 from tests import tasks
-from tests.conftest import private_redis, start_manage, wait_until
+from tests.conftest import private_redis, wait_until
 
 LEASED = ("--backend", "leased")
 
@@ -33,57 +31,6 @@ def server():
 @pytest.fixture
 def rr(server):
     return redis.Redis.from_url(server.url, decode_responses=True)
-
-
-class Processes:
-    """Background ``manage.py`` processes, each in its own process group."""
-
-    def __init__(self):
-        self.running = []
-        self.seen = {}  # output read so far, by process
-
-    def expect(self, process, text, timeout=30):
-        """Read the process's output until ``text`` appears."""
-        deadline = time.monotonic() + timeout
-        while text not in self.seen.get(process, ""):
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"no {text!r} in {self.seen.get(process, '')!r}"
-            ready, _, _ = select.select([process.stdout], [], [], remaining)
-            if ready:
-                chunk = os.read(process.stdout.fileno(), 65536).decode()
-                assert chunk, f"the process ended without printing {text!r}"
-                self.seen[process] = self.seen.get(process, "") + chunk
-
-    def start(self, *args):
-        process = start_manage(*args)
-        self.running.append(process)
-        return process
-
-    def kill(self, process):
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        self.running.remove(process)
-
-    def stop(self, process, signal_first=True):
-        """SIGTERM, wait, and return the whole output."""
-        if signal_first:
-            process.send_signal(signal.SIGTERM)
-        output = process.communicate(timeout=60)[0]
-        self.running.remove(process)
-        return self.seen.pop(process, "") + output
-
-    def stop_all(self):
-        return [self.stop(p) for p in list(self.running)]
-
-
-@pytest.fixture
-def procs():
-    processes = Processes()
-    yield processes
-    for process in processes.running:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 def result(job_id):

@@ -15,7 +15,6 @@ job may run twice.
 """
 
 import contextlib
-import os
 import signal
 import subprocess
 import time
@@ -31,8 +30,7 @@ from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, t
 from django_redisqueue.exceptions import BrokerUnavailable
 from django_redisqueue.testing import free_port
 from tests import tasks
-from tests.conftest import private_redis, wait_until
-from tests.test_faults import Processes
+from tests.conftest import Processes, private_redis, wait_until
 
 LEASED = ("--backend", "leased")
 WORKERS = 2
@@ -201,16 +199,6 @@ def admin(server):
     client = redis.Redis.from_url(server.url, decode_responses=True, socket_timeout=30)
     yield client
     client.close()
-
-
-@pytest.fixture
-def procs():
-    processes = Processes()
-    yield processes
-    for process in processes.running:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 def status(job_id: str) -> str:
