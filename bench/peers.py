@@ -1,6 +1,10 @@
 """This app against the task queues Django users pick instead, in one sitting, on one
-private redis-server: enqueue and drain rates, idle latency, delayed-job lateness, Redis
-memory per waiting job and worker memory. Runs are interleaved between the systems.
+private redis-server: enqueue and drain rates (one worker, default concurrency, four
+processes), the Redis commands and CPU each enqueued and drained job costs, idle
+latency, delayed-job lateness, Redis memory per waiting job and worker memory. Runs are
+interleaved between the systems. Each system is set up as its own docs advise for
+throughput (``bench/systems/<name>.py``); ``bench/published.py`` holds what each
+project publishes of its speed.
 
     .venv/bin/pip install -e '.[django52,bench]'
     .venv/bin/python -m bench.peers [--systems rq,celery] [--runs 3] [--scale 0.05]
