@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.published import PUBLISHED
+
 DASH, TIMES = "\N{EN DASH}", "\N{MULTIPLICATION SIGN}"
 
 
@@ -23,13 +25,28 @@ class Metric:
     higher_is_better: bool
     log: bool = False  # log scale on the chart: the values span orders of magnitude
     same_as_one: str = ""  # the ONE metric that stands in when the default is one at a time
+    sum_of: tuple[str, ...] = ()  # a figure made of others: their sum, run by run
 
 
 METRICS = [
     Metric("enqueue_one", "Enqueue, one at a time", "jobs/s", True),
     Metric("enqueue_bulk", "Enqueue, bulk call", "jobs/s", True, log=True),
+    Metric("enqueue_commit", "Enqueue on commit, 1,000 per transaction", "jobs/s", True),
     Metric("drain_one", "Drain, one job at a time", "jobs/s", True, log=True),
     Metric("drain_default", "Drain, default concurrency", "jobs/s", True, True, "drain_one"),
+    Metric("drain_four", "Drain, 4 processes", "jobs/s", True, log=True),
+    Metric("enqueue_commands", "Redis commands per enqueued job", "calls", False),
+    Metric("drain_commands", "Redis commands per drained job", "calls", False),
+    Metric("enqueue_cpu", "Redis CPU per enqueued job", "µs", False),
+    Metric("drain_cpu", "Redis CPU per drained job", "µs", False),
+    Metric(
+        "total_cpu",
+        "Redis CPU per job, enqueue + drain",
+        "µs",
+        False,
+        sum_of=("enqueue_cpu", "drain_cpu"),
+    ),
+    Metric("drain_four_cpu", "Redis CPU per drained job, 4 processes", "µs", False),
     Metric("latency_p50", "Idle latency p50", "ms", False, log=True),
     Metric("latency_p95", "Idle latency p95", "ms", False, log=True),
     Metric("latency_p99", "Idle latency p99", "ms", False, log=True),
@@ -45,10 +62,24 @@ HOME = "redisqueue"  # ratios are each system's figure over this one's
 
 def values(data: dict[str, Any], system: str, metric: Metric) -> list[float]:
     figures = data["figures"].get(system, {})
+    if metric.sum_of:
+        parts = [figures.get(key, []) for key in metric.sum_of]
+        if not all(parts):
+            return []
+        if len({len(part) for part in parts}) == 1:  # one of each per run: sum run by run
+            return [sum(run) for run in zip(*parts, strict=True)]
+        return [sum(statistics.median(part) for part in parts)]  # a run failed: medians
     stands_in = metric.same_as_one and data["systems"][system]["default_is_one"]
     if metric.key not in figures and stands_in:
         return figures.get(metric.same_as_one, [])
     return figures.get(metric.key, [])
+
+
+def median(data: dict[str, Any], system: str, key: str) -> float | None:
+    """The median of one of the sitting's figures, or None."""
+    metric = next((m for m in METRICS if m.key == key), Metric(key, key, "", True))
+    found = values(data, system, metric) if system in data["systems"] else []
+    return statistics.median(found) if found else None
 
 
 def number(value: float) -> str:
@@ -122,13 +153,25 @@ def workloads(data: dict[str, Any]) -> list[str]:
     p = {key: f"{value:,g}" for key, value in data["parameters"].items()}
     return [
         f"- **Enqueue**: {p['enqueue_jobs']} no-op jobs without arguments, one call each, "
-        "from one process, after 20 warm-up jobs; bulk: the system's own bulk call.",
+        "from one process, after 20 warm-up jobs; bulk: the system's own bulk call; on "
+        "commit: queued inside `transaction.atomic()` blocks of 1,000 jobs, sent at each "
+        "commit (django-redisqueue only).",
         f"- **Drain**: {p['drain_jobs']} no-op jobs enqueued first, then one worker; the "
         "rate runs from the first job's start to the last job's end as the jobs stamped "
         f"them, so start-up is excluded. A drain still running after {p['drain_cap']} s "
         "is stopped and rated on the jobs it ran.",
         "- **Default concurrency**: the system's default on this 2-core machine (this app: "
         "`--concurrency 2`, one process per core).",
+        "- **4 processes**: the same drain with four worker processes, each running one "
+        "job at a time, started the way each system documents (see the set-up below); "
+        "the machine has 2 cores, shared with Redis.",
+        "- **Redis commands per job**: the calls `INFO commandstats` counts (a script "
+        "counts once itself and once for each command it runs), less the measurement's "
+        "own `INFO`, over the timed enqueue one at a time, and over the drain from its "
+        "first job to its last, divided by the jobs enqueued or run in that stretch.",
+        "- **Redis CPU per job**: the redis-server's `used_cpu_sys + used_cpu_user` over "
+        "the same stretches, divided the same way; the sum row adds enqueue and drain "
+        "(one job at a time) run by run.",
         f"- **Idle latency**: the default set-up plus what runs delayed jobs, idle for 2 s "
         f"after a warm-up job; {p['latency_jobs']} jobs at {p['latency_rate']} per second, "
         "each given `time.time()` taken just before its enqueue call; start minus that.",
@@ -156,6 +199,17 @@ def markdown(data: dict[str, Any]) -> str:
     lines += ["", "Workloads:", "", *workloads(data)]
     lines += ["", "Set-up of each system:", ""]
     lines += [f"- **{s['title']}**: {s['settings']}" for s in data["systems"].values()]
+    lines += [
+        "",
+        "Published figures: what each project says of its own speed, and how the "
+        "figures above compare:",
+        "",
+    ]
+    lines += [
+        f"- **{s['title']}**: {PUBLISHED[name](lambda system, key: median(data, system, key))}"
+        for name, s in data["systems"].items()
+        if name in PUBLISHED
+    ]
     lines += ["", "Versions:", ""]
     lines += [f"- {name} {version}" for name, version in data["versions"].items()]
     lines += ["", f"Run on {data['date']} with `{data['command']}` in {data['duration']}."]
@@ -167,6 +221,7 @@ def chart(data: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     systems = list(data["systems"])
     titles = [data["systems"][name]["title"] for name in systems]
@@ -188,6 +243,7 @@ def chart(data: dict[str, Any], path: Path) -> None:
         ax.invert_yaxis()
         if metric.log and any(m > 0 for m in medians):
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # they overlap the major labels
         better = "higher" if metric.higher_is_better else "lower"
         ax.set_title(f"{metric.title}\n{metric.unit}, {better} is better", fontsize=9)
         ax.tick_params(axis="x", labelsize=7)
@@ -202,7 +258,7 @@ def chart(data: dict[str, Any], path: Path) -> None:
         f"({data['date']})",
         fontsize=11,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))  # room for the title
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
