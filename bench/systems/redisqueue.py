@@ -7,19 +7,12 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
 from bench.systems.base import DEFAULT, FOUR, ONE, PROCESSES, Args, System, python
-from django_redisqueue.base import RedisTask
 
 BULK_CHUNK = 1000  # jobs per enqueue_many() call, and per transaction in enqueue_commit()
 
 
 def manage(*args: str) -> list[str]:
     return python("-m", "django", *args, "--settings", "bench.settings", "-v0")
-
-
-# enqueue_many() and enqueue_on_commit() may be newer than the benchmark: without them
-# there is no bulk or on-commit row.
-HAS_BULK = hasattr(RedisTask, "enqueue_many")
-HAS_COMMIT = hasattr(RedisTask, "enqueue_on_commit")
 
 
 class RedisQueue(System):
@@ -31,18 +24,13 @@ class RedisQueue(System):
         "default: `--concurrency 2` (one process per core); 4 processes: `runworker "
         f"--concurrency {PROCESSES}` (its documented way: one supervisor forking the "
         "workers); "
-        + (f"bulk: `task.enqueue_many()` in chunks of {BULK_CHUNK}; " if HAS_BULK else "")
-        + (
-            "on commit: `task.enqueue_on_commit()` inside `transaction.atomic()`, "
-            f"{BULK_CHUNK} jobs per transaction (in-memory SQLite), sent together at each "
-            "commit; "
-            if HAS_COMMIT
-            else ""
-        )
-        + "delayed jobs: `task.using(run_after=...)` and `runscheduler`"
+        f"bulk: `task.enqueue_many()` in chunks of {BULK_CHUNK}; on commit: "
+        "`task.enqueue_on_commit()` inside `transaction.atomic()`, "
+        f"{BULK_CHUNK} jobs per transaction (in-memory SQLite), sent together at each "
+        "commit; delayed jobs: `task.using(run_after=...)` and `runscheduler`"
     )
-    has_bulk = HAS_BULK
-    has_commit = HAS_COMMIT
+    has_bulk = True
+    has_commit = True
 
     def connect(self) -> None:
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
