@@ -57,6 +57,13 @@ def _load_scripts(client: redis.Redis) -> dict[str, Any]:
     }
 
 
+def sync(reply: Any) -> Any:
+    """A reply of the synchronous client. redis-py 5 annotates commands as returning a
+    reply or an awaitable (its asyncio client shares them); this client never returns
+    an awaitable, so the type checker is told so in this one place."""
+    return reply
+
+
 def now_ms() -> int:
     """This host's clock, in ms: for display only; Redis's clock decides (scripts)."""
     return int(time.time() * 1000)
@@ -184,7 +191,7 @@ class Broker:
 
     def clock_ms(self) -> int:
         """Redis's clock, in ms: the one that leases and due times are measured by."""
-        seconds, micros = self.client.time()
+        seconds, micros = sync(self.client.time())
         return int(seconds) * 1000 + int(micros) // 1000
 
     # Producers
@@ -210,7 +217,9 @@ class Broker:
 
     def known_queues(self) -> list[str]:
         """The names of the queues jobs were enqueued to (kept when QUEUES is empty)."""
-        return sorted(text(name) or "" for name in self.client.smembers(self.keys.known_queues))
+        return sorted(
+            text(name) or "" for name in sync(self.client.smembers(self.keys.known_queues))
+        )
 
     def cancel(self, job_id: str, error: str) -> str | None:
         """Cancel a READY job; return "CANCELLED", or the status that prevents it."""
@@ -255,7 +264,9 @@ class Broker:
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> str | None:
         """Block until a wake-up token arrives for one of ``queues``, or the timeout;
         return the queue whose token was taken (None: the timeout)."""
-        taken = self.client.blpop([self.keys.wake(q) for q in queues], timeout)
+        # execute_command: Redis takes a fractional timeout, which some redis-py
+        # versions' annotations of blpop refuse.
+        taken = sync(self.client.execute_command("BLPOP", *map(self.keys.wake, queues), timeout))
         if taken is None:
             return None
         return (text(taken[0]) or "").removeprefix(self.keys.wake_prefix)
@@ -305,7 +316,7 @@ class Broker:
 
     def wait_for_schedule(self, timeout: float) -> bool:
         """Block until a job becomes the first due, or the timeout (~0.1 s precise)."""
-        return self.client.blpop([self.keys.scheduler_wake], timeout) is not None
+        return self.client.execute_command("BLPOP", self.keys.scheduler_wake, timeout) is not None
 
     # Results
 
@@ -330,8 +341,10 @@ class Broker:
         BLMOVE from the list to itself leaves the token in place for other waiters.
         """
         done = self.keys.done(job_id)
-        # Redis takes a fractional timeout; redis-py's annotation says int.
-        return self.client.blmove(done, done, timeout, "LEFT", "RIGHT") is not None  # type: ignore[arg-type]
+        # Redis takes a fractional timeout; redis-py's annotation of blmove says int.
+        return (
+            self.client.execute_command("BLMOVE", done, done, "LEFT", "RIGHT", timeout) is not None
+        )
 
     # Liveness, for the dashboard
 
@@ -398,7 +411,7 @@ class Broker:
         return [(text(member) or "", score) for member, score in rows]
 
     def size(self, key: str) -> int:
-        return int(self.client.zcard(key))
+        return int(sync(self.client.zcard(key)))
 
     def finished_per_minute(self, minutes: int) -> list[tuple[int, dict[str, int]]]:
         """Jobs finished per minute over the last ``minutes``, oldest first."""
@@ -430,7 +443,7 @@ class Broker:
     # Inspection
 
     def queue_length(self, queue: str) -> int:
-        return int(self.client.zcard(self.keys.queue(queue)))
+        return int(sync(self.client.zcard(self.keys.queue(queue))))
 
     def delayed_count(self, queues: Sequence[str]) -> int:
         pipe = self.client.pipeline(transaction=False)
@@ -439,7 +452,7 @@ class Broker:
         return sum(int(n) for n in pipe.execute())
 
     def running_count(self) -> int:
-        return int(self.client.zcard(self.keys.running))
+        return int(sync(self.client.zcard(self.keys.running)))
 
     def ping(self, timeout: float) -> None:
         """PING Redis on a fresh connection that gives up after ``timeout`` seconds,
