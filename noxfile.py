@@ -1,5 +1,6 @@
 """The test matrix: ``nox`` runs ruff and mypy once, then on every supported (Python,
-Django) pair the test suite and Django's own ``tests/tasks/`` against this backend;
+Django) pair the test suite and Django's own ``tests/tasks/`` against this backend (on
+the newest pair also the failover tests, and the core suites on a Redis Cluster);
 ``nox -s tests-3.11`` runs one pair, ``nox -s lint`` ruff and mypy.
 
 The ``tests`` sessions need ``redis-server`` on the PATH: the suites start their own.
@@ -17,6 +18,16 @@ MATRIX = [
     ("3.11", "5.2", "dev,django52,hiredis"),
     ("3.12", "6.0", "dev,hiredis"),
     ("3.13", "6.1", "dev,hiredis"),
+]
+
+# The suites that run a second time on a Redis Cluster.
+CLUSTER_TESTS = [
+    "tests/test_broker.py",
+    "tests/test_enqueue.py",
+    "tests/test_on_commit.py",
+    "tests/test_worker.py",
+    "tests/test_scheduler.py",
+    "tests/test_admin.py",
 ]
 
 nox.options.sessions = ["lint", "tests"]
@@ -65,5 +76,11 @@ def tests(session: nox.Session) -> None:
     django, extras = next((d, e) for p, d, e in MATRIX if p == session.python)
     session.install("-e", f".[{extras}]", f"django~={django}.0")
     session.run("python", "-m", "django", "--version")
-    session.run("pytest", *session.posargs)
+    newest = session.python == MATRIX[-1][0]
+    # The failover tests (Sentinel and Cluster chaos) take minutes: on the newest pair.
+    session.run("pytest", *(() if newest else ("-m", "not failover")), *session.posargs)
+    if newest and not session.posargs:
+        # The core, scheduler and admin tests again, on a Redis Cluster of 3 masters and
+        # 3 replicas (tests/topology.py).
+        session.run("pytest", *CLUSTER_TESTS, env={"REDISQUEUE_TEST_TOPOLOGY": "cluster"})
     session.run("python", "-m", "tests.django_suite")

@@ -10,12 +10,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any
 
-import redis
 from django.db import transaction
 
 from . import broker as broker_module
 from .base import RedisTask, RedisTaskResult
-from .broker import REDIS_ERRORS, Broker, NewJob, Reconnector
+from .broker import REDIS_ERRORS, Broker, NewJob, NotReplicated, Reconnector
 from .compat import (
     DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
@@ -27,6 +26,7 @@ from .compat import (
     task_enqueued,
 )
 from .conf import Options, parse_options
+from .connection import Client, make_client
 from .exceptions import (
     BrokerUnavailable,
     JobCancelled,
@@ -265,13 +265,10 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
     def keys(self) -> KeySchema:
         return KeySchema.for_backend(self.config.key_prefix)
 
-    def get_client(self) -> redis.Redis:
-        """Return a Redis client: the django-redis cache's, or one made from the URL."""
-        if self.config.connection:
-            from django_redis import get_redis_connection
-
-            return get_redis_connection(self.config.connection)
-        return redis.Redis.from_url(self.config.redis_url)
+    def get_client(self) -> Client:
+        """Return a Redis client: the django-redis cache's, one made from the URL (a
+        server, or a node of a cluster), or a Sentinel master's."""
+        return make_client(self.config)
 
     @cached_property
     def broker(self) -> Broker:
@@ -280,6 +277,8 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
             self.keys,
             lease=self.config.lease,
             result_ttl=self.config.result_ttl,
+            replica_acks=self.config.replica_acks,
+            replica_acks_timeout=self.config.replica_acks_timeout,
         )
 
     def validate_task(self, task: Task) -> None:
@@ -313,6 +312,11 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         ]
         try:
             enqueued = self.broker.enqueue(jobs, record_queues=not self.queue_names)
+        except NotReplicated as exc:
+            raise BrokerUnavailable(
+                f"Enqueued {_names(results)}, but not safely: {exc}. The job(s) run unless "
+                "the master fails first; enqueueing them again may run them twice."
+            ) from exc
         except REDIS_ERRORS as exc:
             raise BrokerUnavailable(
                 f"Could not enqueue {_names(results)}: the {self.alias!r} task backend's "
@@ -344,7 +348,9 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         Redis errors (a restart, a failover) are waited out, with backoff, until the
         timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        backoff = Reconnector(logger, f"Waiting for job {result_id}", ceiling=1.0)
+        backoff = Reconnector(
+            logger, f"Waiting for job {result_id}", ceiling=1.0, where=self.broker.describe
+        )
         status = "unknown"
         while True:
             try:

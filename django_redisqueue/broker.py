@@ -12,16 +12,22 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
+from redis.client import Pipeline
+from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
+from .connection import Client, describe
 from .keys import KeySchema
+
+logger = logging.getLogger(__name__)
 
 SUCCESSFUL = "SUCCESSFUL"
 FAILED = "FAILED"
@@ -46,7 +52,7 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError,)
 UNCERTAIN_ERRORS: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
 
 
-def _load_scripts(client: redis.Redis) -> dict[str, Any]:
+def _load_scripts(client: Client) -> dict[str, Any]:
     """Every script in lua/, with common.lua prepended, registered on the client."""
     lua = resources.files(__package__) / "lua"
     common = (lua / "common.lua").read_text()
@@ -139,15 +145,35 @@ class Tick:
     held: bool = False  # it ran past recover_until_ms, so it recovered no lease
 
 
+class NotReplicated(redis.RedisError):
+    """A write that the master made but fewer replicas than ``REPLICA_ACKS`` confirmed
+    within ``REPLICA_ACKS_TIMEOUT``: it is lost if the master fails before they have it."""
+
+    def __init__(self, acked: int, wanted: int, timeout: float, replies: list[Any]) -> None:
+        super().__init__(
+            f"the master made the write, but {acked} of the {wanted} replica(s) that "
+            f"REPLICA_ACKS asks for confirmed it within {timeout} s"
+        )
+        self.replies = replies  # the scripts' replies, as if all was well
+
+
 class Reconnector:
     """Backoff for a loop that must outlive Redis trouble: call ``failed(exc)`` when a
     command raised a Redis error (it logs and sleeps), ``succeeded()`` after one that
-    did not."""
+    did not. ``where`` names the server that answers again (after a failover, the new
+    master), for the one line logged when Redis comes back."""
 
-    def __init__(self, logger: logging.Logger, who: str, ceiling: float = 5.0) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        who: str,
+        ceiling: float = 5.0,
+        where: Callable[[], str] | None = None,
+    ) -> None:
         self.logger = logger
         self.who = who
         self.ceiling = ceiling
+        self.where = where
         self.failures = 0
 
     def failed(self, exc: Exception) -> None:
@@ -168,7 +194,10 @@ class Reconnector:
     def succeeded(self) -> None:
         if self.failures:
             self.logger.warning(
-                "%s: Redis reachable again after %d retries", self.who, self.failures
+                "%s: Redis reachable again after %d retries%s",
+                self.who,
+                self.failures,
+                f" ({self.where()})" if self.where else "",
             )
             self.failures = 0
 
@@ -177,21 +206,117 @@ class Broker:
     """Queues, leases and results of one backend in one Redis database."""
 
     def __init__(
-        self, client: redis.Redis, keys: KeySchema, *, lease: float, result_ttl: int
+        self,
+        client: Client,
+        keys: KeySchema,
+        *,
+        lease: float,
+        result_ttl: int,
+        replica_acks: int = 0,
+        replica_acks_timeout: float = 1.0,
     ) -> None:
         self.client = client
         self.keys = keys
         self.lease_ms = int(lease * 1000)
         self.result_ttl = result_ttl
+        self.replica_acks = replica_acks
+        self.replica_acks_timeout = replica_acks_timeout
         self._scripts = _load_scripts(client)
         self._script_keys = keys.script_keys
 
-    def _run(self, script: str, *args: Any) -> Any:
-        return self._scripts[script](keys=self._script_keys, args=args)
+    def _run(self, script: str, *args: Any, acked: bool = False) -> Any:
+        """Call a script. ``acked``: a write that waits for REPLICA_ACKS replicas (if
+        set); when too few confirm it, say so in the log and carry on (a job's move
+        lost with a failed master is redone: it runs again, at least once)."""
+        if not (acked and self.replica_acks):
+            return self._scripts[script](keys=self._script_keys, args=args)
+        try:
+            return self._run_many([(script, args)])[0]
+        except NotReplicated as exc:
+            logger.warning("Redis %s: %s", script, exc)
+            return exc.replies[0]
+
+    def _run_many(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
+        """Call scripts in one round trip, each atomic, on the server that holds this
+        backend's keys (in a cluster, the master of their one slot); return their
+        replies. With REPLICA_ACKS, a WAIT follows on the same connection: it counts
+        the replicas that have every write of that connection. Raise the first error a
+        script returned, or NotReplicated when too few replicas confirmed."""
+        replies: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        acked = 0
+        for attempt in range(2):
+            server = self._server()
+            pipe = server.pipeline(transaction=False)  # not _pipeline(): loads go to server
+            for i in pending:
+                name, args = calls[i]
+                pipe.evalsha(self._scripts[name].sha, 1, *self._script_keys, *args)
+            if self.replica_acks:
+                pipe.execute_command(
+                    "WAIT", self.replica_acks, int(self.replica_acks_timeout * 1000)
+                )
+            try:
+                out = self._execute(pipe, raise_on_error=False)
+            except redis.RedisError:
+                self._lost_server()
+                raise
+            if self.replica_acks:
+                *out, acked = out
+            missing = []
+            for i, reply in zip(pending, out, strict=True):
+                if isinstance(reply, NoScriptError) and attempt == 0:
+                    missing.append(i)  # not run: load the scripts and call it again
+                else:
+                    replies[i] = reply
+            if not missing:
+                break
+            for name in {calls[i][0] for i in missing}:
+                server.script_load(self._scripts[name].script)
+            pending = missing
+        for reply in replies:
+            if isinstance(reply, Exception):
+                if isinstance(reply, redis.ResponseError) and str(reply).startswith("MOVED"):
+                    self._lost_server()
+                raise reply
+        if self.replica_acks and int(acked) < self.replica_acks:
+            raise NotReplicated(int(acked), self.replica_acks, self.replica_acks_timeout, replies)
+        return replies
+
+    def _server(self) -> redis.Redis:
+        """The client of the one server that holds this backend's keys."""
+        if isinstance(self.client, RedisCluster):
+            node = self.client.get_node_from_key(self._script_keys[0])
+            return node.redis_connection or self.client.get_redis_connection(node)
+        return self.client
+
+    def _pipeline(self, transaction: bool = False) -> Pipeline:
+        """A pipeline on ``_server()``: a cluster's pipelines refuse scripts and
+        keyless commands, which one slot's master takes like any server."""
+        return self._server().pipeline(transaction=transaction)
+
+    def _execute(self, pipe: Pipeline, raise_on_error: bool = True) -> list[Any]:
+        try:
+            return pipe.execute(raise_on_error=raise_on_error)
+        except redis.RedisError:
+            self._lost_server()
+            raise
+
+    def _lost_server(self) -> None:
+        """After an error on ``_server()``: a cluster reloads its slot map, so that the
+        next call finds the slot's new master after a failover."""
+        if isinstance(self.client, RedisCluster):
+            try:
+                self.client.nodes_manager.initialize()
+            except redis.RedisError as exc:
+                logger.debug("Cluster slot map not reloaded: %s", exc)
+
+    def describe(self) -> str:
+        """Where the commands go: the server, the Sentinel master, or the cluster."""
+        return describe(self.client)
 
     def clock_ms(self) -> int:
         """Redis's clock, in ms: the one that leases and due times are measured by."""
-        seconds, micros = sync(self.client.time())
+        seconds, micros = sync(self._server().time())
         return int(seconds) * 1000 + int(micros) // 1000
 
     # Producers
@@ -203,16 +328,11 @@ class Broker:
         None for a job whose id is taken (that job changes nothing)."""
         if not jobs:
             return []
-        batches = list(_batches(jobs))
-        if len(batches) == 1:
-            replies = [self._run("enqueue", int(record_queues), *batches[0])]
+        calls = [("enqueue", [int(record_queues), *args]) for args in _batches(jobs)]
+        if len(calls) == 1 and not self.replica_acks:
+            replies = [self._run("enqueue", *calls[0][1])]
         else:
-            pipe = self.client.pipeline(transaction=False)
-            for args in batches:
-                self._scripts["enqueue"](
-                    keys=self._script_keys, args=[int(record_queues), *args], client=pipe
-                )
-            replies = pipe.execute()
+            replies = self._run_many(calls)
         return [int(enqueued_at) or None for reply in replies for enqueued_at in reply]
 
     def known_queues(self) -> list[str]:
@@ -223,7 +343,7 @@ class Broker:
 
     def cancel(self, job_id: str, error: str) -> str | None:
         """Cancel a READY job; return "CANCELLED", or the status that prevents it."""
-        return text(self._run("cancel", job_id, self.result_ttl, error)) or None
+        return text(self._run("cancel", job_id, self.result_ttl, error, acked=True)) or None
 
     # Workers
 
@@ -247,7 +367,7 @@ class Broker:
         args: list[Any] = [self.lease_ms, worker_id, self.result_ttl, woken_by, len(outcomes)]
         for outcome in outcomes:
             args += outcome.as_args()
-        stored, claimed = self._run("claim", *args, *queues)
+        stored, claimed = self._run("claim", *args, *queues, acked=True)
         job = None
         if claimed:
             job = Claimed(text(claimed[0]) or "", text(claimed[1]) or "", _pairs(claimed[2:]))
@@ -259,7 +379,8 @@ class Broker:
 
     def abandon(self, worker_id: str) -> list[str]:
         """Give back, uncounted, every job ``worker_id`` owns; return their ids."""
-        return [text(i) or "" for i in self._run("abandon", worker_id, self.result_ttl)]
+        given_back = self._run("abandon", worker_id, self.result_ttl, acked=True)
+        return [text(job_id) or "" for job_id in given_back]
 
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> str | None:
         """Block until a wake-up token arrives for one of ``queues``, or the timeout;
@@ -323,10 +444,10 @@ class Broker:
     def get_job(self, job_id: str) -> dict[str, str] | None:
         """Return the stored fields of a job, or None if it does not exist (or expired,
         or its key is not a hash)."""
-        pipe = self.client.pipeline(transaction=True)
+        pipe = self._pipeline(transaction=True)
         pipe.type(self.keys.job(job_id))
         pipe.hgetall(self.keys.job(job_id))
-        kind, fields = pipe.execute(raise_on_error=False)
+        kind, fields = self._execute(pipe, raise_on_error=False)
         if text(kind) != "hash" or not fields:
             return None
         return {text(k) or "": text(v) or "" for k, v in fields.items()}
@@ -349,33 +470,34 @@ class Broker:
     # Liveness, for the dashboard
 
     def unregister_worker(self, worker_id: str) -> None:
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self._pipeline(transaction=False)
         pipe.zrem(self.keys.workers, worker_id)
         pipe.delete(self.keys.worker(worker_id))
-        pipe.execute()
+        self._execute(pipe)
 
     # Operators
 
     def operate(self, action: str, queue: str, job_ids: Sequence[str] = (), limit: int = 0) -> int:
         """Apply a dashboard action (see lua/operate.lua); return how many it changed."""
-        return int(self._run("operate", action, queue, limit or len(job_ids), *job_ids))
+        changed = self._run("operate", action, queue, limit or len(job_ids), *job_ids, acked=True)
+        return int(changed)
 
     # Inspection: bounded reads only (no KEYS, no scans, pages of a known size)
 
     def counts(self, queues: Sequence[str]) -> dict[str, dict[str, int | bool]]:
         """Ready, delayed and failed jobs per queue, and whether it is paused."""
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self._pipeline(transaction=False)
         pipe.time()
         for queue in queues:
             pipe.zcard(self.keys.queue(queue))
             pipe.zcard(self.keys.delayed(queue))
         pipe.smembers(self.keys.paused)
-        (seconds, _), *per_queue, paused = pipe.execute()
+        (seconds, _), *per_queue, paused = self._execute(pipe)
         failed_since = (int(seconds) - self.result_ttl) * 1000
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self._pipeline(transaction=False)
         for queue in queues:
             pipe.zcount(self.keys.failed(queue), failed_since, "+inf")
-        failed = pipe.execute()
+        failed = self._execute(pipe)
         paused_names = {text(name) for name in paused}
         return {
             queue: {
@@ -390,14 +512,14 @@ class Broker:
     def jobs(self, job_ids: Sequence[str], *fields: str) -> list[dict[str, str]]:
         """The given fields of each job, in one round trip ({} for a job gone, or a key
         that is not a hash)."""
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self._pipeline(transaction=False)
         for job_id in job_ids:
             pipe.hmget(self.keys.job(job_id), list(fields))
         return [
             {}
             if isinstance(values, Exception)
             else {f: text(v) or "" for f, v in zip(fields, values, strict=True) if v is not None}
-            for values in pipe.execute(raise_on_error=False)
+            for values in self._execute(pipe, raise_on_error=False)
         ]
 
     def page(
@@ -417,12 +539,12 @@ class Broker:
         """Jobs finished per minute over the last ``minutes``, oldest first."""
         this_minute = self.clock_ms() // 60_000
         span = range(this_minute - minutes + 1, this_minute + 1)
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self._pipeline(transaction=False)
         for minute in span:
             pipe.hgetall(self.keys.stats(minute))
         return [
             (minute, _counts(counts))
-            for minute, counts in zip(span, pipe.execute(raise_on_error=False), strict=True)
+            for minute, counts in zip(span, self._execute(pipe, raise_on_error=False), strict=True)
         ]
 
     def alive(self, key: str, limit: int = 200) -> list[tuple[str, float]]:
@@ -430,14 +552,14 @@ class Broker:
         return self.page(key, 0, limit, newest_first=True)
 
     def worker_info(self, worker_ids: Sequence[str]) -> list[dict[str, str]]:
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self._pipeline(transaction=False)
         for worker_id in worker_ids:
             pipe.hgetall(self.keys.worker(worker_id))
         return [
             {}
             if isinstance(info, Exception)
             else {text(k) or "": text(v) or "" for k, v in info.items()}
-            for info in pipe.execute(raise_on_error=False)
+            for info in self._execute(pipe, raise_on_error=False)
         ]
 
     # Inspection
@@ -446,10 +568,10 @@ class Broker:
         return int(sync(self.client.zcard(self.keys.queue(queue))))
 
     def delayed_count(self, queues: Sequence[str]) -> int:
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self._pipeline(transaction=False)
         for queue in queues:
             pipe.zcard(self.keys.delayed(queue))
-        return sum(int(n) for n in pipe.execute())
+        return sum(int(n) for n in self._execute(pipe))
 
     def running_count(self) -> int:
         return int(sync(self.client.zcard(self.keys.running)))
@@ -457,7 +579,7 @@ class Broker:
     def ping(self, timeout: float) -> None:
         """PING Redis on a fresh connection that gives up after ``timeout`` seconds,
         without retries; raise what the connection raised."""
-        pool = self.client.connection_pool
+        pool = self._server().connection_pool
         kwargs = {
             **pool.connection_kwargs,
             "socket_timeout": timeout,

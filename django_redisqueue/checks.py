@@ -6,9 +6,10 @@
 | ``django_redisqueue.E002`` | a queue name is not a valid Redis key part |
 | ``django_redisqueue.E003`` | a queue is listed twice |
 | ``django_redisqueue.E004`` | ``OPTIONS`` has unknown names |
-| ``django_redisqueue.E005`` | ``CONNECTION`` and ``URL`` are both set |
+| ``django_redisqueue.E005`` | more than one of ``CONNECTION``, ``URL``, ``SENTINELS`` is set |
 | ``django_redisqueue.E006`` | an option has a wrong value |
 | ``django_redisqueue.E007`` | ``CONNECTION`` is not a django-redis ``CACHES`` alias |
+| ``django_redisqueue.E008`` | ``SENTINELS``, ``SERVICE_NAME``, ``CLUSTER``, ``*_KWARGS`` clash |
 | ``django_redisqueue.W001`` | Redis does not answer (``--deploy`` only) |
 | ``django_redisqueue.W002`` | another app's ``runworker`` or ``runscheduler`` wins |
 """
@@ -50,7 +51,7 @@ def our_backends() -> Iterator[tuple[str, dict[str, Any]]]:
 def check_settings(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """Every problem with the settings of every RedisQueueBackend (E001 to E007)."""
+    """Every problem with the settings of every RedisQueueBackend (E001 to E008)."""
     return [
         checks.Error(problem.msg, hint=problem.hint, id=f"{APP}.{problem.code}")
         for alias, params in our_backends()

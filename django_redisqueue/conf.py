@@ -33,6 +33,13 @@ class Options:
     max_payload_bytes: int = 512 * 1024
     max_recoveries: int = 2  # times a job whose worker was lost is queued again
     enqueue_on_commit: bool = False  # enqueue() waits for the transaction to commit
+    sentinels: tuple[tuple[str, int], ...] = ()  # Redis Sentinel: (host, port) of each
+    service_name: str = ""  # the master's name that the sentinels monitor
+    sentinel_kwargs: Mapping[str, Any] | None = None  # for the sentinels (password...)
+    client_kwargs: Mapping[str, Any] | None = None  # for the Redis servers (password, db...)
+    cluster: bool = False  # URL names a node of a Redis Cluster
+    replica_acks: int = 0  # replicas that must have a write before it counts as done
+    replica_acks_timeout: float = 1.0  # seconds to wait for them
 
     @property
     def redis_url(self) -> str:
@@ -48,10 +55,24 @@ OPTION_NAMES = {
     "MAX_PAYLOAD_BYTES": "max_payload_bytes",
     "MAX_RECOVERIES": "max_recoveries",
     "ENQUEUE_ON_COMMIT": "enqueue_on_commit",
+    "SENTINELS": "sentinels",
+    "SERVICE_NAME": "service_name",
+    "SENTINEL_KWARGS": "sentinel_kwargs",
+    "CLIENT_KWARGS": "client_kwargs",
+    "CLUSTER": "cluster",
+    "REPLICA_ACKS": "replica_acks",
+    "REPLICA_ACKS_TIMEOUT": "replica_acks_timeout",
 }
 
 # Whole-number options and their least value.
-WHOLE_NUMBERS = {"RESULT_TTL": 1, "MAX_PAYLOAD_BYTES": 1, "MAX_RECOVERIES": 0}
+WHOLE_NUMBERS = {
+    "RESULT_TTL": 1,
+    "MAX_PAYLOAD_BYTES": 1,
+    "MAX_RECOVERIES": 0,
+    "REPLICA_ACKS": 0,
+}
+# The ways to name the Redis to use; a backend sets at most one of them.
+CONNECTION_OPTIONS = ("CONNECTION", "URL", "SENTINELS")
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,19 +158,107 @@ def _value_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
         wrong("ENQUEUE_ON_COMMIT", "Use True or False.")
     if not isinstance(raw.get("KEY_PREFIX", ""), str):
         wrong("KEY_PREFIX", "Use a string.")
+    timeout = raw.get("REPLICA_ACKS_TIMEOUT", 1)
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+        wrong("REPLICA_ACKS_TIMEOUT", "Use a number of seconds greater than 0.")
+    for name in ("SENTINEL_KWARGS", "CLIENT_KWARGS"):
+        if not isinstance(raw.get(name, {}), Mapping):
+            wrong(name, "Use a dict of redis-py keyword arguments, e.g. {'password': '...'}.")
+    if not isinstance(raw.get("CLUSTER", False), bool):
+        wrong("CLUSTER", "Use True or False.")
     if raw.get("URL") is not None:
         problems += _url_problems(where, raw["URL"])
-    if raw.get("CONNECTION") and raw.get("URL"):
+    chosen = [name for name in CONNECTION_OPTIONS if raw.get(name)]
+    if len(chosen) > 1:
         problems.append(
             Problem(
                 "E005",
-                f"{where} sets both CONNECTION and URL.",
-                "Keep one of them: CONNECTION reuses a django-redis cache's connection pool.",
+                f"{where} sets {'both ' if len(chosen) == 2 else ''}"
+                f"{', '.join(chosen[:-1])} and {chosen[-1]}.",
+                "Keep one of them: CONNECTION reuses a django-redis cache's connection pool "
+                "(which may itself use Sentinel), URL names one server (or, with CLUSTER, a "
+                "node of a cluster), SENTINELS names the sentinels of a master.",
             )
         )
     elif raw.get("CONNECTION") is not None:
         problems += _connection_problems(where, raw["CONNECTION"])
+    problems += _topology_problems(where, raw)
     return problems
+
+
+def _topology_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
+    """SENTINELS with SERVICE_NAME; CLUSTER with a URL or nothing."""
+    problems = []
+    sentinels = raw.get("SENTINELS")
+    if sentinels is not None and not _addresses(sentinels):
+        problems.append(
+            Problem(
+                "E006",
+                f"{where}['SENTINELS'] is {sentinels!r}.",
+                "List the sentinels as (host, port) pairs, e.g. [('10.0.0.1', 26379), "
+                "('10.0.0.2', 26379), ('10.0.0.3', 26379)].",
+            )
+        )
+    service = raw.get("SERVICE_NAME")
+    if sentinels and not (isinstance(service, str) and service):
+        problems.append(
+            Problem(
+                "E008",
+                f"{where} sets SENTINELS but SERVICE_NAME is {service!r}.",
+                "Set SERVICE_NAME to the master's name in the sentinels' configuration "
+                "('sentinel monitor <name> ...'), e.g. 'mymaster'.",
+            )
+        )
+    elif service is not None and not sentinels:
+        problems.append(
+            Problem(
+                "E008",
+                f"{where} sets SERVICE_NAME without SENTINELS.",
+                "List the sentinels in SENTINELS, or remove SERVICE_NAME.",
+            )
+        )
+    if raw.get("SENTINEL_KWARGS") is not None and not sentinels:
+        problems.append(
+            Problem(
+                "E008",
+                f"{where} sets SENTINEL_KWARGS without SENTINELS.",
+                "List the sentinels in SENTINELS, or remove SENTINEL_KWARGS.",
+            )
+        )
+    if raw.get("CLUSTER") and (sentinels or raw.get("CONNECTION")):
+        problems.append(
+            Problem(
+                "E008",
+                f"{where} sets CLUSTER with {'SENTINELS' if sentinels else 'CONNECTION'}.",
+                "A Redis Cluster is named by URL (any one of its nodes); a cluster has no "
+                "sentinels, and django-redis serves no cluster.",
+            )
+        )
+    if raw.get("CLIENT_KWARGS") and raw.get("CONNECTION"):
+        problems.append(
+            Problem(
+                "E008",
+                f"{where} sets CLIENT_KWARGS with CONNECTION.",
+                "Set the connection's options in the CACHES entry that CONNECTION names.",
+            )
+        )
+    return problems
+
+
+def _addresses(value: Any) -> bool:
+    """True for a non-empty list of (host, port) pairs."""
+    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
+        return False
+    return all(
+        isinstance(pair, Sequence)
+        and not isinstance(pair, str)
+        and len(pair) == 2
+        and isinstance(pair[0], str)
+        and isinstance(pair[1], int)
+        and not isinstance(pair[1], bool)
+        and 0 < pair[1] < 65536
+        for pair in value
+    )
 
 
 def _url_problems(where: str, url: Any) -> list[Problem]:
@@ -207,6 +316,8 @@ def parse_options(alias: str, params: Mapping[str, Any]) -> Options:
     raw = params.get("OPTIONS") or {}
     values: dict[str, Any] = {OPTION_NAMES[name]: value for name, value in raw.items()}
     values.setdefault("key_prefix", f"drq:{alias}")
+    if "sentinels" in values:
+        values["sentinels"] = tuple((host, port) for host, port in values["sentinels"])
     return Options(queues=tuple(_queues(params)), **values)
 
 

@@ -1,4 +1,5 @@
-"""``--concurrency N``: N forked worker processes under a small supervisor.
+"""``--concurrency N`` (and several ``--backend``): forked worker processes under a
+small supervisor.
 
 Processes, not threads: jobs run in parallel on every core, one crashing job takes
 down one process only, and each process runs its job on its main thread, where
@@ -14,7 +15,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 from django.db import connections
@@ -29,18 +30,19 @@ QUICK_EXIT = 5.0
 RESTART_DELAY_MAX = 30.0
 
 
-def run_pool(make_worker: Callable[[], Worker], concurrency: int, *, restart: bool) -> int:
-    """Run ``concurrency`` worker processes; return 0 if every child exited cleanly.
+def run_pool(makers: Sequence[Callable[[], Worker]], *, restart: bool) -> int:
+    """Run one worker process per entry of ``makers`` (each makes its process's
+    worker); return 0 if every child exited cleanly.
 
     ``restart``: start a new child when one dies from a signal or an error (not in
     burst mode, where children exit once the queues are empty).
     """
-    children: dict[int, float] = {}  # pid -> when it started (monotonic)
+    children: dict[int, tuple[float, int]] = {}  # pid -> (its start (monotonic), slot)
     stopping = False
     exit_code = 0
     quick_exits = 0
 
-    def spawn() -> None:
+    def spawn(slot: int) -> None:
         connections.close_all()  # a forked child must not share the parent's sockets
         pid = os.fork()
         if pid == 0:
@@ -52,7 +54,7 @@ def run_pool(make_worker: Callable[[], Worker], concurrency: int, *, restart: bo
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             code = 1
             try:
-                worker = make_worker()
+                worker = makers[slot]()
                 worker.install_signal_handlers([signal.SIGTERM])
                 worker.run()
                 code = 0
@@ -60,7 +62,7 @@ def run_pool(make_worker: Callable[[], Worker], concurrency: int, *, restart: bo
                 logger.exception("Worker process %d crashed", os.getpid())
             finally:
                 os._exit(code)
-        children[pid] = time.monotonic()
+        children[pid] = (time.monotonic(), slot)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
@@ -71,12 +73,13 @@ def run_pool(make_worker: Callable[[], Worker], concurrency: int, *, restart: bo
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    for _ in range(concurrency):
-        spawn()
-    logger.info("Started %d worker processes: %s", concurrency, sorted(children))
+    for slot in range(len(makers)):
+        spawn(slot)
+    logger.info("Started %d worker processes: %s", len(makers), sorted(children))
     while children:
         pid, status = os.wait()
-        lived = time.monotonic() - children.pop(pid, 0.0)
+        started, slot = children.pop(pid, (0.0, 0))
+        lived = time.monotonic() - started
         code = os.waitstatus_to_exitcode(status)
         if code == 0:
             continue
@@ -92,7 +95,7 @@ def run_pool(make_worker: Callable[[], Worker], concurrency: int, *, restart: bo
                 )
                 time.sleep(delay)
             if not stopping:
-                spawn()
+                spawn(slot)
         else:
             exit_code = 1
     return exit_code

@@ -81,7 +81,7 @@ class Scheduler:
         logger.info("Scheduler %s stopped", self.scheduler_id)
 
     def _loop(self) -> None:
-        backoff = Reconnector(logger, f"Scheduler {self.scheduler_id}")
+        backoff = Reconnector(logger, f"Scheduler {self.scheduler_id}", where=self.broker.describe)
         while not self.stopping:
             try:
                 recover = not self.redis_failed and time.monotonic() >= self.recover_after

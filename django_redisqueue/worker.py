@@ -202,7 +202,7 @@ class Worker:
             ", ".join(self.queues) or "every queue used",
             self.backend.alias,
         )
-        backoff = Reconnector(logger, f"Worker {self.worker_id}")
+        backoff = Reconnector(logger, f"Worker {self.worker_id}", where=self.broker.describe)
         try:
             self.register()
         except REDIS_ERRORS as exc:

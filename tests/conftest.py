@@ -16,6 +16,8 @@ import redis
 from django.test import override_settings
 
 from django_redisqueue.testing import RedisServer
+from django_redisqueue.topologies import RedisClusterGroup
+from tests.topology import CLUSTER_ENV, ON_CLUSTER, keys_server, make_client
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,24 +51,30 @@ def pytest_terminal_summary(terminalreporter):
 
 
 @contextmanager
-def use_redis(url: str) -> Iterator[None]:
-    """Point every task backend, and the processes the tests start, at ``url``."""
+def use_redis(url: str, *, cluster: bool = False) -> Iterator[None]:
+    """Point every task backend, and the processes the tests start, at ``url`` (with
+    ``cluster``, a node of a Redis Cluster)."""
     from django.conf import settings
 
     tasks = {alias: dict(conf) for alias, conf in settings.TASKS.items()}
     for alias in ("default", "leased", "anyqueue"):
-        tasks[alias]["OPTIONS"] = {**tasks[alias]["OPTIONS"], "URL": url}
+        options = {k: v for k, v in tasks[alias]["OPTIONS"].items() if k != "CLUSTER"}
+        tasks[alias]["OPTIONS"] = {**options, "URL": url, **({"CLUSTER": True} if cluster else {})}
     caches = {"default": {**settings.CACHES["default"], "LOCATION": url}}
-    previous = os.environ.get("REDISQUEUE_TEST_URL")
+    previous = {name: os.environ.get(name) for name in ("REDISQUEUE_TEST_URL", CLUSTER_ENV)}
     os.environ["REDISQUEUE_TEST_URL"] = url
+    os.environ.pop(CLUSTER_ENV, None)
+    if cluster:
+        os.environ[CLUSTER_ENV] = "1"
     try:
         with override_settings(TASKS=tasks, CACHES=caches):
             yield
     finally:
-        if previous is None:
-            del os.environ["REDISQUEUE_TEST_URL"]
-        else:
-            os.environ["REDISQUEUE_TEST_URL"] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextmanager
@@ -82,13 +90,16 @@ def private_redis(*args: str) -> Iterator[RedisServer]:
         server.stop()
 
 
+not_on_cluster = pytest.mark.skipif(ON_CLUSTER, reason="needs a single redis-server")
+
+
 @pytest.fixture(scope="session", autouse=True)
-def redis_server() -> Iterator[RedisServer]:
+def redis_server() -> Iterator[RedisServer | RedisClusterGroup]:
     if not shutil.which("redis-server"):
         pytest.exit("redis-server is not installed: sudo apt-get install redis-server", 2)
-    server = RedisServer()
+    server: RedisServer | RedisClusterGroup = RedisClusterGroup() if ON_CLUSTER else RedisServer()
     server.start()
-    with use_redis(server.url):
+    with use_redis(server.url, cluster=ON_CLUSTER):
         yield server
     server.stop()
 
@@ -96,7 +107,7 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture(autouse=True)
 def r(redis_server: RedisServer) -> redis.Redis:
     """A client of the private server, emptied before each test."""
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client = make_client(redis_server.url, decode_responses=True)
     client.flushall()
     return client
 
@@ -124,7 +135,9 @@ def blocked_clients(client: redis.Redis) -> list[dict]:
     ``cmd`` is a connection's last command, blocked or not; flag ``b`` says it waits.
     """
     return [
-        c for c in client.client_list() if c.get("cmd") == "blpop" and "b" in c.get("flags", "")
+        c
+        for c in keys_server(client).client_list()
+        if c.get("cmd") == "blpop" and "b" in c.get("flags", "")
     ]
 
 

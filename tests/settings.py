@@ -2,6 +2,7 @@
 its URL in REDISQUEUE_TEST_URL, to this process and to the workers it starts; the
 database file's path goes the same way, in REDISQUEUE_TEST_DB."""
 
+import json
 import os
 import tempfile
 
@@ -64,6 +65,9 @@ STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDISQUEUE_TEST_URL", "redis://127.0.0.1:6379/15")
+# Set when REDIS_URL names a node of a Redis Cluster (REDISQUEUE_TEST_TOPOLOGY=cluster).
+REDIS_CLUSTER = bool(os.environ.get("REDISQUEUE_TEST_CLUSTER"))
+REDIS = {"URL": REDIS_URL, **({"CLUSTER": True} if REDIS_CLUSTER else {})}
 
 CACHES = {
     "default": {
@@ -76,19 +80,19 @@ TASKS = {
     "default": {
         "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
         "QUEUES": ["high", "default", "low"],
-        "OPTIONS": {"URL": REDIS_URL},
+        "OPTIONS": REDIS,
     },
     # Short leases, for the tests of lost workers.
     "leased": {
         "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
         "QUEUES": ["default"],
-        "OPTIONS": {"URL": REDIS_URL, "LEASE": 1, "MAX_RECOVERIES": 2},
+        "OPTIONS": {**REDIS, "LEASE": 1, "MAX_RECOVERIES": 2},
     },
     # Any queue name is valid, as Django reads an empty QUEUES.
     "anyqueue": {
         "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
         "QUEUES": [],
-        "OPTIONS": {"URL": REDIS_URL},
+        "OPTIONS": REDIS,
     },
     "cached": {
         "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
@@ -96,6 +100,15 @@ TASKS = {
         "OPTIONS": {"CONNECTION": "default"},
     },
 }
+
+# The failover tests' backend (tests/test_failover.py): its OPTIONS, naming a Sentinel
+# group or a cluster they started, travel as JSON to the workers they start.
+if os.environ.get("REDISQUEUE_TEST_FAILOVER"):
+    TASKS["failover"] = {
+        "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": json.loads(os.environ["REDISQUEUE_TEST_FAILOVER"]),
+    }
 
 # Tests log users in often; a slow hasher only slows them down.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -18,6 +18,7 @@ from django_redisqueue.compat import (
     task_finished,
     task_started,
 )
+from tests.topology import make_client
 
 LOG = "test:log"
 
@@ -29,7 +30,7 @@ def client() -> redis.Redis:
     """A client of the Redis the tests use, made once per process."""
     url = os.environ["REDISQUEUE_TEST_URL"]
     if url not in _clients:
-        _clients[url] = redis.Redis.from_url(url, decode_responses=True)
+        _clients[url] = make_client(url, decode_responses=True)
     return _clients[url]
 
 

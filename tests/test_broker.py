@@ -7,6 +7,7 @@ import pytest
 from django_redisqueue import ResultTimeout
 from django_redisqueue.broker import ENQUEUE_BATCH_JOBS, FAILED, SUCCESSFUL, NewJob, Outcome
 from tests import tasks
+from tests.topology import keys_server
 
 QUEUES = ["high", "default", "low"]
 
@@ -194,7 +195,7 @@ def test_wait_after_an_operator_retry_blocks_instead_of_spinning(r, broker, back
     assert broker.operate("retry_failed", "default", [job.id]) == 1
 
     def sent():
-        stats = r.info("commandstats")
+        stats = keys_server(r).info("commandstats")
         return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("evalsha", "blmove"))
 
     before = sent()
@@ -294,7 +295,7 @@ def test_a_batch_is_stored_in_order_and_a_taken_id_is_skipped_alone(r, broker, b
 def test_a_large_batch_is_cut_into_calls_sent_in_one_round_trip(r, broker, backend):
     payload = backend.prepare(tasks.noop, (), {})._payload
     jobs = [NewJob(f"j{i}", "default", 0, payload) for i in range(2 * ENQUEUE_BATCH_JOBS + 1)]
-    r.config_resetstat()
+    keys_server(r).config_resetstat()
     assert None not in broker.enqueue(jobs)
-    assert r.info("commandstats")["cmdstat_evalsha"]["calls"] == 3
+    assert keys_server(r).info("commandstats")["cmdstat_evalsha"]["calls"] == 3
     assert r.zrange(backend.keys.queue("default"), 0, -1) == [job.job_id for job in jobs]

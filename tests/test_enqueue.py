@@ -14,7 +14,8 @@ from django_redisqueue.compat import (
 )
 from django_redisqueue.exceptions import ConfigurationError
 from tests import tasks
-from tests.conftest import run_worker_here
+from tests.conftest import not_on_cluster, run_worker_here
+from tests.topology import keys_server
 
 
 def queued(r, queue="default"):
@@ -109,6 +110,7 @@ def test_get_result_of_unknown_id_raises(backend):
         backend.get_result("no-such-job")
 
 
+@not_on_cluster  # django-redis serves no cluster
 def test_a_django_redis_connection_alias_works(r):
     result = tasks.add.using(backend="cached").enqueue(1, 2)
     assert r.zrange("{drq:cached}:queue:default", 0, -1) == [result.id]
@@ -136,10 +138,10 @@ def test_bad_settings_say_what_to_fix(params, message):
 
 
 def test_enqueue_many_sends_every_job_in_one_call_in_order(r, backend):
-    r.config_resetstat()
+    keys_server(r).config_resetstat()
     results = tasks.add.enqueue_many([((i, 1), {}) for i in range(5)] + [((), {"a": 9, "b": 1})])
 
-    assert r.info("commandstats")["cmdstat_evalsha"]["calls"] == 1
+    assert keys_server(r).info("commandstats")["cmdstat_evalsha"]["calls"] == 1
     assert queued(r) == [result.id for result in results]
     assert all(result.enqueued_at is not None for result in results)
     assert [backend.get_result(result.id).args for result in results[:2]] == [[0, 1], [1, 1]]

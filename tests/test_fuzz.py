@@ -293,9 +293,9 @@ def scripts_never_fail(broker) -> Iterator[None]:
     scheduler would otherwise back off and send the same call again for ever."""
     original = broker._run
 
-    def run(script: str, *args):
+    def run(script: str, *args, **options):
         try:
-            return original(script, *args)
+            return original(script, *args, **options)
         except redis.ResponseError as exc:
             shown = ", ".join(repr(a)[:120] for a in args)
             raise ScriptFailed(f"{script}.lua raised {exc} (ARGV: {shown})") from exc

@@ -1,9 +1,8 @@
 """``enqueue_on_commit`` and the ENQUEUE_ON_COMMIT option, with real transactions on
 the test database (a sqlite file the workers share) and ``runworker --burst``."""
 
-import os
-
 import pytest
+from django.conf import settings
 from django.db import transaction
 from django.test import override_settings
 
@@ -15,6 +14,7 @@ from django_redisqueue.testing import free_port
 from tests import tasks
 from tests.conftest import manage, wait_until
 from tests.models import Report
+from tests.topology import keys_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -102,7 +102,7 @@ def test_a_delayed_job_waits_for_the_commit_then_for_its_time(r):
 
 
 def test_the_enqueue_on_commit_option_makes_enqueue_wait(r, enqueued):
-    options = {"URL": os.environ["REDISQUEUE_TEST_URL"], "ENQUEUE_ON_COMMIT": True}
+    options = {**settings.TASKS["default"]["OPTIONS"], "ENQUEUE_ON_COMMIT": True}
     conf = {
         "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
         "QUEUES": ["default"],
@@ -133,11 +133,11 @@ def test_redis_down_at_the_commit_raises_after_the_commit(r):
 
 
 def evalsha_calls(r):
-    return r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    return keys_server(r).info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
 
 
 def test_the_jobs_of_one_transaction_are_sent_in_one_call_at_the_commit(r, enqueued):
-    r.config_resetstat()
+    keys_server(r).config_resetstat()
     with transaction.atomic():
         results = [tasks.add.enqueue_on_commit(i, 1) for i in range(10)]
         results += tasks.add.enqueue_many([((i, 2), {}) for i in range(3)])  # with the option off

@@ -154,6 +154,34 @@ class FaultyRedis(redis.Redis):
             raise exc
         return reply
 
+    def pipeline(self, transaction=True, shard_hint=None):  # type: ignore[override]
+        pipe = FaultyPipeline(self.connection_pool, self.response_callbacks, transaction, None)
+        pipe.owner = self
+        return pipe
+
+
+class FaultyPipeline(redis.client.Pipeline):
+    """A pipeline of FaultyRedis: a pipeline that calls scripts fails as FaultyRedis's
+    script calls do (the broker pipelines its calls with REPLICA_ACKS)."""
+
+    owner: FaultyRedis
+
+    def execute(self, raise_on_error=True):  # type: ignore[override]
+        owner = self.owner
+        if not any(args[0] == "EVALSHA" for args, _ in self.command_stack):
+            return super().execute(raise_on_error)
+        if owner.fault is not None:
+            exc, owner.fault = owner.fault, None
+            self.reset()
+            raise exc
+        replies = super().execute(raise_on_error)
+        if any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
+            return replies  # nothing ran: the reply to lose is the next call's, as above
+        if owner.lose_reply is not None:
+            exc, owner.lose_reply = owner.lose_reply, None
+            raise exc
+        return replies
+
 
 class Ids:
     """Deterministic job ids in a pseudo-random order (ties between equal scores are
@@ -1175,9 +1203,19 @@ class ProtocolMachine(RuleBasedStateMachine):
 EXAMPLES = int(os.environ.get("REDISQUEUE_MODEL_EXAMPLES", "300"))
 
 
-def test_the_protocol_follows_its_model(r, redis_server, backend, report):
+@pytest.mark.parametrize(
+    ("pipelined", "examples"),
+    [(False, EXAMPLES), (True, max(EXAMPLES // 3, 1))],
+    ids=["one-call", "pipelined"],
+)
+def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipelined, examples):
+    """``pipelined``: every script call goes the way REPLICA_ACKS sends it, in a
+    pipeline (``Broker._run_many``: its own NOSCRIPT handling), without the WAIT, which
+    tests/test_replication.py proves against a real replica."""
     client = FaultyRedis.from_url(redis_server.url)
     broker = Broker(client, backend.keys, lease=LEASE, result_ttl=RESULT_TTL)
+    if pipelined:
+        broker._run = lambda script, *args, acked=False: broker._run_many([(script, args)])[0]
     ids = Ids()
     env = {"r": r, "backend": backend, "client": client, "broker": broker, "ids": ids}
     RUN.clear()
@@ -1188,7 +1226,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report):
             run_state_machine_as_test(
                 lambda: ProtocolMachine(env),
                 settings=settings(
-                    max_examples=EXAMPLES,
+                    max_examples=examples,
                     stateful_step_count=50,
                     deadline=None,
                     database=None,
@@ -1212,6 +1250,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report):
         )
     )
     report(
-        f"protocol model: {steps} steps in {RUN['examples']} sequences, "
+        f"protocol model{' (pipelined)' if pipelined else ''}: {steps} steps in "
+        f"{RUN['examples']} sequences, "
         f"{len(STATES)} distinct states, {time.monotonic() - started:.1f} s ({extra})"
     )

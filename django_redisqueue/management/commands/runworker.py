@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -86,7 +87,14 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("queues", nargs="*", metavar="QUEUE[:WEIGHT]")
-        parser.add_argument("--backend", default="default", help="TASKS alias (default: default)")
+        parser.add_argument(
+            "--backend",
+            action="append",
+            dest="backends",
+            metavar="ALIAS",
+            help="TASKS alias (default: default); give it again to serve several backends "
+            "(e.g. spread over a cluster's nodes), each by its own processes",
+        )
         parser.add_argument(
             "--burst", action="store_true", help="exit 0 once every queue served is empty"
         )
@@ -105,26 +113,39 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
-        backend = get_backend(options["backend"])
-        queues, weights = parse_queues(backend, options["queues"])
-        registry.autodiscover()
-        self.print_banner(backend, queues, weights, options)
-
-        def make_worker() -> Worker:
-            return Worker(
-                backend,
-                queues,
-                weights=weights,
-                burst=options["burst"],
-                max_jobs=options["max_jobs"],
+        aliases = options["backends"] or ["default"]
+        if len(set(aliases)) != len(aliases):
+            raise CommandError(f"A backend is given twice: {', '.join(aliases)}.")
+        if len(aliases) > 1 and options["queues"]:
+            raise CommandError(
+                "Queue names go with one --backend; with several, each backend's workers "
+                "serve all its queues."
             )
+        backends = [get_backend(alias) for alias in aliases]
+        queues, weights = parse_queues(backends[0], options["queues"])
+        registry.autodiscover()
+        for backend in backends:
+            self.print_banner(backend, queues, weights, options)
 
-        if options["concurrency"] == 1:
-            worker = make_worker()
+        def maker(backend: RedisQueueBackend) -> Callable[[], Worker]:
+            def make_worker() -> Worker:
+                return Worker(
+                    backend,
+                    queues,
+                    weights=weights,
+                    burst=options["burst"],
+                    max_jobs=options["max_jobs"],
+                )
+
+            return make_worker
+
+        makers = [maker(backend) for backend in backends] * options["concurrency"]
+        if len(makers) == 1:
+            worker = makers[0]()
             worker.install_signal_handlers()
             worker.run()
             return
-        code = run_pool(make_worker, options["concurrency"], restart=not options["burst"])
+        code = run_pool(makers, restart=not options["burst"])
         if code:
             raise CommandError("A worker process failed; see the log above.", returncode=code)
 
@@ -144,10 +165,8 @@ class Command(BaseCommand):
             order = ", ".join(f"{q}:{weights.get(q, 1)}" for q in queues) + " (weighted)"
         else:
             order = " > ".join(queues) + " (strict priority)"
-        client = backend.broker.client.connection_pool.connection_kwargs
-        where = f"{client.get('host', client.get('path', '?'))}:{client.get('port', '')}"
         lines = [
-            f"django-redisqueue worker, backend {backend.alias!r} on redis {where}",
+            f"django-redisqueue worker, backend {backend.alias!r} on {backend.broker.describe()}",
             f"  queues:      {order}",
             f"  concurrency: {options['concurrency']} process(es)"
             + (", burst" if options["burst"] else ""),

@@ -1,0 +1,62 @@
+"""The redis-py client of a backend: one server, a master watched by Redis Sentinel, or
+a Redis Cluster, as ``OPTIONS`` say (``CONNECTION``, ``URL``, ``SENTINELS``,
+``CLUSTER``). Only clients are made here; every command goes through ``broker.py``.
+
+After a failover the clients follow the new master on their own: a Sentinel client
+asks the sentinels again when a connection fails or the old master answers READONLY
+(redis-py's ``SentinelManagedConnection``), and a Cluster client reloads the slot map
+on a MOVED reply or a lost node. The loops that use them retry with backoff.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from redis.cluster import RedisCluster
+from redis.sentinel import Sentinel, SentinelConnectionPool
+
+from .conf import Options
+
+Client = redis.Redis | RedisCluster
+
+
+def make_client(options: Options) -> Client:
+    """Return the client that ``options`` describe."""
+    if options.connection:
+        from django_redis import get_redis_connection
+
+        return get_redis_connection(options.connection)
+    kwargs = dict(options.client_kwargs or {})
+    if options.sentinels:
+        sentinel = Sentinel(
+            list(options.sentinels), sentinel_kwargs=dict(options.sentinel_kwargs or {}), **kwargs
+        )
+        return sentinel.master_for(options.service_name, **kwargs)
+    if options.cluster:
+        return RedisCluster.from_url(options.redis_url, **kwargs)
+    return redis.Redis.from_url(options.redis_url, **kwargs)
+
+
+def describe(client: Client) -> str:
+    """Where ``client`` sends its commands, for log lines and banners; for Sentinel,
+    the master the sentinels name now (one question to a sentinel)."""
+    if isinstance(client, RedisCluster):
+        nodes = client.get_primaries()
+        return (
+            "cluster "
+            + ", ".join(node.name for node in nodes[:3])
+            + (f" (+{len(nodes) - 3} more masters)" if len(nodes) > 3 else "")
+        )
+    pool = client.connection_pool
+    if isinstance(pool, SentinelConnectionPool):
+        try:
+            host, port = pool.get_master_address()
+            where = f"master {host}:{port}"
+        except redis.RedisError as exc:
+            where = f"no master known ({exc})"
+        return f"sentinel service {pool.service_name!r}, {where}"
+    kwargs: dict[str, Any] = pool.connection_kwargs
+    if "path" in kwargs:
+        return f"redis unix:{kwargs['path']}"
+    return f"redis {kwargs.get('host', '?')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"

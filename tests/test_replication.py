@@ -1,0 +1,172 @@
+"""REPLICA_ACKS: enqueue and every job move wait for replicas (WAIT) on the connection
+that wrote. Each test runs a private master and a replica that replicates through a
+proxy (tests/proxy.py). A replica frozen with SIGSTOP confirms nothing, so a write that
+really waits for it can be told from one that does not; a replication stream held by
+the proxy when the master dies is lost with it, as across a real failover.
+"""
+
+import logging
+import os
+import signal
+from contextlib import contextmanager
+
+import pytest
+import redis
+from django.test import override_settings
+
+from django_redisqueue.compat import TaskResultStatus, task_backends
+from django_redisqueue.exceptions import BrokerUnavailable
+from django_redisqueue.testing import RedisServer
+from tests import tasks
+from tests.conftest import not_on_cluster, run_worker_here, use_redis, wait_until
+from tests.proxy import LinkProxy
+
+pytestmark = not_on_cluster  # a pair of servers of its own
+
+
+@pytest.fixture
+def link():
+    return {}
+
+
+@pytest.fixture
+def pair(link):
+    """A master and its replica, in sync; every backend uses the master. The replica
+    replicates through ``link["proxy"]``."""
+    master = RedisServer("--repl-diskless-sync-delay", "0")  # the replica syncs at once
+    master.start()
+    link["proxy"] = proxy = LinkProxy(master.port)
+    replica = RedisServer("--replicaof", "127.0.0.1", str(proxy.port))
+    replica.start()
+    try:
+        info = redis.Redis(port=replica.port)
+        wait_until(
+            lambda: info.info("replication")["master_link_status"] == "up", 10, "the replica"
+        )
+        with use_redis(master.url):
+            yield master, replica
+    finally:
+        replica.stop()
+        proxy.close()
+        master.stop()
+
+
+@contextmanager
+def acked_backend(acks: int, timeout: float = 0.3):
+    from django.conf import settings
+
+    tasks_setting = {alias: dict(conf) for alias, conf in settings.TASKS.items()}
+    options = tasks_setting["default"]["OPTIONS"]
+    tasks_setting["default"]["OPTIONS"] = {
+        **options,
+        "REPLICA_ACKS": acks,
+        "REPLICA_ACKS_TIMEOUT": timeout,
+    }
+    with override_settings(TASKS=tasks_setting):
+        yield task_backends["default"]
+
+
+@contextmanager
+def frozen(server: RedisServer):
+    """The server's process stopped (SIGSTOP): it answers nothing, and replicates nothing."""
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+
+
+def test_an_acked_enqueue_is_on_the_replica_when_it_returns(pair):
+    _, replica = pair
+    on_replica = redis.Redis(port=replica.port, decode_responses=True)
+    with acked_backend(1) as backend:
+        results = tasks.add.enqueue_many([((i, i), {}) for i in range(2500)])  # 3 calls
+        # The replica holds every job the moment enqueue returns: no wait here.
+        keys = [backend.keys.job(result.id) for result in results]
+        assert on_replica.exists(*keys) == len(keys)
+
+
+def test_an_enqueue_no_replica_confirms_raises_at_the_call_site(pair):
+    _, replica = pair
+    with acked_backend(1) as backend, frozen(replica):
+        with pytest.raises(BrokerUnavailable, match=r"not safely.*0 of the 1 replica"):
+            tasks.add.enqueue(1, 2)
+        # The master has it: it runs, unless the master fails before the replica has it.
+        assert backend.broker.queue_length("default") == 1
+
+
+def test_without_replica_acks_nothing_waits_for_a_frozen_replica(pair):
+    _, replica = pair
+    with acked_backend(0), frozen(replica):
+        assert tasks.add.enqueue(1, 2).status == TaskResultStatus.READY
+
+
+def test_more_acks_than_replicas_never_passes(pair):
+    with acked_backend(2), pytest.raises(BrokerUnavailable, match="1 of the 2 replica"):
+        tasks.add.enqueue(1, 2)
+
+
+def test_the_worker_runs_and_stores_jobs_a_replica_does_not_confirm(pair, caplog):
+    _, replica = pair
+    with acked_backend(1) as backend:
+        job = tasks.add.enqueue(2, 3)
+        with frozen(replica), caplog.at_level(logging.WARNING):
+            run_worker_here(backend)
+        assert job.wait(timeout=5) == 5
+    warnings = [r.message for r in caplog.records if r.name == "django_redisqueue.broker"]
+    # The claim, then the finish: each says its write may be lost with the master.
+    assert len(warnings) >= 2
+    assert all("0 of the 1 replica(s)" in message for message in warnings)
+
+
+def test_acked_writes_survive_losing_the_master(pair):
+    """Promote the replica at once after the writes, as a failover would: every job an
+    acked enqueue returned, and every outcome an acked finish stored, is there."""
+    master, replica = pair
+    with acked_backend(1) as backend:
+        done = tasks.add.enqueue(1, 1)
+        run_worker_here(backend)
+        waiting = tasks.add.enqueue_many([((i, 1), {}) for i in range(500)])
+    master.kill()
+    promoted = redis.Redis(port=replica.port)
+    promoted.replicaof("NO", "ONE")
+    with use_redis(replica.url):
+        backend = task_backends["default"]
+        assert backend.get_result(done.id).status == TaskResultStatus.SUCCESSFUL
+        assert backend.broker.queue_length("default") == len(waiting)
+
+
+def fail_over(master: RedisServer, replica: RedisServer, proxy: LinkProxy) -> None:
+    """The master dies with the replication stream it had not delivered; the replica
+    is made master, as Sentinel would."""
+    master.kill()
+    proxy.cut()
+    redis.Redis(port=replica.port).replicaof("NO", "ONE")
+
+
+@pytest.mark.parametrize("acks", [0, 1])
+def test_what_a_failover_loses_of_acknowledged_enqueues(pair, link, acks, report):
+    master, replica = pair
+    proxy = link["proxy"]
+    acknowledged, refused = [], 0
+    with acked_backend(acks, timeout=0.05):
+        for i in range(20):
+            if i == 10:
+                proxy.hold()  # the replica falls behind from here on
+            try:
+                acknowledged.append(tasks.add.enqueue(i, i).id)
+            except BrokerUnavailable:
+                refused += 1
+    fail_over(master, replica, proxy)
+    with use_redis(replica.url):
+        backend = task_backends["default"]
+        lost = [job_id for job_id in acknowledged if not backend.broker.get_job(job_id)]
+    report(
+        f"failover, REPLICA_ACKS={acks}: {len(acknowledged)} enqueues acknowledged, "
+        f"{refused} refused, {len(lost)} acknowledged lost"
+    )
+    if acks:
+        assert (len(acknowledged), refused, lost) == (10, 10, [])
+    else:  # the ten made while the replica was behind were acknowledged, and are gone
+        assert (len(acknowledged), refused, len(lost)) == (20, 0, 10)

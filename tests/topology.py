@@ -1,0 +1,29 @@
+"""Which Redis the tests run on: one redis-server, or (``REDISQUEUE_TEST_TOPOLOGY=cluster``,
+nox session ``cluster``) a Redis Cluster of 3 masters and 3 replicas, on which each
+backend's keys live on one slot. Shared by the test process and the workers it starts."""
+
+import os
+
+import redis
+from redis.cluster import RedisCluster
+
+ON_CLUSTER = os.environ.get("REDISQUEUE_TEST_TOPOLOGY") == "cluster"
+# Set, for this process and the ones it starts, while the URL in use names a cluster node.
+CLUSTER_ENV = "REDISQUEUE_TEST_CLUSTER"
+
+
+def make_client(url: str, **kwargs) -> redis.Redis | RedisCluster:
+    """A client of the Redis at ``url``: a cluster client while the tests use a cluster."""
+    if os.environ.get(CLUSTER_ENV):
+        return RedisCluster.from_url(url, **kwargs)
+    return redis.Redis.from_url(url, **kwargs)
+
+
+def keys_server(client: redis.Redis | RedisCluster, key: str = "{drq:default}:") -> redis.Redis:
+    """The server that holds ``key`` (by default the default backend's keys): ``client``
+    itself, or on a cluster the master of the key's slot, for what is counted per
+    server (INFO, CLIENT LIST)."""
+    if isinstance(client, RedisCluster):
+        node = client.get_node_from_key(key)
+        return node.redis_connection or client.get_redis_connection(node)
+    return client
