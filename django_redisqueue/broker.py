@@ -41,6 +41,8 @@ WORKER_TTL = 60
 # sent in one round trip).
 ENQUEUE_BATCH_JOBS = 1000
 ENQUEUE_BATCH_BYTES = 1 << 20
+# Seconds between two warnings that writes went unconfirmed by REPLICA_ACKS replicas.
+UNREPLICATED_WARNING_INTERVAL = 10.0
 
 # Every error Redis or the connection to it can raise. A loop that must outlive Redis
 # trouble (out of memory, read-only replica, loading, busy script, lost connection)
@@ -223,6 +225,9 @@ class Broker:
         self.replica_acks_timeout = replica_acks_timeout
         self._scripts = _load_scripts(client)
         self._script_keys = keys.script_keys
+        # Writes too few replicas confirmed since the last warning, and the next one.
+        self._unreplicated = 0
+        self._warn_unreplicated_at = 0.0
 
     def _run(self, script: str, *args: Any, acked: bool = False) -> Any:
         """Call a script. ``acked``: a write that waits for REPLICA_ACKS replicas (if
@@ -233,7 +238,16 @@ class Broker:
         try:
             return self._run_many([(script, args)])[0]
         except NotReplicated as exc:
-            logger.warning("Redis %s: %s", script, exc)
+            self._unreplicated += 1
+            if time.monotonic() >= self._warn_unreplicated_at:
+                self._warn_unreplicated_at = time.monotonic() + UNREPLICATED_WARNING_INTERVAL
+                logger.warning(
+                    "Redis %s: %s (%d such write(s) since the last warning)",
+                    script,
+                    exc,
+                    self._unreplicated,
+                )
+                self._unreplicated = 0
             return exc.replies[0]
 
     def _run_many(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:

@@ -38,6 +38,7 @@ class Options:
     sentinel_kwargs: Mapping[str, Any] | None = None  # for the sentinels (password...)
     client_kwargs: Mapping[str, Any] | None = None  # for the Redis servers (password, db...)
     cluster: bool = False  # URL names a node of a Redis Cluster
+    cluster_nodes: tuple[tuple[str, int], ...] = ()  # a cluster's startup nodes
     replica_acks: int = 0  # replicas that must have a write before it counts as done
     replica_acks_timeout: float = 1.0  # seconds to wait for them
 
@@ -60,6 +61,7 @@ OPTION_NAMES = {
     "SENTINEL_KWARGS": "sentinel_kwargs",
     "CLIENT_KWARGS": "client_kwargs",
     "CLUSTER": "cluster",
+    "CLUSTER_NODES": "cluster_nodes",
     "REPLICA_ACKS": "replica_acks",
     "REPLICA_ACKS_TIMEOUT": "replica_acks_timeout",
 }
@@ -72,7 +74,7 @@ WHOLE_NUMBERS = {
     "REPLICA_ACKS": 0,
 }
 # The ways to name the Redis to use; a backend sets at most one of them.
-CONNECTION_OPTIONS = ("CONNECTION", "URL", "SENTINELS")
+CONNECTION_OPTIONS = ("CONNECTION", "URL", "SENTINELS", "CLUSTER_NODES")
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +179,8 @@ def _value_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
                 f"{', '.join(chosen[:-1])} and {chosen[-1]}.",
                 "Keep one of them: CONNECTION reuses a django-redis cache's connection pool "
                 "(which may itself use Sentinel), URL names one server (or, with CLUSTER, a "
-                "node of a cluster), SENTINELS names the sentinels of a master.",
+                "node of a cluster), SENTINELS names the sentinels of a master, "
+                "CLUSTER_NODES names nodes of a cluster.",
             )
         )
     elif raw.get("CONNECTION") is not None:
@@ -190,15 +193,16 @@ def _topology_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
     """SENTINELS with SERVICE_NAME; CLUSTER with a URL or nothing."""
     problems = []
     sentinels = raw.get("SENTINELS")
-    if sentinels is not None and not _addresses(sentinels):
-        problems.append(
-            Problem(
-                "E006",
-                f"{where}['SENTINELS'] is {sentinels!r}.",
-                "List the sentinels as (host, port) pairs, e.g. [('10.0.0.1', 26379), "
-                "('10.0.0.2', 26379), ('10.0.0.3', 26379)].",
+    for name, example in (("SENTINELS", 26379), ("CLUSTER_NODES", 7000)):
+        if raw.get(name) is not None and not _addresses(raw[name]):
+            problems.append(
+                Problem(
+                    "E006",
+                    f"{where}[{name!r}] is {raw[name]!r}.",
+                    f"List them as (host, port) pairs, e.g. [('10.0.0.1', {example}), "
+                    f"('10.0.0.2', {example}), ('10.0.0.3', {example})].",
+                )
             )
-        )
     service = raw.get("SERVICE_NAME")
     if sentinels and not (isinstance(service, str) and service):
         problems.append(
@@ -316,8 +320,9 @@ def parse_options(alias: str, params: Mapping[str, Any]) -> Options:
     raw = params.get("OPTIONS") or {}
     values: dict[str, Any] = {OPTION_NAMES[name]: value for name, value in raw.items()}
     values.setdefault("key_prefix", f"drq:{alias}")
-    if "sentinels" in values:
-        values["sentinels"] = tuple((host, port) for host, port in values["sentinels"])
+    for name in ("sentinels", "cluster_nodes"):
+        if name in values:
+            values[name] = tuple((host, port) for host, port in values[name])
     return Options(queues=tuple(_queues(params)), **values)
 
 

@@ -1,6 +1,7 @@
 """The redis-py client of a backend: one server, a master watched by Redis Sentinel, or
 a Redis Cluster, as ``OPTIONS`` say (``CONNECTION``, ``URL``, ``SENTINELS``,
-``CLUSTER``). Only clients are made here; every command goes through ``broker.py``.
+``CLUSTER``, ``CLUSTER_NODES``). Only clients are made here; every command goes
+through ``broker.py``.
 
 After a failover the clients follow the new master on their own: a Sentinel client
 asks the sentinels again when a connection fails or the old master answers READONLY
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from .conf import Options
@@ -33,6 +34,9 @@ def make_client(options: Options) -> Client:
             list(options.sentinels), sentinel_kwargs=dict(options.sentinel_kwargs or {}), **kwargs
         )
         return sentinel.master_for(options.service_name, **kwargs)
+    if options.cluster_nodes:
+        nodes = [ClusterNode(host, port) for host, port in options.cluster_nodes]
+        return RedisCluster(startup_nodes=nodes, **kwargs)
     if options.cluster:
         return RedisCluster.from_url(options.redis_url, **kwargs)
     return redis.Redis.from_url(options.redis_url, **kwargs)

@@ -75,6 +75,12 @@ def test_the_test_settings_pass_every_check_against_a_live_redis():
         ({"OPTIONS": {"CLUSTER": True, "CONNECTION": "default"}}, "E008", "CLUSTER with"),
         ({"OPTIONS": {"CLIENT_KWARGS": {"db": 1}, "CONNECTION": "default"}}, "E008", "KWARGS"),
         ({"OPTIONS": {"CLUSTER": "yes"}}, "E006", "['CLUSTER'] is 'yes'"),
+        ({"OPTIONS": {"CLUSTER_NODES": [("h", 0)]}}, "E006", "['CLUSTER_NODES']"),
+        (
+            {"OPTIONS": {"CLUSTER_NODES": [("h", 7000)], "URL": "redis://"}},
+            "E005",
+            "both URL and CLUSTER_NODES",
+        ),
         ({"OPTIONS": {"CLIENT_KWARGS": ["password"]}}, "E006", "['CLIENT_KWARGS']"),
         ({"OPTIONS": {"REPLICA_ACKS": -1}}, "E006", "['REPLICA_ACKS'] is -1"),
         ({"OPTIONS": {"REPLICA_ACKS_TIMEOUT": 0}}, "E006", "['REPLICA_ACKS_TIMEOUT'] is 0"),

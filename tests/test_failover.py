@@ -1,0 +1,182 @@
+"""The kill-chaos workload across a Redis failover: under Sentinel (a master, a replica,
+three Sentinels) and on a Redis Cluster (3 masters, 3 replicas), with and without
+REPLICA_ACKS. Workers are SIGKILLed at random while a producer enqueues; in the middle
+the master holding the jobs is SIGKILLed and its replica promoted.
+
+Each run reports what was acknowledged, refused, lost and run twice, and the time from
+the master's death to the first job started on the new one. Jobs append their number
+to a ledger on a Redis of their own (the suite's), which no failover touches.
+
+On loopback a replica keeps up with its master within a fraction of a millisecond, so
+even without REPLICA_ACKS a failover here seldom loses a write; what a replica that
+falls behind loses, and what REPLICA_ACKS keeps, is shown deterministically in
+tests/test_replication.py.
+"""
+
+import contextlib
+import json
+import os
+import random
+import threading
+import time
+from collections import Counter
+
+import pytest
+import redis
+from django.conf import settings
+from django.test import override_settings
+
+from django_redisqueue.compat import TaskResultStatus, task_backends
+from django_redisqueue.exceptions import BrokerUnavailable
+from django_redisqueue.topologies import RedisClusterGroup, RedisSentinelGroup
+from tests import tasks
+from tests.conftest import not_on_cluster, wait_until
+
+pytestmark = [pytest.mark.failover, not_on_cluster]
+
+BACKEND = ("--backend", "failover")
+JOBS = 1200  # enqueued over about 6 s, the master killed after about 2 s
+WORKERS = 3
+FAILOVER_AT = 2.0  # seconds into the run
+
+
+@contextlib.contextmanager
+def failover_backend(options):
+    """The ``failover`` backend (tests/settings.py) with ``options``, here and in the
+    processes the test starts."""
+    os.environ["REDISQUEUE_TEST_FAILOVER"] = json.dumps(options)
+    tasks_setting = {
+        **settings.TASKS,
+        "failover": {
+            "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
+            "QUEUES": ["default"],
+            "OPTIONS": options,
+        },
+    }
+    try:
+        with override_settings(TASKS=tasks_setting):
+            yield task_backends["failover"]
+    finally:
+        del os.environ["REDISQUEUE_TEST_FAILOVER"]
+
+
+class Producer(threading.Thread):
+    """Enqueues JOBS ledger jobs at a steady pace; an enqueue that raises is refused and
+    not retried (a caller would retry it with a new id)."""
+
+    def __init__(self, ledger_url: str) -> None:
+        super().__init__(daemon=True)
+        self.ledger_url = ledger_url
+        self.acknowledged: dict[int, str] = {}  # job number -> job id
+        self.refused = 0
+
+    def run(self) -> None:
+        for i in range(JOBS):
+            try:
+                job = tasks.ledger_at.using(backend="failover").enqueue(self.ledger_url, i, 3)
+                self.acknowledged[i] = job.id
+            except BrokerUnavailable:
+                self.refused += 1
+            time.sleep(0.005)  # the producer's pace, not a wait for a condition
+
+
+def common_options(acks):
+    # Short leases bring killed workers' jobs back quickly.
+    return {"LEASE": 2, "MAX_RECOVERIES": 10, "REPLICA_ACKS": acks, "REPLICA_ACKS_TIMEOUT": 0.5}
+
+
+# REPLICA_ACKS=1 runs with two replicas per master, as it should be deployed: once one
+# is promoted, the other still confirms writes (with none left, every write would wait
+# REPLICA_ACKS_TIMEOUT for nothing, and every enqueue would be refused).
+
+
+@contextlib.contextmanager
+def sentinel_topology(acks):
+    with RedisSentinelGroup(replicas=1 + acks) as group:
+        options = {
+            "SENTINELS": group.sentinel_addresses,
+            "SERVICE_NAME": group.service_name,
+            **common_options(acks),
+        }
+
+        def fail_over() -> None:
+            old = group.kill_master()
+            group.wait_for_failover(old.address)
+
+        yield options, fail_over
+
+
+@contextlib.contextmanager
+def cluster_topology(acks):
+    with RedisClusterGroup(replicas_per_master=1 + acks) as group:
+        # Every node, as a deployment lists them: the one a URL names may be the one killed.
+        nodes = [node.address for node in group.nodes]
+        options = {"CLUSTER_NODES": nodes, **common_options(acks)}
+
+        def fail_over() -> None:
+            master = group.master_for_key("{drq:failover}:")
+            group.kill(master)
+            group.wait_for_failover(master)
+
+        yield options, fail_over
+
+
+TOPOLOGIES = {"sentinel": sentinel_topology, "cluster": cluster_topology}
+
+
+@pytest.mark.parametrize("acks", [0, 1], ids=["no-acks", "acks-1"])
+@pytest.mark.parametrize("topology", ["sentinel", "cluster"])
+def test_kill_chaos_across_a_failover(r, redis_server, procs, report, topology, acks):
+    with TOPOLOGIES[topology](acks) as (options, fail_over), failover_backend(options) as backend:
+        ledger = redis.Redis.from_url(redis_server.url, decode_responses=True)
+        procs.start("runscheduler", *BACKEND)
+        workers = [procs.start("runworker", *BACKEND) for _ in range(WORKERS)]
+        producer = Producer(redis_server.url)
+        started = time.monotonic()
+        producer.start()
+        rng = random.Random(11)
+        kills, killed_at, failover_took = 0, None, None
+        while producer.is_alive():
+            time.sleep(0.4)  # the pace of the chaos, not a wait for a condition
+            victim = rng.randrange(WORKERS)
+            procs.kill(workers[victim])
+            kills += 1
+            workers[victim] = procs.start("runworker", *BACKEND)
+            if killed_at is None and time.monotonic() - started > FAILOVER_AT:
+                killed_at = time.time()
+                fail_over()
+                failover_took = time.time() - killed_at
+        assert killed_at is not None, "the producer finished before the failover"
+        acknowledged = producer.acknowledged
+
+        def settled():
+            ran = set(map(int, ledger.lrange("test:ledger", 0, -1)))
+            if set(acknowledged) <= ran:
+                return True
+            counts = backend.broker.counts(["default"])["default"]
+            return not (counts["ready"] or counts["delayed"] or backend.broker.running_count())
+
+        wait_until(settled, 120, "every acknowledged job to run, or nothing left to run")
+        ran = Counter(map(int, ledger.lrange("test:ledger", 0, -1)))
+        lost = sorted(set(acknowledged) - set(ran))
+        twice = sum(n - 1 for n in ran.values() if n > 1)
+        starts = [
+            result.started_at.timestamp()
+            for result in map(backend.get_result, acknowledged.values())
+            if result.status == TaskResultStatus.SUCCESSFUL
+            and result.started_at.timestamp() > killed_at
+        ]
+        assert starts, "no acknowledged job started on the new master"
+        resumed = min(starts) - killed_at
+        report(
+            f"failover chaos, {topology}, REPLICA_ACKS={acks}: {len(acknowledged)} enqueues "
+            f"acknowledged, {producer.refused} refused; lost {len(lost)}, run twice {twice} "
+            f"({kills} worker kills); failover {failover_took:.2f} s, first job started "
+            f"on the new master {resumed:.2f} s after the old one died"
+        )
+        assert len(acknowledged) > JOBS / 2
+        if acks:
+            assert lost == [], "acknowledged enqueues lost despite REPLICA_ACKS"
+        # Nothing the new master holds is stuck: everything it has finished.
+        assert set(ran) <= set(range(JOBS))
+        assert twice <= kills + WORKERS  # at least once: killed workers' jobs run again
