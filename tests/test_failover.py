@@ -129,7 +129,7 @@ TOPOLOGIES = {"sentinel": sentinel_topology, "cluster": cluster_topology}
 def test_kill_chaos_across_a_failover(r, redis_server, procs, report, topology, acks):
     with TOPOLOGIES[topology](acks) as (options, fail_over), failover_backend(options) as backend:
         ledger = redis.Redis.from_url(redis_server.url, decode_responses=True)
-        procs.start("runscheduler", *BACKEND)
+        scheduler = procs.start("runscheduler", *BACKEND)
         workers = [procs.start("runworker", *BACKEND) for _ in range(WORKERS)]
         producer = Producer(redis_server.url)
         started = time.monotonic()
@@ -174,9 +174,89 @@ def test_kill_chaos_across_a_failover(r, redis_server, procs, report, topology, 
             f"({kills} worker kills); failover {failover_took:.2f} s, first job started "
             f"on the new master {resumed:.2f} s after the old one died"
         )
+        # The scheduler lived through it all: it logged the switch once.
+        assert procs.stop(scheduler).count("Redis reachable again") == 1
         assert len(acknowledged) > JOBS / 2
         if acks:
             assert lost == [], "acknowledged enqueues lost despite REPLICA_ACKS"
         # Nothing the new master holds is stuck: everything it has finished.
         assert set(ran) <= set(range(JOBS))
         assert twice <= kills + WORKERS  # at least once: killed workers' jobs run again
+
+
+@pytest.mark.django_db
+def test_a_django_redis_sentinel_cache_serves_the_backend_across_a_failover(r, caplog):
+    """CONNECTION names a django-redis cache that uses Sentinel: enqueue, the worker,
+    wait() and the dashboard all follow the promoted replica, and the worker logs the
+    switch once, naming the new master."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    with RedisSentinelGroup(replicas=1) as group:
+        cache = {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"redis://{group.service_name}/0",
+            "OPTIONS": {
+                "CLIENT_CLASS": "django_redis.client.SentinelClient",
+                "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
+                "SENTINELS": group.sentinel_addresses,
+            },
+        }
+        tasks_setting = {
+            "default": {
+                "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
+                "QUEUES": ["default"],
+                "OPTIONS": {"CONNECTION": "sentinel"},
+            }
+        }
+        caches = {**settings.CACHES, "sentinel": cache}
+        with override_settings(CACHES=caches, TASKS=tasks_setting), worker_thread() as worker:
+            backend = task_backends["default"]
+            first = tasks.add.enqueue(1, 2)
+            assert first.wait(timeout=5) == 3
+            group.sync_replicas()
+
+            with caplog.at_level("WARNING", logger="django_redisqueue"):
+                old = group.kill_master()
+                with pytest.raises(BrokerUnavailable):
+                    tasks.add.enqueue(2, 2)  # no master yet: refused at the call site
+                new_address = group.wait_for_failover(old.address)
+                second = tasks.add.enqueue(2, 3)
+                assert second.wait(timeout=10) == 5  # wait() and the worker followed
+            assert backend.get_result(first.id).return_value == 3  # the replica had it
+            where = f"master {new_address[0]}:{new_address[1]}"
+            assert backend.broker.describe().endswith(where)
+            switches = [
+                record.message
+                for record in caplog.records
+                if record.name == "django_redisqueue.worker"
+                and "reachable again" in record.message
+            ]
+            assert len(switches) == 1 and where in switches[0], switches
+            assert worker.jobs_done == 2
+
+            staff = User.objects.create_superuser("op", password="pw")
+            client = Client()
+            client.force_login(staff)
+            page = client.get("/admin/django_redisqueue/dashboard/default/")
+            assert page.status_code == 200
+            assert "Worker" in page.text
+
+
+@contextlib.contextmanager
+def worker_thread():
+    """A worker of the default backend running in a thread of this process."""
+    from unittest import mock
+
+    from django_redisqueue.compat import task_backends
+    from django_redisqueue.worker import Worker
+
+    with mock.patch("django_redisqueue.worker.close_old_connections"):
+        worker = Worker(task_backends["default"])
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        try:
+            yield worker
+        finally:
+            worker.stopping = True
+            thread.join(timeout=15)
