@@ -260,3 +260,33 @@ def worker_thread():
         finally:
             worker.stopping = True
             thread.join(timeout=15)
+
+
+def test_a_master_demoted_in_place_answers_readonly_and_the_worker_moves_on(r):
+    """A failover that keeps the old master alive (SENTINEL FAILOVER, or a master back
+    from a partition): it is made a replica and answers READONLY on the worker's open
+    connections; redis-py's Sentinel pool then asks the Sentinels again."""
+    with RedisSentinelGroup(replicas=1) as group:
+        options = {"SENTINELS": group.sentinel_addresses, "SERVICE_NAME": group.service_name}
+        tasks_setting = {
+            "default": {
+                "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
+                "QUEUES": ["default"],
+                "OPTIONS": options,
+            }
+        }
+        with override_settings(TASKS=tasks_setting), worker_thread() as worker:
+            first = tasks.add.enqueue(1, 1)
+            assert first.wait(timeout=5) == 2
+            old = group.master
+            sentinel = group.client(group.sentinels[0])
+            sentinel.execute_command("SENTINEL", "FAILOVER", group.service_name)
+            group.wait_for_failover(old.address)
+            wait_until(
+                lambda: group.client(old).execute_command("ROLE")[0] == "slave",
+                30,
+                "the old master to become a replica",
+            )
+            second = tasks.add.enqueue(2, 2)
+            assert second.wait(timeout=10) == 4
+            assert worker.jobs_done == 2

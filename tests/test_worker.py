@@ -150,12 +150,23 @@ def test_takes_context_and_django_task(backend):
     assert doubled.wait(timeout=5) == 42
 
 
+def test_one_runworker_serves_several_backends_each_by_its_own_processes():
+    jobs = [tasks.add.enqueue(1, 2), tasks.add.using(backend="leased").enqueue(3, 4)]
+    done = manage("runworker", "--burst", "--backend", "default", "--backend", "leased")
+    assert done.returncode == 0, done.stderr
+    assert [job.wait(timeout=5) for job in jobs] == [3, 7]
+    assert "Started 2 worker processes" in done.stderr
+    assert done.stdout.count("django-redisqueue worker, backend") == 2
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["nope"], "Queue 'nope' is not one of backend 'default'"),
         (["high:0"], "must be a whole number >= 1"),
         (["--backend", "missing"], "No task backend 'missing'"),
+        (["--backend", "default", "--backend", "default"], "A backend is given twice"),
+        (["--backend", "default", "--backend", "leased", "high"], "go with one --backend"),
     ],
 )
 def test_bad_arguments_are_command_errors(args, message):
