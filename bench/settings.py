@@ -1,5 +1,10 @@
-"""Settings for the benchmark: the private redis-server's URL comes from BENCH_REDIS_URL."""
+"""Settings for the benchmark: the private redis-server's URL comes from BENCH_REDIS_URL.
 
+BENCH_REDIS_OPTIONS, a JSON object, replaces the backend's OPTIONS (a replica, a cluster);
+BENCH_REDIS_ALIASES, JSON ``{alias: OPTIONS}``, adds backends (``bench/scaling.py``).
+"""
+
+import json
 import os
 
 import django
@@ -10,10 +15,17 @@ INSTALLED_APPS = ["django_redisqueue", "bench"]
 if django.VERSION < (6, 0):
     INSTALLED_APPS.append("django_tasks")
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+_OPTIONS = json.loads(os.environ.get("BENCH_REDIS_OPTIONS") or "null") or {
+    "URL": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+}
 TASKS = {
-    "default": {
+    alias: {
         "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
         "QUEUES": ["default"],
-        "OPTIONS": {"URL": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")},
+        "OPTIONS": options,
     }
+    for alias, options in {
+        "default": _OPTIONS,
+        **json.loads(os.environ.get("BENCH_REDIS_ALIASES") or "{}"),
+    }.items()
 }
