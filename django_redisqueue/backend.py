@@ -270,6 +270,20 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         server, or a node of a cluster), or a Sentinel master's."""
         return make_client(self.config)
 
+    def connect(self) -> Broker:
+        """The broker, once its client could be made. A cluster client connects as it is
+        made; while no node answers, wait with backoff (a worker started before its
+        Redis is up waits for it, as it does for a Redis that goes away later)."""
+        backoff = Reconnector(logger, f"Backend {self.alias!r}")
+        while True:
+            try:
+                broker = self.broker
+            except REDIS_ERRORS as exc:
+                backoff.failed(exc)
+                continue
+            backoff.succeeded()
+            return broker
+
     @cached_property
     def broker(self) -> Broker:
         return Broker(

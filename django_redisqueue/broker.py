@@ -21,7 +21,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.client import Pipeline
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 
 from .connection import Client, describe
@@ -47,11 +47,17 @@ UNREPLICATED_WARNING_INTERVAL = 10.0
 # Every error Redis or the connection to it can raise. A loop that must outlive Redis
 # trouble (out of memory, read-only replica, loading, busy script, lost connection)
 # backs off and tries again on any of them.
-REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError,)
+# RedisClusterException: a cluster client found no node that answers (as it is made, or
+# reloading its slot map after a lost connection).
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
 # The errors after which a command may or may not have run: the reply was lost.
 # Redis refuses a command it answers with an error (OOM, READONLY, BUSY, NOSCRIPT...)
 # before it changes anything, and our scripts never fail half-way (see common.lua).
-UNCERTAIN_ERRORS: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
+UNCERTAIN_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    RedisClusterException,
+)
 
 
 def _load_scripts(client: Client) -> dict[str, Any]:

@@ -75,13 +75,21 @@ def check_redis(
             backend.broker.ping(PING_TIMEOUT)
         except Exception as exc:  # any failure to get a PONG back is the finding
             config = backend.config
-            where = (
-                f"CACHES[{config.connection!r}]" if config.connection else _safe(config.redis_url)
-            )
+            if config.connection:
+                where = f"CACHES[{config.connection!r}]"
+            elif config.sentinels:
+                sentinels = ", ".join(f"{host}:{port}" for host, port in config.sentinels)
+                where = f"service {config.service_name!r} of the sentinels {sentinels}"
+            elif config.cluster_nodes:
+                nodes = ", ".join(f"{host}:{port}" for host, port in config.cluster_nodes)
+                where = f"cluster nodes {nodes}"
+            else:
+                where = _safe(config.redis_url)
             messages.append(
                 checks.Warning(
                     f"The Redis of TASKS[{alias!r}] did not answer ({where}): {exc}",
-                    hint="Start Redis or fix OPTIONS URL / CONNECTION: until it answers, "
+                    hint="Start Redis or fix how OPTIONS name it (URL, CONNECTION, SENTINELS, "
+                    "CLUSTER_NODES): until it answers, "
                     "enqueueing raises BrokerUnavailable and no job runs.",
                     id=f"{APP}.W001",
                 )

@@ -290,3 +290,16 @@ def test_a_master_demoted_in_place_answers_readonly_and_the_worker_moves_on(r):
             second = tasks.add.enqueue(2, 2)
             assert second.wait(timeout=10) == 4
             assert worker.jobs_done == 2
+
+
+def test_before_any_cluster_node_answers_workers_wait_and_enqueue_raises(procs):
+    from django_redisqueue.testing import free_port
+
+    options = {"CLUSTER_NODES": [("127.0.0.1", free_port())]}  # nothing listens there
+    with failover_backend(options):
+        with pytest.raises(BrokerUnavailable, match="Redis did not answer"):
+            tasks.add.using(backend="failover").enqueue(1, 2)
+        worker = procs.start("runworker", *BACKEND)
+        procs.expect(worker, "Backend 'failover': Redis unreachable (RedisClusterException")
+        procs.expect(worker, "retry 2 in")  # waiting, not crashed
+        assert worker.poll() is None

@@ -21,7 +21,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print JSON, for scripts")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        backend = get_backend(options["backend"], "queuestats")
+        backend = get_backend(options["backend"], "queuestats", connect=False)
         overview = Dashboard(backend).overview()
         workers = [
             {"id": w["id"], "queues": w["queues"], "heartbeat_age": round(w["heartbeat_age"], 1)}

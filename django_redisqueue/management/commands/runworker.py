@@ -37,7 +37,9 @@ def configure_logging(verbosity: int) -> None:
         logger.propagate = False
 
 
-def get_backend(alias: str, command: str = "runworker") -> RedisQueueBackend:
+def get_backend(
+    alias: str, command: str = "runworker", *, connect: bool = True
+) -> RedisQueueBackend:
     try:
         backend = task_backends[alias]
     except Exception as exc:
@@ -47,6 +49,8 @@ def get_backend(alias: str, command: str = "runworker") -> RedisQueueBackend:
             f"TASKS[{alias!r}] uses {type(backend).__module__}.{type(backend).__name__}; "
             f"{command} serves django_redisqueue.backend.RedisQueueBackend only."
         )
+    if connect:
+        backend.connect()
     return backend
 
 
