@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.backoff import NoBackoff
@@ -65,7 +65,10 @@ def _load_scripts(client: Client) -> dict[str, Any]:
     lua = resources.files(__package__) / "lua"
     common = (lua / "common.lua").read_text()
     return {
-        file.name.removesuffix(".lua"): client.register_script(common + file.read_text())
+        # cast: redis-py 5 annotates register_script for Redis only; RedisCluster has it.
+        file.name.removesuffix(".lua"): cast(redis.Redis, client).register_script(
+            common + file.read_text()
+        )
         for file in lua.iterdir()
         if file.name.endswith(".lua") and file.name != "common.lua"
     }

@@ -11,7 +11,7 @@ on a MOVED reply or a lost node. The loops that use them retry with backoff.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
@@ -36,7 +36,8 @@ def make_client(options: Options) -> Client:
         return sentinel.master_for(options.service_name, **kwargs)
     if options.cluster_nodes:
         nodes = [ClusterNode(host, port) for host, port in options.cluster_nodes]
-        return RedisCluster(startup_nodes=nodes, **kwargs)
+        # cast: redis-py 5's annotations call RedisCluster abstract; it is not.
+        return cast(Any, RedisCluster)(startup_nodes=nodes, **kwargs)
     if options.cluster:
         return RedisCluster.from_url(options.redis_url, **kwargs)
     return redis.Redis.from_url(options.redis_url, **kwargs)

@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar, cast
 
 import redis
 from redis.backoff import NoBackoff
@@ -58,6 +58,12 @@ def _client(port: int) -> redis.Redis:
         retry=Retry(NoBackoff(), 0),
         decode_responses=True,
     )
+
+
+def server_info(client: redis.Redis, section: str) -> dict[str, Any]:
+    """``INFO section`` of a synchronous client, typed as what it is (redis-py 5 types
+    every reply as "value or awaitable")."""
+    return cast(dict[str, Any], client.info(section))
 
 
 def _wait_for(
@@ -140,7 +146,7 @@ class RedisServer:
             while True:
                 try:
                     # Another process that took the port meanwhile would answer PING too.
-                    if client.info("server")["process_id"] != process.pid:
+                    if server_info(client, "server")["process_id"] != process.pid:
                         self.kill()
                         raise RuntimeError(f"port {self.port} is taken by another redis-server")
                     return

@@ -16,7 +16,7 @@ import redis
 from redis.cluster import ClusterNode
 from redis.crc import key_slot
 
-from .testing import HOST, RedisServer, _client, _free_ports, _wait_for
+from .testing import HOST, RedisServer, _client, _free_ports, _wait_for, server_info
 
 
 def _logged_server(*args: str, port: int) -> RedisServer:
@@ -83,7 +83,7 @@ class _Topology:
         replicas: list[tuple[RedisServer, int]] = []  # replica, its master's port
         for server in self.data_servers:
             if server.running:
-                info = self.client(server).info("replication")
+                info = server_info(self.client(server), "replication")
                 if info["role"] == "master":
                     offsets[server.port] = info["master_repl_offset"]
                 else:
@@ -93,7 +93,8 @@ class _Topology:
             # Ask the replicas themselves: the offsets a master lists for its replicas
             # come from their acknowledgements, sent once a second.
             return all(
-                self.client(replica).info("replication")["slave_repl_offset"] >= offsets[port]
+                server_info(self.client(replica), "replication")["slave_repl_offset"]
+                >= offsets[port]
                 for replica, port in replicas
                 if port in offsets
             )
@@ -315,7 +316,7 @@ class RedisSentinelGroup(_Topology):
         self._wait_settled(master, timeout)
 
     def _replica_of(self, server: RedisServer, master: RedisServer) -> bool:
-        info = self.client(server).info("replication")
+        info = server_info(self.client(server), "replication")
         return bool(
             info["role"] == "slave"
             and info["master_port"] == master.port
@@ -601,7 +602,7 @@ class RedisClusterGroup(_Topology):
                 if served != 16384:
                     return False
                 signatures.add(frozenset(e.signature() for e in view))
-                info = self.client(node).info("replication")
+                info = server_info(self.client(node), "replication")
                 if info["role"] == "slave" and info["master_link_status"] != "up":
                     return False
             return len(signatures) == 1
