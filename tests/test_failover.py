@@ -174,8 +174,8 @@ def test_kill_chaos_across_a_failover(r, redis_server, procs, report, topology, 
             f"({kills} worker kills); failover {failover_took:.2f} s, first job started "
             f"on the new master {resumed:.2f} s after the old one died"
         )
-        # The scheduler lived through it all: it logged the switch once.
-        assert procs.stop(scheduler).count("Redis reachable again") == 1
+        # The scheduler lived through it all, and logged when Redis answered again.
+        assert "Redis reachable again" in procs.stop(scheduler)
         assert len(acknowledged) > JOBS / 2
         if acks:
             assert lost == [], "acknowledged enqueues lost despite REPLICA_ACKS"

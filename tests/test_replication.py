@@ -139,6 +139,17 @@ def test_acked_writes_survive_losing_the_master(pair):
         assert backend.broker.queue_length("default") == len(waiting)
 
 
+def caught_up(master: RedisServer, replica: RedisServer) -> None:
+    """Wait until the replica has processed everything the master has written."""
+    offset = redis.Redis(port=master.port).info("replication")["master_repl_offset"]
+    on_replica = redis.Redis(port=replica.port)
+    wait_until(
+        lambda: on_replica.info("replication")["slave_repl_offset"] >= offset,
+        10,
+        "the replica to catch up",
+    )
+
+
 def fail_over(master: RedisServer, replica: RedisServer, proxy: LinkProxy) -> None:
     """The master dies with the replication stream it had not delivered; the replica
     is made master, as Sentinel would."""
@@ -155,6 +166,7 @@ def test_what_a_failover_loses_of_acknowledged_enqueues(pair, link, acks, report
     with acked_backend(acks, timeout=0.05):
         for i in range(20):
             if i == 10:
+                caught_up(master, replica)
                 proxy.hold()  # the replica falls behind from here on
             try:
                 acknowledged.append(tasks.add.enqueue(i, i).id)
