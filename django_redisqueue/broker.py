@@ -278,11 +278,7 @@ class Broker:
                 pipe.execute_command(
                     "WAIT", self.replica_acks, int(self.replica_acks_timeout * 1000)
                 )
-            try:
-                out = self._execute(pipe, raise_on_error=False)
-            except redis.RedisError:
-                self._lost_server()
-                raise
+            out = self._execute(pipe, raise_on_error=False)
             if self.replica_acks:
                 *out, acked = out
             missing = []

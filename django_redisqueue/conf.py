@@ -190,7 +190,9 @@ def _value_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
 
 
 def _topology_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
-    """SENTINELS with SERVICE_NAME; CLUSTER with a URL or nothing."""
+    """Address lists that are not (host, port) pairs, and options that do not fit
+    together: SENTINELS without SERVICE_NAME (or the reverse), SENTINEL_KWARGS without
+    SENTINELS, CLUSTER with SENTINELS or CONNECTION, CLIENT_KWARGS with CONNECTION."""
     problems = []
     sentinels = raw.get("SENTINELS")
     for name, example in (("SENTINELS", 26379), ("CLUSTER_NODES", 7000)):

@@ -93,7 +93,29 @@ def _wait_for(
         time.sleep(_POLL_INTERVAL)
 
 
-class RedisServer:
+class StartStop:
+    """``with`` for what starts and stops: ``start()`` on entry, ``stop()`` on exit."""
+
+    def start(self, timeout: float = 10.0) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class RedisServer(StartStop):
     """A private redis-server on 127.0.0.1, keeping nothing on disk unless asked to."""
 
     def __init__(self, *extra_args: str, port: int | None = None, directory: str = "") -> None:
@@ -171,18 +193,6 @@ class RedisServer:
         self.kill()
         if self.own_directory:
             shutil.rmtree(self.directory, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {HOST}:{self.port}{'' if self.running else ' (down)'}>"

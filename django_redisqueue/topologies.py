@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import redis
 from redis.cluster import ClusterNode
 from redis.crc import key_slot
 
-from .testing import HOST, RedisServer, _client, _free_ports, _wait_for, server_info
+from .testing import HOST, RedisServer, StartStop, _client, _free_ports, _wait_for, server_info
 
 
 def _logged_server(*args: str, port: int) -> RedisServer:
@@ -52,7 +51,7 @@ def _as_dict(reply: Any) -> dict[str, Any]:
     return dict(zip(reply[::2], reply[1::2], strict=True))
 
 
-class _Topology:
+class _Topology(StartStop):
     """What the groups share: the servers, polling clients, context management."""
 
     data_servers: list[RedisServer]  # the redis-servers holding data (not the Sentinels)
@@ -108,21 +107,6 @@ class _Topology:
         self._clients.clear()
         for server in self.servers:
             server.stop()
-
-    def start(self, timeout: float = 30.0) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 class SentinelServer(RedisServer):
