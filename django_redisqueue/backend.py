@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +14,16 @@ from django.db import transaction
 
 from . import broker as broker_module
 from .base import RedisTask, RedisTaskResult
-from .broker import REDIS_ERRORS, Broker, NewJob, NotReplicated, Reconnector
+from .broker import (
+    AFTER_GROUP,
+    REDIS_ERRORS,
+    Broker,
+    GroupState,
+    MissingJob,
+    NewJob,
+    NotReplicated,
+    Reconnector,
+)
 from .compat import (
     DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
@@ -40,11 +49,13 @@ from .jobs import (
     JobRecord,
     ensure_json_arguments,
     error_info,
+    from_json,
     from_seconds,
     to_json,
 )
 from .keys import KeySchema
 from .registry import registry
+from .workflows import GroupResult, Job
 
 logger = logging.getLogger(__name__)
 
@@ -313,19 +324,45 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
 
     def push(self, results: Sequence[RedisTaskResult]) -> None:
         """Put prepared jobs in Redis (one round trip), set their ``enqueued_at`` and
-        send task_enqueued for each."""
-        jobs = [
-            NewJob(
-                result.id,
-                result.task.queue_name,
-                result.task.priority,
-                result._payload,
-                int(result.task.run_after.timestamp() * 1000) if result.task.run_after else 0,
-            )
-            for result in results
-        ]
+        send task_enqueued for each. Jobs that depend on another (``depends_on``) go
+        through the linked enqueue, which holds them until that job succeeded."""
+        after = [getattr(result.task, "depends_on", None) or "" for result in results]
+        if any(after):
+            self.push_linked(results, after)
+            return
+        self._stored(
+            results,
+            lambda: self.broker.enqueue(
+                [_new_job(result) for result in results], record_queues=not self.queue_names
+            ),
+        )
+
+    def push_linked(
+        self, results: Sequence[RedisTaskResult], after: Sequence[str], group_id: str = ""
+    ) -> None:
+        """``push`` for jobs that wait for another (``after``: a job id, AFTER_GROUP for
+        a group's callback, or '') or belong to group ``group_id``."""
+        jobs = [_new_job(result, wait) for result, wait in zip(results, after, strict=True)]
+        self._stored(
+            results,
+            lambda: self.broker.enqueue_linked(
+                jobs, group_id=group_id, record_queues=not self.queue_names
+            ),
+        )
+
+    def _stored(
+        self, results: Sequence[RedisTaskResult], store: Callable[[], list[int | None]]
+    ) -> None:
+        """Run ``store`` (a broker enqueue of ``results``), turning Redis errors into
+        BrokerUnavailable; then set each result's ``enqueued_at`` and send
+        task_enqueued."""
         try:
-            enqueued = self.broker.enqueue(jobs, record_queues=not self.queue_names)
+            enqueued = store()
+        except MissingJob as exc:
+            raise TaskResultDoesNotExist(
+                f"Job {exc.job_id}, which {_names(results)} would run after, does not exist "
+                "(or its result expired): nothing was queued."
+            ) from None
         except NotReplicated as exc:
             raise BrokerUnavailable(
                 f"Enqueued {_names(results)}, but not safely: {exc}. The job(s) run unless "
@@ -348,6 +385,91 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
                 f"Could not enqueue {_names(taken)}: job id "
                 f"{', '.join(r.id for r in taken)} is taken."
             )
+
+    # Fan-out (workflows.py)
+
+    def enqueue_group(self, members: Sequence[Job], callback: Job | None) -> GroupResult:
+        """Queue a group's members and its callback (held until every member ended):
+        one atomic call per 1,000 jobs, every call in one round trip."""
+        results = [self.prepare(job.task, job.args, job.kwargs) for job in members]
+        after = [""] * len(results)
+        if callback is not None:
+            results.append(self.prepare(callback.task, callback.args, callback.kwargs))
+            after.append(AFTER_GROUP)
+        group_id = new_job_id()
+        self.push_linked(results, after, group_id)
+        return GroupResult(
+            id=group_id,
+            backend=self.alias,
+            member_ids=[result.id for result in results[: len(members)]],
+            callback_id=results[-1].id if callback is not None else None,
+        )
+
+    def enqueue_chain(self, jobs: Sequence[Job]) -> list[RedisTaskResult]:
+        """Queue jobs that run one after the other, in one atomic call per batch."""
+        results = [self.prepare(job.task, job.args, job.kwargs) for job in jobs]
+        after = [jobs[0].task.depends_on or ""] + [result.id for result in results[:-1]]
+        self.push_linked(results, after)
+        return results
+
+    def send_broadcast(self, job: Job, queue: str = "") -> int:
+        """Send ``job`` to every live worker (or every worker serving ``queue``)."""
+        if queue and not QUEUE_NAME_RE.fullmatch(queue):
+            raise ValueError(f"{queue!r} is not a queue name.")
+        result = self.prepare(job.task, job.args, job.kwargs)
+        try:
+            return self.broker.broadcast(result._payload, queue)
+        except REDIS_ERRORS as exc:
+            raise BrokerUnavailable(
+                f"Could not broadcast {_names([result])}: the {self.alias!r} task backend's "
+                f"Redis did not answer or refused it ({type(exc).__name__}: {exc})."
+            ) from exc
+
+    def get_group(self, group_id: str) -> GroupResult:
+        """The handle of a group queued earlier (from any process)."""
+        state = self.group_state(group_id)
+        return GroupResult(
+            id=group_id,
+            backend=self.alias,
+            member_ids=self.broker.group_members(group_id),
+            callback_id=state.callback_id or None,
+            state=state,
+        )
+
+    def group_state(self, group_id: str) -> GroupState:
+        state = self.broker.group(group_id)
+        if state is None:
+            raise TaskResultDoesNotExist(f"No group {group_id} (or it expired).")
+        return state
+
+    def group_results(self, group_id: str) -> list[Any]:
+        """The members' return values, in order; None for a member that failed, has
+        not ended, or whose result expired."""
+        values: list[Any] = []
+        members = self.broker.group_members(group_id)
+        for start in range(0, len(members), 1000):
+            for fields in self.broker.jobs(members[start : start + 1000], "status", "result"):
+                value = None
+                if fields.get("status") == broker_module.SUCCESSFUL and fields.get("result"):
+                    try:
+                        value = from_json(fields["result"])
+                    except (ValueError, RecursionError):
+                        value = None
+                values.append(value)
+        return values
+
+    def wait_group(self, group_id: str, timeout: float) -> bool:
+        """Block until the group ends or ``timeout``; a Redis error waits the slice out."""
+        try:
+            return self.broker.wait_group(group_id, timeout)
+        except REDIS_ERRORS as exc:
+            logger.warning("Waiting for group %s: Redis failed (%s)", group_id, exc)
+            time.sleep(min(timeout, 0.5))
+            return False
+
+    def cancel_group(self, group_id: str) -> int:
+        error = JobCancelled(f"Group {group_id} was cancelled before this job started.")
+        return self.broker.cancel_group(group_id, to_json(error_info(error)))
 
     def get_result(self, result_id: str) -> RedisTaskResult:
         fields = self.broker.get_job(result_id)
@@ -412,6 +534,18 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
             self.alias,
             envelope.run_after,
         )
+
+
+def _new_job(result: RedisTaskResult, after: str = "") -> NewJob:
+    run_after = result.task.run_after
+    return NewJob(
+        result.id,
+        result.task.queue_name,
+        result.task.priority,
+        result._payload,
+        int(run_after.timestamp() * 1000) if run_after else 0,
+        after,
+    )
 
 
 def _names(results: Sequence[RedisTaskResult]) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Protocol, cast, overload
+from typing import TYPE_CHECKING, Any, Protocol, cast, overload
 
 from django.db import transaction
 from django.utils import timezone
@@ -26,6 +26,9 @@ from .compat import (
     task_backends,
 )
 from .exceptions import TaskFailed
+
+if TYPE_CHECKING:
+    from .workflows import Job
 
 DEFAULT_BACKEND_ALIAS = "default"
 
@@ -51,8 +54,14 @@ class RedisTask(Task):
     retry_jitter: bool = True
     retry_on: tuple[type[BaseException], ...] = (Exception,)
     timeout: float | None = None  # seconds; a job past it fails with JobTimeout
+    # The id of a job this task's jobs run after, once it succeeded (``using()``).
+    depends_on: str | None = None
 
     def __post_init__(self) -> None:
+        if self.depends_on is not None and not (
+            isinstance(self.depends_on, str) and self.depends_on
+        ):
+            raise ValueError(f"depends_on must be a job id, not {self.depends_on!r}.")
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"retries must be a whole number >= 0, not {self.retries!r}.")
         if not isinstance(self.retry_backoff, int | float) or self.retry_backoff < 0:
@@ -83,6 +92,13 @@ class RedisTask(Task):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the task inline, in this process, as a plain function call."""
         return self.call(*args, **kwargs)
+
+    def job(self, *args: Any, **kwargs: Any) -> Job:
+        """This task with these arguments, not queued yet: a member of a ``group()``,
+        a step of a ``chain()`` (or ``.then()``), or a ``broadcast()``."""
+        from .workflows import Job
+
+        return Job(self, args, kwargs)
 
     def delay(self, *args: Any, **kwargs: Any) -> TaskResult:
         """Queue up the task: an alias of ``enqueue()``."""
@@ -123,21 +139,28 @@ class RedisTask(Task):
         run_after: datetime | None = None,
         backend: str | None = None,
         delay: float | timedelta | None = None,
+        depends_on: TaskResult | str | None = None,
     ) -> RedisTask:
-        """Create a new task with modified defaults; ``delay`` sets ``run_after``."""
+        """Create a new task with modified defaults; ``delay`` sets ``run_after``;
+        ``depends_on`` (a result or a job id) holds its jobs until that job succeeded
+        (if it fails, they fail with ``DependencyFailed``)."""
         if delay is not None:
             if run_after is not None:
                 raise TypeError("Pass either delay or run_after, not both.")
             if not isinstance(delay, timedelta):
                 delay = timedelta(seconds=delay)
             run_after = timezone.now() + delay
-        return Task.using(  # type: ignore[return-value]  # a RedisTask, as self is
+        task: RedisTask = Task.using(  # type: ignore[assignment]  # a RedisTask, as self is
             self,
             priority=priority,
             queue_name=queue_name,
             run_after=run_after,
             backend=backend,
         )
+        if depends_on is not None:
+            job_id = depends_on if isinstance(depends_on, str) else depends_on.id
+            task = replace(task, depends_on=job_id)
+        return task
 
 
 # TaskResult is a frozen dataclass at run time; django-stubs do not say so.

@@ -33,6 +33,8 @@ SUCCESSFUL = "SUCCESSFUL"
 FAILED = "FAILED"
 RETRY = "RETRY"  # an outcome only: the job goes back to the delayed set, READY
 RELEASE = "RELEASE"  # an outcome only: given back unfinished to its queue, READY
+# NewJob.after of a group's callback: it waits for every member of its group to end.
+AFTER_GROUP = "group"
 
 # Seconds a worker's record outlives its last heartbeat.
 WORKER_TTL = 60
@@ -111,9 +113,14 @@ class NewJob:
     priority: int
     payload: str  # the JSON envelope
     due_ms: int = 0  # ms since the epoch by Redis's clock; 0 (or passed): ready now
+    # The job it runs after: '' (none), a job id, or AFTER_GROUP (a group's callback).
+    after: str = ""
 
     def as_args(self) -> list[Any]:
         return [self.job_id, self.payload, self.queue, self.priority, self.due_ms]
+
+    def as_linked_args(self) -> list[Any]:
+        return [*self.as_args(), self.after]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +152,21 @@ class Outcome:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupState:
+    """A group as Redis holds it: how many members it has and how many have ended."""
+
+    group_id: str
+    size: int  # members stored so far
+    total: int | None  # the final size, once its last batch was stored (sealed)
+    ended: int
+    failed: int
+    callback_id: str
+    created_at_ms: int
+    finished_at_ms: int | None
+    cancelled: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """What one scheduler step did, and how long until the next step is due."""
 
@@ -154,6 +176,14 @@ class Tick:
     next_in: float | None  # seconds; None when nothing is delayed or running; 0: again
     now_ms: int  # Redis's clock when the step ran
     held: bool = False  # it ran past recover_until_ms, so it recovered no lease
+
+
+class MissingJob(LookupError):
+    """A job named to run after (``depends_on``) does not exist, or has expired."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(job_id)
+        self.job_id = job_id
 
 
 class NotReplicated(redis.RedisError):
@@ -234,6 +264,8 @@ class Broker:
         self.replica_acks_timeout = replica_acks_timeout
         self._scripts = _load_scripts(client)
         self._script_keys = keys.script_keys
+        # The number of the last broadcast message, as the latest claim saw it.
+        self.last_broadcast = 0
         # Writes too few replicas confirmed since the last warning, and the next one.
         self._unreplicated = 0
         self._warn_unreplicated_at = 0.0
@@ -386,7 +418,8 @@ class Broker:
         args: list[Any] = [self.lease_ms, worker_id, self.result_ttl, woken_by, len(outcomes)]
         for outcome in outcomes:
             args += outcome.as_args()
-        stored, claimed = self._run("claim", *args, *queues, acked=True)
+        stored, claimed, last_broadcast = self._run("claim", *args, *queues, acked=True)
+        self.last_broadcast = int(last_broadcast)
         job = None
         if claimed:
             job = Claimed(text(claimed[0]) or "", text(claimed[1]) or "", _pairs(claimed[2:]))
@@ -401,15 +434,24 @@ class Broker:
         given_back = self._run("abandon", worker_id, self.result_ttl, acked=True)
         return [text(job_id) or "" for job_id in given_back]
 
-    def wait_for_work(self, queues: Sequence[str], timeout: float) -> str | None:
-        """Block until a wake-up token arrives for one of ``queues``, or the timeout;
-        return the queue whose token was taken (None: the timeout)."""
+    def wait_for_work(
+        self, queues: Sequence[str], timeout: float, worker_id: str = ""
+    ) -> str | None:
+        """Block until a wake-up token arrives for one of ``queues`` (or, with
+        ``worker_id``, a broadcast message for that worker), or the timeout; return the
+        queue whose token was taken ('' for a broadcast; None: the timeout)."""
+        wakes = [*map(self.keys.wake, queues)]
+        if worker_id:
+            wakes.append(self.keys.broadcast_wake(worker_id))
         # execute_command: Redis takes a fractional timeout, which some redis-py
         # versions' annotations of blpop refuse.
-        taken = sync(self.client.execute_command("BLPOP", *map(self.keys.wake, queues), timeout))
+        taken = sync(self.client.execute_command("BLPOP", *wakes, timeout))
         if taken is None:
             return None
-        return (text(taken[0]) or "").removeprefix(self.keys.wake_prefix)
+        key = text(taken[0]) or ""
+        if not key.startswith(self.keys.wake_prefix):
+            return ""
+        return key.removeprefix(self.keys.wake_prefix)
 
     def heartbeat(
         self, worker_id: str, info: Mapping[str, str | int], owned: Mapping[str, str]
@@ -448,6 +490,7 @@ class Broker:
             lost_error,
             int(recover),
             recover_until_ms,
+            self.lease_ms,
             *queues,
         )
         next_at = int(next_at)
@@ -463,13 +506,7 @@ class Broker:
     def get_job(self, job_id: str) -> dict[str, str] | None:
         """Return the stored fields of a job, or None if it does not exist (or expired,
         or its key is not a hash)."""
-        pipe = self._pipeline(transaction=True)
-        pipe.type(self.keys.job(job_id))
-        pipe.hgetall(self.keys.job(job_id))
-        kind, fields = self._execute(pipe, raise_on_error=False)
-        if text(kind) != "hash" or not fields:
-            return None
-        return {text(k) or "": text(v) or "" for k, v in fields.items()}
+        return self.get_hash(self.keys.job(job_id))
 
     def watch(self, job_id: str) -> str | None:
         """Ask to be woken when the job finishes; return its status (None: no such job)."""
@@ -491,8 +528,117 @@ class Broker:
     def unregister_worker(self, worker_id: str) -> None:
         pipe = self._pipeline(transaction=False)
         pipe.zrem(self.keys.workers, worker_id)
-        pipe.delete(self.keys.worker(worker_id))
+        pipe.delete(self.keys.worker(worker_id), self.keys.broadcast_wake(worker_id))
+        pipe.zrem(self.keys.broadcast_cursors, worker_id)
         self._execute(pipe)
+
+    # Fan-out: groups, chains, broadcast (docs/protocol.md, "Fan-out")
+
+    def enqueue_linked(
+        self,
+        jobs: Sequence[NewJob],
+        *,
+        group_id: str = "",
+        record_queues: bool = False,
+    ) -> list[int | None]:
+        """Store jobs that wait for others (``NewJob.after``) or form a group (its
+        members, and its callback last), in one round trip: one atomic call per batch,
+        the last one sealing the group. Returns each job's enqueue time (ms), or None
+        for a job whose id is taken. Raises MissingJob, storing nothing, when a job
+        names one to run after that does not exist."""
+        batches = list(_batches(jobs, linked=True))
+        calls = [
+            (
+                "enqueue_linked",
+                [int(record_queues), group_id, int(i == len(batches) - 1), self.result_ttl, *args],
+            )
+            for i, args in enumerate(batches)
+        ]
+        if len(calls) == 1 and not self.replica_acks:
+            replies = [self._run("enqueue_linked", *calls[0][1])]
+        else:
+            replies = self._run_many(calls)
+        enqueued: list[int | None] = []
+        for missing, reply in replies:
+            if int(missing):
+                raise MissingJob(text(reply) or "")
+            enqueued += [int(at) or None for at in reply]
+        return enqueued
+
+    def group(self, group_id: str) -> GroupState | None:
+        """A group's counts, or None if there is no such group (or it expired)."""
+        fields = self.get_hash(self.keys.group(group_id))
+        if fields is None:
+            return None
+        total = _whole(fields.get("total"))
+        finished = _whole(fields.get("finished_at"))
+        return GroupState(
+            group_id=group_id,
+            size=_whole(fields.get("size")) or 0,
+            total=total,
+            ended=_whole(fields.get("ended")) or 0,
+            failed=_whole(fields.get("failed")) or 0,
+            callback_id=fields.get("callback", ""),
+            created_at_ms=_whole(fields.get("created_at")) or 0,
+            finished_at_ms=finished or None,
+            cancelled=bool(fields.get("cancelled")),
+        )
+
+    def group_members(self, group_id: str, offset: int = 0, limit: int = -1) -> list[str]:
+        """Ids of a group's members, in the order given (a slice)."""
+        end = -1 if limit < 0 else offset + limit - 1
+        members = sync(self.client.lrange(self.keys.group_members(group_id), offset, end))
+        return [text(member) or "" for member in members]
+
+    def wait_group(self, group_id: str, timeout: float) -> bool:
+        """Block until the group's last member ends (a token pushed then), or the
+        timeout; True if the token came. BLMOVE leaves it for other waiters."""
+        done = self.keys.group_done(group_id)
+        return (
+            self.client.execute_command("BLMOVE", done, done, "LEFT", "RIGHT", timeout) is not None
+        )
+
+    def cancel_group(self, group_id: str, error: str, slice_size: int = 1000) -> int:
+        """Cancel every member of a group that has not started, then its callback, a
+        slice of members per call; return how many jobs were cancelled."""
+        cancelled, start = 0, 0
+        while start >= 0:
+            count, start = self._run(
+                "cancel_group", group_id, self.result_ttl, error, start, slice_size, acked=True
+            )
+            cancelled += int(count)
+            start = int(start)
+        return cancelled
+
+    def broadcast(self, payload: str, queue: str = "") -> int:
+        """Send a message to every live worker (or those serving ``queue``); return
+        its number."""
+        return int(self._run("broadcast", payload, queue, self.result_ttl, self.lease_ms))
+
+    def receive(
+        self,
+        worker_id: str,
+        queues: Sequence[str],
+        ran: Sequence[tuple[int, str]] = (),
+        most: int = 100,
+    ) -> list[tuple[int, str]]:
+        """Record how the broadcast messages ``ran`` ended (number, SUCCESSFUL or
+        FAILED), then take the ones this worker has not read: (number, payload)."""
+        args: list[Any] = [worker_id, ",".join(queues), self.lease_ms, most]
+        for number, status in ran:
+            args += [number, status]
+        taken = self._run("receive", *args)
+        return [(int(n), text(p) or "") for n, p in zip(taken[::2], taken[1::2], strict=True)]
+
+    def get_hash(self, key: str) -> dict[str, str] | None:
+        """Every field of a hash, or None if it does not exist (or is not a hash)."""
+        pipe = self._pipeline(transaction=True)
+        pipe.type(key)
+        pipe.hgetall(key)
+        kind, fields = self._execute(pipe, raise_on_error=False)
+        if text(kind) != "hash" or not fields:
+            return None
+        return {text(k) or "": text(v) or "" for k, v in fields.items()}
 
     # Operators
 
@@ -614,17 +760,27 @@ class Broker:
             connection.disconnect()
 
 
-def _batches(jobs: Sequence[NewJob]) -> Iterator[list[Any]]:
-    """The enqueue script's arguments for ``jobs``, cut into batches."""
+def _batches(jobs: Sequence[NewJob], *, linked: bool = False) -> Iterator[list[Any]]:
+    """The enqueue script's arguments for ``jobs`` (``linked``: enqueue_linked's),
+    cut into batches."""
     args: list[Any] = []
-    size = 0
+    count = size = 0
     for job in jobs:
-        if args and (len(args) >= 5 * ENQUEUE_BATCH_JOBS or size >= ENQUEUE_BATCH_BYTES):
+        if args and (count >= ENQUEUE_BATCH_JOBS or size >= ENQUEUE_BATCH_BYTES):
             yield args
-            args, size = [], 0
-        args += job.as_args()
+            args, count, size = [], 0, 0
+        args += job.as_linked_args() if linked else job.as_args()
+        count += 1
         size += len(job.payload)
     yield args
+
+
+def _whole(value: str | None) -> int | None:
+    """A whole number read from Redis, or None for anything else."""
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def _counts(counts: Any) -> dict[str, int]:

@@ -44,6 +44,11 @@ class JobCancelled(RedisQueueError):
     """Recorded as the error of a job cancelled before it started."""
 
 
+class DependencyFailed(RedisQueueError):
+    """Recorded as the error of a job that never ran because the job it runs after
+    (in a chain, or named by ``depends_on``) did not succeed."""
+
+
 class WorkerLost(RedisQueueError):
     """Recorded as the error of a job whose workers kept dying while running it."""
 

@@ -49,7 +49,44 @@ key                           type    contents (written by)
 ``{P}:worker:<id>``           hash    a worker's queues, pid, host, start time,
                                       jobs done; 60 s TTL, renewed by heartbeat
 ``{P}:schedulers``            zset    scheduler ids by last step (ms)
+``{P}:group:<gid>``           hash    a group: ``size`` (members stored),
+                                      ``total`` (set when its last batch is
+                                      stored: the group is sealed), ``ended``,
+                                      ``failed``, ``callback`` (job id),
+                                      ``created_at``, ``finished_at``,
+                                      ``cancelled``. TTL from creation until
+                                      sealed, and once every member ended
+                                      (enqueue_linked, record_outcome)
+``{P}:group:<gid>:members``   list    the members' ids, in the order given; TTL
+                                      as the group's
+``{P}:group:<gid>:done``      list    one token pushed when the last member
+                                      ends, for ``wait()``; 60 s TTL
+``{P}:groups``                zset    group ids by creation (ms), for the
+                                      dashboard; trimmed to the result TTL
+``{P}:broadcast:seq``         string  the last broadcast message's number
+``{P}:broadcast:unread``      zset    numbers of the messages some live worker
+                                      has not read yet, by number (broadcast;
+                                      trimmed by receive and the tick)
+``{P}:broadcast:cursors``     zset    worker id -> number of the last message it
+                                      read (heartbeat sets it at the current
+                                      number: a new worker replays nothing;
+                                      receive; dropped after a lease of silence)
+``{P}:broadcast:msg:<n>``     hash    a message: ``payload``, ``queue`` (only
+                                      workers serving it run it; '' for all),
+                                      ``sent_at``, and ``ran:<worker>`` = the
+                                      outcome per worker. Result TTL
+``{P}:broadcast:sent``        zset    message numbers by send time (ms), for the
+                                      dashboard; trimmed to the result TTL
+``{P}:broadcast:wake:<wid>``  list    wake-up token for an idle worker when a
+                                      message is sent; at most one; 60 s TTL
 ============================  ======  ===========================================
+
+Job hash fields of the fan-out: ``group`` (a member: the group's id), ``counted``
+(set once the member's end was counted in its group), ``after`` (a job that waits:
+the id of the job it runs after, or ``group:<gid>`` for a group's callback),
+``waiting`` (1 while it waits: READY but in no queue and no delayed set), ``due``
+(a waiting job's ``run_after``, ms), ``then`` (ids of the jobs waiting for this one,
+comma-separated).
 
 Every Lua script gets one key (``script_keys``): the prefix with its hash tag and a
 colon. ``lua/common.lua`` completes it with the names above, which it spells as this
@@ -127,6 +164,34 @@ class KeySchema:
         return f"{self.prefix}:workers"
 
     @property
+    def groups(self) -> str:
+        return f"{self.prefix}:groups"
+
+    @property
+    def group_prefix(self) -> str:
+        return f"{self.prefix}:group:"
+
+    @property
+    def broadcast_prefix(self) -> str:
+        return f"{self.prefix}:broadcast:"
+
+    @property
+    def broadcast_seq(self) -> str:
+        return f"{self.broadcast_prefix}seq"
+
+    @property
+    def broadcast_unread(self) -> str:
+        return f"{self.broadcast_prefix}unread"
+
+    @property
+    def broadcast_cursors(self) -> str:
+        return f"{self.broadcast_prefix}cursors"
+
+    @property
+    def broadcast_sent(self) -> str:
+        return f"{self.broadcast_prefix}sent"
+
+    @property
     def script_keys(self) -> list[str]:
         """The KEYS every Lua script receives: the prefix, which lua/common.lua
         completes into every key above."""
@@ -151,6 +216,9 @@ class KeySchema:
             "WORKERS": self.workers,
             "WORKER": self.worker(""),
             "KNOWN_QUEUES": self.known_queues,
+            "GROUP": self.group_prefix,
+            "GROUPS": self.groups,
+            "BROADCAST": self.broadcast_prefix,
         }
 
     def queue(self, name: str) -> str:
@@ -176,3 +244,18 @@ class KeySchema:
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}:worker:{worker_id}"
+
+    def group(self, group_id: str) -> str:
+        return f"{self.group_prefix}{group_id}"
+
+    def group_members(self, group_id: str) -> str:
+        return f"{self.group_prefix}{group_id}:members"
+
+    def group_done(self, group_id: str) -> str:
+        return f"{self.group_prefix}{group_id}:done"
+
+    def broadcast_message(self, number: int | str) -> str:
+        return f"{self.broadcast_prefix}msg:{number}"
+
+    def broadcast_wake(self, worker_id: str) -> str:
+        return f"{self.broadcast_prefix}wake:{worker_id}"

@@ -41,7 +41,7 @@ from .broker import (
 )
 from .compat import TaskContext, TaskError, TaskResultStatus, task_finished, task_started
 from .exceptions import InvalidPayload, JobTimeout, LeaseLost, UnknownTask, WorkerShutdown
-from .jobs import JobRecord, ensure_json, error_info, to_json
+from .jobs import Envelope, JobRecord, ensure_json, error_info, to_json
 from .registry import registry
 
 logger = logging.getLogger(__name__)
@@ -189,6 +189,7 @@ class Worker:
         self.current: Claimed | None = None  # the job running now
         self._lost: Claimed | None = None  # the job the heartbeat found taken from us
         self.woken_by = ""  # the queue whose wake-up token this worker took, to pass on
+        self.broadcast_seen = 0  # the last broadcast message this worker received
 
     def run(self) -> None:
         """Run jobs until stopped (``stop()``), out of work (burst) or max_jobs."""
@@ -219,7 +220,10 @@ class Worker:
                         finished = self._recover_claim(finished)
                         uncertain = False
                     self._refresh_queues()
-                    queues = self.order.next() if wanted else []
+                    # With a broadcast to receive, only store the outcome: the worker
+                    # runs broadcasts holding no job, so no lease waits on them.
+                    receiving = self.broker.last_broadcast > self.broadcast_seen
+                    queues = self.order.next() if wanted and not receiving else []
                     stored, job = self.broker.claim(
                         queues, self.worker_id, _outcome(finished), woken_by=self.woken_by
                     )
@@ -237,6 +241,9 @@ class Worker:
                 if finished is not None:
                     self._report(finished, bool(stored))
                     finished = None
+                if job is None and self.broker.last_broadcast > self.broadcast_seen:
+                    self._receive_broadcasts(backoff)
+                    continue
                 if job is None:
                     if not wanted or self.burst:
                         break
@@ -313,12 +320,66 @@ class Worker:
             for _ in range(IDLE_WAITS_BEFORE_CLAIM):
                 if self.stopping:
                     return
-                woken_by = self.broker.wait_for_work(self.queues, WAIT_TIMEOUT)
+                woken_by = self.broker.wait_for_work(self.queues, WAIT_TIMEOUT, self.worker_id)
                 if woken_by is not None:
                     self.woken_by = woken_by
                     return
         except REDIS_ERRORS as exc:
             backoff.failed(exc)
+
+    def _receive_broadcasts(self, backoff: Reconnector) -> None:
+        """Run the broadcast messages this worker has not read, and record how each
+        ended. A message is taken once: one whose worker dies while running it is not
+        run again (a new worker starts with fresh local state anyway)."""
+        latest = self.broker.last_broadcast
+        ran: list[tuple[int, str]] = []
+        try:
+            while True:
+                messages = self.broker.receive(self.worker_id, self.queues, ran)
+                if not messages:
+                    break
+                ran = [(number, self._run_broadcast(number, body)) for number, body in messages]
+        except REDIS_ERRORS as exc:
+            backoff.failed(exc)
+            return
+        self.broadcast_seen = latest
+
+    def _run_broadcast(self, number: int, payload: str) -> str:
+        """Run one broadcast message's task; return SUCCESSFUL or FAILED."""
+        started = time.perf_counter()
+        try:
+            envelope = Envelope.loads(payload, self.backend.config.max_payload_bytes)
+            task = registry.get(envelope.task_path)
+            if task is None:
+                raise UnknownTask(f"task {envelope.task_path!r} is not registered in this worker")
+        except InvalidPayload as exc:
+            logger.error("Broadcast %d FAILED: %s", number, exc)
+            return FAILED
+        close_old_connections()
+        self.in_task = True
+        try:
+            with time_limit(getattr(task, "timeout", None), envelope.task_path):
+                task.call(*envelope.args, **envelope.kwargs)
+        except (Exception, SystemExit, KeyboardInterrupt, WorkerShutdown) as exc:
+            logger.error(
+                "Broadcast %d %s FAILED: %s: %s",
+                number,
+                envelope.task_path,
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+            return FAILED
+        finally:
+            self.in_task = False
+            close_old_connections()
+        logger.info(
+            "Broadcast %d %s SUCCESSFUL in %.1f ms",
+            number,
+            envelope.task_path,
+            (time.perf_counter() - started) * 1000,
+        )
+        return SUCCESSFUL
 
     def _report(self, finished: Finished, stored: bool, *, repeated: bool = False) -> None:
         outcome, result = finished.outcome, finished.result
@@ -385,6 +446,9 @@ class Worker:
         raised: BaseException | None = None
         try:
             args = envelope.args
+            after = claimed.fields.get("after", "")
+            if after.startswith("group:"):  # a group's callback: the members' results first
+                args = [self.backend.group_results(after.removeprefix("group:")), *args]
             if task.takes_context:
                 args = [TaskContext(task_result=result), *args]
             with time_limit(getattr(task, "timeout", None), envelope.task_path):

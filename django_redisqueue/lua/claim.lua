@@ -7,9 +7,10 @@
 -- then F groups of 6: job id, owner token, status, result JSON or '', error JSON or '',
 --   retry delay (ms, for RETRY)
 -- then the names of the queues to try, in order (none: only store the outcomes)
--- Returns {stored, claimed}: stored holds 1 (stored) or 0 (fenced out: no longer the
--- owner) per outcome; claimed is {} or {id, owner, field, value, ...} with the job's
--- fields as the worker reads them.
+-- Returns {stored, claimed, broadcast}: stored holds 1 (stored) or 0 (fenced out: no
+-- longer the owner) per outcome; claimed is {} or {id, owner, field, value, ...} with
+-- the job's fields as the worker reads them; broadcast is the number of the last
+-- broadcast message sent (0: none), which tells the worker whether to receive.
 local lease, worker, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local woken_by, outcomes = ARGV[4], tonumber(ARGV[5])
 local now = clock_ms()
@@ -25,7 +26,7 @@ local first_queue = 6 + outcomes * 6
 -- The fields a claim reads: the status first (a job that has ended is skipped), then
 -- what the worker needs to run the job.
 local READ = {'status', 'payload', 'attempts', 'workers', 'lost', 'enqueued_at',
-              'started_at', 'queue', 'priority'}
+              'started_at', 'queue', 'priority', 'after'}
 
 local function claim(id, fields)
   local job = JOB .. id
@@ -82,4 +83,4 @@ if valid_queue(woken_by) and redis.call('ZCARD', QUEUE .. woken_by) > 0
     and redis.call('SISMEMBER', PAUSED, woken_by) == 0 then
   leave_wake_token(WAKE .. woken_by)
 end
-return {stored, claimed}
+return {stored, claimed, redis.call('GET', BROADCAST .. 'seq') or 0}

@@ -19,6 +19,7 @@ local RUNNING, DELAYED, SCHEDULER_WAKE = P .. 'running', P .. 'delayed:', P .. '
 local PAUSED, FAILED, STATS = P .. 'paused', P .. 'failed:', P .. 'stats:'
 local SCHEDULERS, WORKERS, WORKER = P .. 'schedulers', P .. 'workers', P .. 'worker:'
 local KNOWN_QUEUES = P .. 'queues'
+local GROUP, GROUPS, BROADCAST = P .. 'group:', P .. 'groups', P .. 'broadcast:'
 
 -- How long the per-minute finish counts are kept (s): the dashboard shows an hour.
 local STATS_TTL = 7200
@@ -105,6 +106,23 @@ local function push_delayed(id, due, queue)
   add_delayed(id, due, queue)
 end
 
+-- Store a new job's hash and make it READY: on its queue (returns the queue, for the
+-- caller to wake once per batch), or in its queue's delayed set until `due` (ms).
+local function store_job(id, payload, queue, priority, due, now)
+  local job = JOB .. id
+  if due > now then
+    redis.call('HSET', job, 'payload', payload, 'queue', queue, 'priority', priority,
+               'enqueued_at', now, 'status', 'READY')
+    add_delayed(id, due, queue)
+    return nil
+  end
+  local score = next_score(priority)
+  redis.call('HSET', job, 'payload', payload, 'queue', queue, 'priority', priority,
+             'enqueued_at', now, 'status', 'READY', 'score', score)
+  redis.call('ZADD', QUEUE .. queue, score, id)
+  return queue
+end
+
 -- Append one JSON error object to the job's JSON list of errors (a list that is not
 -- one, written by hand, is replaced).
 local function append_error(job, error)
@@ -121,18 +139,113 @@ local function append_error(job, error)
   redis.call('HSET', job, 'errors', errors)
 end
 
--- Record a final outcome (SUCCESSFUL or FAILED), start the result TTL, wake waiters,
+-- The error of a job that cannot be run for what Redis holds, as worker.py words it.
+local function invalid_error(message)
+  return cjson.encode({
+    exception_class_path = 'django_redisqueue.exceptions.InvalidPayload',
+    traceback = 'django_redisqueue.exceptions.InvalidPayload: ' .. message .. '\n',
+  })
+end
+
+-- The error of a job that never ran because the job it waited for did not succeed.
+local function dependency_error(parent, status)
+  return cjson.encode({
+    exception_class_path = 'django_redisqueue.exceptions.DependencyFailed',
+    traceback = 'django_redisqueue.exceptions.DependencyFailed: job ' .. parent
+      .. ', which this job runs after, ended ' .. status .. '\n',
+  })
+end
+
+local GROUP_CANCELLED = cjson.encode({
+  exception_class_path = 'django_redisqueue.exceptions.JobCancelled',
+  traceback = 'django_redisqueue.exceptions.JobCancelled: its group was cancelled\n',
+})
+
+-- Let a waiting job go (its job before succeeded, or its group ended): into its queue,
+-- or its delayed set while its run_after is ahead. Anything else (a job that ended,
+-- cancelled meanwhile) is left alone. A job naming no valid queue is queued to
+-- `pending` to fail. Returns the queue it went to, if any.
+local function release(id, now, pending)
+  local job = JOB .. id
+  local f = redis.pcall('HMGET', job, 'status', 'waiting', 'queue', 'priority', 'due')
+  if f.err or f[1] ~= 'READY' or not f[2] then
+    return nil
+  end
+  if not valid_queue(f[3]) then
+    pending[#pending + 1] = {id, invalid_error('the job names no valid queue')}
+    return nil
+  end
+  redis.call('HDEL', job, 'waiting')
+  local due = number(f[5], 0)
+  if due > now then
+    add_delayed(id, due, f[3])
+  else
+    push_ready(id, f[3], f[4])
+  end
+  return f[3]
+end
+
+-- End a sealed group whose members have all ended (once: finished_at marks it): start
+-- its TTL, wake its waiters and let its callback go, or cancel the callback of a
+-- cancelled group.
+local function complete_group(gid, now, ttl, pending)
+  local group = GROUP .. gid
+  local f = redis.call('HMGET', group, 'total', 'ended', 'finished_at', 'callback', 'cancelled')
+  local total = number(f[1], nil)
+  if not total or number(f[2], 0) < total or f[3] then
+    return
+  end
+  redis.call('HSET', group, 'finished_at', now)
+  redis.call('EXPIRE', group, ttl)
+  redis.call('EXPIRE', group .. ':members', ttl)
+  local done = group .. ':done'
+  redis.pcall('RPUSH', done, 'done')
+  redis.call('EXPIRE', done, 60)
+  if f[4] and f[4] ~= '' then
+    if f[5] then
+      pending[#pending + 1] = {f[4], GROUP_CANCELLED, true}
+    else
+      release(f[4], now, pending)
+    end
+  end
+end
+
+-- Count a member's end in its group, once per member whatever happens to it later (an
+-- operator's retry ends it again), then complete the group if it was the last.
+local function count_in_group(job, gid, status, now, ttl, pending)
+  if redis.call('HSETNX', job, 'counted', 1) == 0 then
+    return
+  end
+  local group = GROUP .. gid
+  -- An unsealed group that expired (its enqueue failed half-way) counts nothing.
+  if redis.call('TYPE', group)['ok'] ~= 'hash' then
+    return
+  end
+  redis.call('HINCRBY', group, 'ended', 1)
+  if status == 'FAILED' then
+    redis.call('HINCRBY', group, 'failed', 1)
+  end
+  complete_group(gid, now, ttl, pending)
+end
+
+-- Store a final outcome (SUCCESSFUL or FAILED), start the result TTL, wake waiters,
 -- count it in this minute's stats, and index a failure for the dashboard (not a
 -- cancellation: "retry failed jobs" must not run what someone cancelled). The failed
--- index expires with the results it lists; the tick trims what is older.
-local function record_outcome(id, status, now, result, error, ttl)
+-- index expires with the results it lists; the tick trims what is older. Then the
+-- fan-out: count the end in the job's group, and let the jobs waiting for it go (or,
+-- if it did not succeed, queue them to `pending` to fail).
+local function store_outcome(id, status, now, result, error, ttl, pending)
   local job = JOB .. id
-  local fields = redis.call('HMGET', job, 'queue', 'cancelled', 'waiters')
+  local fields = redis.call('HMGET', job, 'queue', 'cancelled', 'waiters', 'group', 'then',
+                            'waiting')
   local queue = fields[1] or ''
   if result ~= '' then
     redis.call('HSET', job, 'status', status, 'finished_at', now, 'result', result)
   else
     redis.call('HSET', job, 'status', status, 'finished_at', now)
+  end
+  if fields[6] then
+    redis.call('HDEL', job, 'waiting')
   end
   -- The minute's counts get their TTL with their first count: one EXPIRE a minute,
   -- not one per job.
@@ -157,14 +270,82 @@ local function record_outcome(id, status, now, result, error, ttl)
     redis.pcall('RPUSH', done, status)
     redis.call('EXPIRE', done, 60)
   end
+  if fields[4] then
+    count_in_group(job, fields[4], status, now, ttl, pending)
+  end
+  if fields[5] then
+    for next_id in string.gmatch(fields[5], '[^,]+') do
+      if status == 'SUCCESSFUL' then
+        release(next_id, now, pending)
+      else
+        pending[#pending + 1] = {next_id, dependency_error(id, status)}
+      end
+    end
+  end
 end
 
--- The error of a job that cannot be run for what Redis holds, as worker.py words it.
-local function invalid_error(message)
-  return cjson.encode({
-    exception_class_path = 'django_redisqueue.exceptions.InvalidPayload',
-    traceback = 'django_redisqueue.exceptions.InvalidPayload: ' .. message .. '\n',
-  })
+-- Fail the waiting jobs queued in `pending` ({id, error, cancelled}), and those that
+-- waited for them in turn: a worklist, not recursion, so a chain of any length ends.
+local function fail_pending(pending, now, ttl)
+  while #pending > 0 do
+    local item = table.remove(pending)
+    local job = JOB .. item[1]
+    local f = redis.pcall('HMGET', job, 'status', 'waiting')
+    if not f.err and f[1] == 'READY' and f[2] then
+      if item[3] then
+        redis.call('HSET', job, 'cancelled', 1)
+      end
+      store_outcome(item[1], 'FAILED', now, '', item[2], ttl, pending)
+    end
+  end
+end
+
+-- Record a final outcome, with everything it sets off (see store_outcome).
+local function record_outcome(id, status, now, result, error, ttl)
+  local pending = {}
+  store_outcome(id, status, now, result, error, ttl, pending)
+  fail_pending(pending, now, ttl)
+end
+
+-- Cancel a READY job (waiting, delayed or queued): out of its sets, FAILED with
+-- `error`, marked cancelled (kept out of the failed index). Returns 'CANCELLED', or
+-- the status that prevents it ('' when there is no such job).
+local function cancel_job(id, error, now, ttl)
+  if not is_job(id) then
+    return ''
+  end
+  local fields = redis.call('HMGET', JOB .. id, 'status', 'queue')
+  if not fields[1] then
+    return ''
+  end
+  if fields[1] ~= 'READY' then
+    return fields[1]
+  end
+  local queue = fields[2] or ''
+  redis.call('ZREM', DELAYED .. queue, id)
+  redis.call('ZREM', QUEUE .. queue, id)
+  redis.call('HSET', JOB .. id, 'cancelled', 1)
+  record_outcome(id, 'FAILED', now, '', error, ttl)
+  return 'CANCELLED'
+end
+
+-- Drop the cursors of workers silent for `window` ms (dead: they must not hold
+-- messages for ever), then the broadcast messages every remaining worker has read.
+-- With no live worker left, no message will be read: all go.
+local function trim_broadcasts(now, window)
+  local cursors, unread = BROADCAST .. 'cursors', BROADCAST .. 'unread'
+  for _, worker in ipairs(redis.call('ZRANGE', cursors, 0, -1)) do
+    local seen = tonumber(redis.call('ZSCORE', WORKERS, worker))
+    if not seen or seen < now - window then
+      redis.call('ZREM', cursors, worker)
+    end
+  end
+  local lowest = redis.call('ZRANGE', cursors, 0, 0, 'WITHSCORES')[2]
+  if lowest then
+    redis.call('ZREMRANGEBYSCORE', unread, '-inf', lowest)
+  else
+    redis.call('DEL', unread)
+  end
 end
 
 -- A queue member that is not a job (an implausible id, or a key of another type) is

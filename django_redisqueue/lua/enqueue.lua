@@ -13,23 +13,13 @@ local woken, to_wake = {}, {}
 for at = 2, #ARGV, 5 do
   local id, payload, queue, priority = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
   local due = tonumber(ARGV[at + 4])
-  local job = JOB .. id
-  if redis.call('EXISTS', job) == 1 then
+  if redis.call('EXISTS', JOB .. id) == 1 then
     enqueued[#enqueued + 1] = 0
   else
-    if due > now then
-      redis.call('HSET', job, 'payload', payload, 'queue', queue, 'priority', priority,
-                 'enqueued_at', now, 'status', 'READY')
-      add_delayed(id, due, queue)
-    else
-      local score = next_score(priority)
-      redis.call('HSET', job, 'payload', payload, 'queue', queue, 'priority', priority,
-                 'enqueued_at', now, 'status', 'READY', 'score', score)
-      redis.call('ZADD', QUEUE .. queue, score, id)
-      if not woken[queue] then
-        woken[queue] = true
-        to_wake[#to_wake + 1] = queue
-      end
+    local ready = store_job(id, payload, queue, priority, due, now)
+    if ready and not woken[ready] then
+      woken[ready] = true
+      to_wake[#to_wake + 1] = ready
     end
     if record_queues then
       redis.call('SADD', KNOWN_QUEUES, queue)

@@ -16,6 +16,11 @@ end
 redis.call('EXPIRE', record, ARGV[3])
 redis.call('ZADD', WORKERS, now, worker)
 redis.call('ZREMRANGEBYSCORE', WORKERS, '-inf', now - 3600000)
+-- A worker reads the broadcast messages sent after it first registered, none before.
+local cursors = BROADCAST .. 'cursors'
+if not redis.call('ZSCORE', cursors, worker) then
+  redis.call('ZADD', cursors, tonumber(redis.call('GET', BROADCAST .. 'seq')) or 0, worker)
+end
 
 local lost = {}
 for i = pairs_at, #ARGV, 2 do

@@ -8,8 +8,10 @@
 -- workers time to renew), ARGV[7] the latest time (ms, Redis's clock) at which
 -- this step may recover leases, or 0 for any: a step that runs later was held on its
 -- way (CLIENT PAUSE, a busy script, a stalled network), and so were the heartbeats
--- of live workers: it leaves expired leases alone, then the names of the queues
--- whose delayed jobs to promote
+-- of live workers: it leaves expired leases alone, ARGV[8] the workers' liveness
+-- window (ms): when it recovers leases, it also drops the broadcast cursors of workers
+-- silent that long (trim_broadcasts), then the names of the queues whose delayed jobs
+-- to promote
 -- Returns {promoted, recovered, failed, next, now, held}: next is the time (ms) of
 -- the next due job or lease deadline, -1 if there is none, or 0 if a batch was full
 -- (call again); now is Redis's time (ms); held is 1 when the step ran past ARGV[7].
@@ -36,7 +38,7 @@ local function consider(score)
   end
 end
 
-for i = 8, #ARGV do
+for i = 9, #ARGV do
   local queue = ARGV[i]
   local delayed = DELAYED .. queue
   local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, batch)
@@ -77,6 +79,12 @@ if recover then
   end
   full = full or #expired == batch
   consider(redis.call('ZRANGE', RUNNING, 0, 0, 'WITHSCORES')[2])
+end
+
+-- Dead workers' cursors go, and with them the messages only they had not read; held
+-- like the recovery, as the heartbeats that prove a worker alive were held too.
+if recover and redis.call('EXISTS', BROADCAST .. 'unread') == 1 then
+  trim_broadcasts(now, tonumber(ARGV[8]))
 end
 
 if full then

@@ -1,0 +1,27 @@
+-- Send a message to every live worker, or to those serving a queue: each runs its task
+-- once (receive.lua). Pull messaging, as in seed 004: each worker keeps a cursor, the
+-- number of the last message it read.
+-- ARGV[1] payload (JSON envelope), ARGV[2] queue name ('' for every worker),
+-- ARGV[3] result TTL (s), ARGV[4] liveness window (ms): a worker silent that long is
+-- dead and does not hold messages
+-- Returns the message's number.
+local now, ttl = clock_ms(), tonumber(ARGV[3])
+local number = redis.call('INCR', BROADCAST .. 'seq')
+local message = BROADCAST .. 'msg:' .. number
+redis.call('HSET', message, 'payload', ARGV[1], 'queue', ARGV[2], 'sent_at', now)
+redis.call('EXPIRE', message, ttl)
+local unread = BROADCAST .. 'unread'
+redis.call('ZADD', unread, number, number)
+redis.call('EXPIRE', unread, ttl)
+local sent = BROADCAST .. 'sent'
+redis.call('ZADD', sent, now, number)
+redis.call('ZREMRANGEBYSCORE', sent, '-inf', now - ttl * 1000)
+redis.call('EXPIRE', sent, ttl)
+trim_broadcasts(now, tonumber(ARGV[4]))
+-- Wake the idle workers that will read it (the busy ones see it at their next claim).
+for _, worker in ipairs(redis.call('ZRANGE', BROADCAST .. 'cursors', 0, -1)) do
+  local wake = BROADCAST .. 'wake:' .. worker
+  leave_wake_token(wake)
+  redis.call('EXPIRE', wake, 60)
+end
+return number

@@ -1,0 +1,110 @@
+-- Store jobs that belong to a group or wait for another job: a group's members and its
+-- callback, the steps of a chain, a job enqueued with depends_on. One call per batch;
+-- a group's batches are sent in one round trip, the last one sealing the group.
+-- ARGV[1] 1 to record the queues' names among the queues used (QUEUES is empty),
+-- ARGV[2] group id, or '' for none, ARGV[3] 1 when this call holds the group's last
+-- batch (its size is then final, and it may complete), ARGV[4] result TTL (s),
+-- then 6 values per job: id, payload (JSON envelope), queue name, priority, due time
+-- (ms, or 0 for now), after: '' (it waits for nothing), the id of a job it runs after
+-- (stored earlier in this call, or already in Redis), or 'group' (the group's
+-- callback: it waits for every member to end). With a group id, every job but the
+-- callback is a member.
+-- Returns {0, enqueue time per job (0 when its id is taken: that job is skipped)},
+-- or {1, id} when a job names a job to run after that does not exist: then nothing
+-- is stored.
+local record_queues, gid, seal = ARGV[1] == '1', ARGV[2], ARGV[3] == '1'
+local ttl = tonumber(ARGV[4])
+local now = clock_ms()
+
+-- Every job waited for must exist before anything is written.
+local here = {}
+for at = 5, #ARGV, 6 do
+  local after = ARGV[at + 5]
+  if after ~= '' and after ~= 'group' and not here[after] and not is_job(after) then
+    return {1, after}
+  end
+  here[ARGV[at]] = true
+end
+
+local group = GROUP .. gid
+local members = group .. ':members'
+if gid ~= '' and redis.call('EXISTS', group) == 0 then
+  redis.call('HSET', group, 'created_at', now, 'size', 0, 'ended', 0, 'failed', 0)
+  -- Until sealed it expires by itself: a group whose enqueue failed half-way leaves
+  -- nothing behind (its members still run; it has no callback yet).
+  redis.call('EXPIRE', group, ttl)
+  redis.call('ZADD', GROUPS, now, gid)
+  redis.call('ZREMRANGEBYSCORE', GROUPS, '-inf', now - ttl * 1000)
+  redis.call('EXPIRE', GROUPS, ttl)
+end
+
+local pending = {}
+local enqueued = {}
+local woken, to_wake = {}, {}
+local function wake_later(queue)
+  if queue and not woken[queue] then
+    woken[queue] = true
+    to_wake[#to_wake + 1] = queue
+  end
+end
+
+for at = 5, #ARGV, 6 do
+  local id, payload, queue, priority = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
+  local due, after = tonumber(ARGV[at + 4]), ARGV[at + 5]
+  local job = JOB .. id
+  if redis.call('EXISTS', job) == 1 then
+    enqueued[#enqueued + 1] = 0
+  else
+    -- The job it waits for: 'waits' (not ended), 'SUCCESSFUL', 'FAILED', or none.
+    local before = nil
+    if after == 'group' then
+      before = 'waits'
+      redis.call('HSET', group, 'callback', id)
+    elseif after ~= '' then
+      before = redis.call('HGET', JOB .. after, 'status')
+      if not final(before) then
+        before = 'waits'
+        local waiting = redis.call('HGET', JOB .. after, 'then')
+        redis.call('HSET', JOB .. after, 'then', waiting and (waiting .. ',' .. id) or id)
+      end
+    end
+    if before == 'waits' or before == 'FAILED' then
+      redis.call('HSET', job, 'payload', payload, 'queue', queue, 'priority', priority,
+                 'enqueued_at', now, 'status', 'READY', 'waiting', 1, 'due', due,
+                 'after', after == 'group' and ('group:' .. gid) or after)
+      if before == 'FAILED' then
+        pending[#pending + 1] = {id, dependency_error(after, 'FAILED')}
+      end
+    else
+      wake_later(store_job(id, payload, queue, priority, due, now))
+      if after ~= '' then
+        redis.call('HSET', job, 'after', after)
+      end
+    end
+    if gid ~= '' and after ~= 'group' then
+      redis.call('HSET', job, 'group', gid)
+      redis.call('RPUSH', members, id)
+      redis.call('HINCRBY', group, 'size', 1)
+    end
+    if record_queues then
+      redis.call('SADD', KNOWN_QUEUES, queue)
+    end
+    enqueued[#enqueued + 1] = now
+  end
+end
+if gid ~= '' then
+  if seal then
+    -- Sealed: the size is final, and the group lives until its last member ends.
+    redis.call('HSET', group, 'total', redis.call('HGET', group, 'size'))
+    redis.call('PERSIST', group)
+    redis.call('PERSIST', members)
+    complete_group(gid, now, ttl, pending)
+  elseif redis.call('EXISTS', members) == 1 then
+    redis.call('EXPIRE', members, ttl)
+  end
+end
+fail_pending(pending, now, ttl)
+for _, queue in ipairs(to_wake) do
+  leave_wake_token(WAKE .. queue)
+end
+return {0, enqueued}

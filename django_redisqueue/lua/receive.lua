@@ -1,0 +1,45 @@
+-- A worker records how the broadcast messages it ran ended, then takes the ones it has
+-- not read yet, moving its cursor past them: each message is taken once per worker.
+-- A message for a queue the worker does not serve is passed over.
+-- ARGV[1] worker id, ARGV[2] the queues it serves, comma-separated, ARGV[3] liveness
+-- window (ms), ARGV[4] most messages to take, then pairs of message number and
+-- outcome (SUCCESSFUL or FAILED) of messages it ran
+-- Returns {number, payload, ...}: the messages to run, in the order sent.
+local worker, window, most = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
+local now = clock_ms()
+for i = 5, #ARGV, 2 do
+  local message = BROADCAST .. 'msg:' .. ARGV[i]
+  if redis.call('EXISTS', message) == 1 then -- pcall: a key of another type
+    redis.pcall('HSET', message, 'ran:' .. worker, ARGV[i + 1] .. ' ' .. now)
+  end
+end
+local cursors = BROADCAST .. 'cursors'
+local cursor = tonumber(redis.call('ZSCORE', cursors, worker))
+if not cursor then
+  -- Not known (its heartbeat has not registered it, or it was silent for a whole
+  -- window): it starts from now, as a new worker does.
+  redis.call('ZADD', cursors, tonumber(redis.call('GET', BROADCAST .. 'seq')) or 0, worker)
+  return {}
+end
+local serves = {}
+for queue in string.gmatch(ARGV[2], '[^,]+') do
+  serves[queue] = true
+end
+local taken = {}
+local last = cursor
+for _, number in ipairs(redis.call('ZRANGEBYSCORE', BROADCAST .. 'unread', '(' .. cursor,
+                                   '+inf', 'LIMIT', 0, most)) do
+  last = tonumber(number)
+  local message = BROADCAST .. 'msg:' .. number
+  local f = redis.pcall('HMGET', message, 'payload', 'queue')
+  if not f.err and f[1] and (not f[2] or f[2] == '' or serves[f[2]]) then
+    redis.call('HSET', message, 'ran:' .. worker, 'RUNNING ' .. now)
+    taken[#taken + 1] = number
+    taken[#taken + 1] = f[1]
+  end
+end
+if last > cursor then
+  redis.call('ZADD', cursors, last, worker)
+  trim_broadcasts(now, window)
+end
+return taken

@@ -1,0 +1,220 @@
+"""Fan-out: groups with a completion callback, chains, and broadcast to every worker.
+
+``task.job(*args, **kwargs)`` is a task with its arguments, not queued yet; these
+functions queue such jobs together:
+
+- ``group(jobs, callback=...)``: the members run in parallel; the callback is queued
+  once, when every member has ended (successful or failed), and receives the members'
+  return values as its first argument (None for a member that failed).
+- ``chain(a, b, c)`` (or ``a.then(b, c)``): each job starts once the one before it
+  succeeded; if one fails, the rest end FAILED with ``DependencyFailed``.
+- ``broadcast(job)``: every live worker (or every worker serving ``queue``) runs it
+  once: reload a configuration, clear a local cache.
+
+The steps in Redis are atomic scripts like every other move of a job (see
+docs/protocol.md, "Fan-out").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
+
+from .compat import task_backends
+from .exceptions import ResultTimeout
+
+if TYPE_CHECKING:
+    from .base import RedisTask, RedisTaskResult
+    from .broker import GroupState
+
+# Longest single blocking call while waiting for a group; the wait goes on after it.
+WAIT_SLICE = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A task with its arguments, to be queued in a group, a chain or a broadcast."""
+
+    task: RedisTask
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def then(self, *jobs: Job) -> Chain:
+        """A chain: this job, then each of ``jobs`` once the one before succeeded."""
+        return Chain((self, *jobs))
+
+
+class Progress(NamedTuple):
+    ended: int  # members that ended, successful or failed
+    failed: int
+    total: int  # members in the group
+
+
+class _FanOutBackend(Protocol):
+    alias: str
+
+    def enqueue_group(self, members: Sequence[Job], callback: Job | None) -> GroupResult: ...
+
+    def enqueue_chain(self, jobs: Sequence[Job]) -> list[RedisTaskResult]: ...
+
+    def send_broadcast(self, job: Job, queue: str) -> int: ...
+
+    def group_state(self, group_id: str) -> GroupState: ...
+
+    def group_results(self, group_id: str) -> list[Any]: ...
+
+    def wait_group(self, group_id: str, timeout: float) -> bool: ...
+
+    def cancel_group(self, group_id: str) -> int: ...
+
+
+def _backend_of(jobs: Iterable[Job]) -> _FanOutBackend:
+    """The one backend of ``jobs``, which must be this app's."""
+    aliases = {job.task.backend for job in jobs}
+    if len(aliases) != 1:
+        raise ValueError(
+            "The jobs of a group or a chain must all use one backend, not "
+            f"{', '.join(sorted(aliases)) or 'none'}."
+        )
+    backend = task_backends[aliases.pop()]
+    if not hasattr(backend, "enqueue_group"):
+        raise TypeError(
+            f"The {backend.alias!r} task backend ({type(backend).__name__}) has no "
+            "groups, chains or broadcast: use django_redisqueue's RedisQueueBackend "
+            "(or its ImmediateBackend in tests)."
+        )
+    return cast(_FanOutBackend, backend)
+
+
+def _jobs(jobs: Iterable[Job], what: str) -> list[Job]:
+    jobs = list(jobs)
+    for job in jobs:
+        if not isinstance(job, Job):
+            raise TypeError(f"{what} takes jobs (task.job(...)), not {job!r:.80}.")
+    return jobs
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Jobs that run in parallel, and a callback queued once when all have ended."""
+
+    members: tuple[Job, ...]
+    callback: Job | None = None
+
+    def enqueue(self) -> GroupResult:
+        """Queue the members, a batch of up to 1,000 per atomic call, all batches in
+        one round trip; every job is checked first, and a bad one queues none."""
+        everyone = [*self.members, *([self.callback] if self.callback else [])]
+        return _backend_of(everyone).enqueue_group(self.members, self.callback)
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """Jobs that run one after the other, each once the one before succeeded."""
+
+    jobs: tuple[Job, ...]
+
+    def then(self, *jobs: Job) -> Chain:
+        return Chain((*self.jobs, *_jobs(jobs, "then()")))
+
+    def enqueue(self) -> list[RedisTaskResult]:
+        """Queue the chain in one atomic call; return a result per step, in order."""
+        return _backend_of(self.jobs).enqueue_chain(self.jobs)
+
+
+def group(jobs: Iterable[Job], *, callback: Job | None = None) -> Group:
+    """Jobs that run in parallel; ``callback`` runs once when every one has ended,
+    with their return values (None for a failed member) as its first argument."""
+    members = _jobs(jobs, "group()")
+    if callback is not None:
+        _jobs([callback], "group(callback=...)")
+    return Group(tuple(members), callback)
+
+
+def chain(*jobs: Job) -> Chain:
+    """Jobs that run in the order given, each once the one before succeeded."""
+    jobs_ = _jobs(jobs, "chain()")
+    if not jobs_:
+        raise ValueError("A chain needs at least one job.")
+    return Chain(tuple(jobs_))
+
+
+def broadcast(job: Job, *, queue: str = "") -> int:
+    """Run ``job`` once on every live worker (with ``queue``: on every worker serving
+    it); return the message's number. Workers that start later do not run it."""
+    return _backend_of(_jobs([job], "broadcast()")).send_broadcast(job, queue)
+
+
+@dataclass(slots=True)
+class GroupResult:
+    """A handle on a queued group: its progress, its members' results, its callback."""
+
+    id: str
+    backend: str
+    member_ids: list[str]
+    callback_id: str | None
+    state: GroupState | None = None
+
+    def _backend(self) -> _FanOutBackend:
+        return cast(_FanOutBackend, task_backends[self.backend])
+
+    def refresh(self) -> None:
+        """Read the group's counts again."""
+        self.state = self._backend().group_state(self.id)
+
+    @property
+    def progress(self) -> Progress:
+        """How many members ended (and failed) of how many, as of the last refresh."""
+        if self.state is None:
+            self.refresh()
+        assert self.state is not None
+        return Progress(self.state.ended, self.state.failed, len(self.member_ids))
+
+    @property
+    def finished(self) -> bool:
+        """True once every member has ended (as of the last refresh)."""
+        ended, _, total = self.progress
+        return ended >= total
+
+    @property
+    def results(self) -> list[Any]:
+        """The members' return values, in order; None for one that failed or has not
+        ended (or whose result expired)."""
+        return self._backend().group_results(self.id)
+
+    @property
+    def members(self) -> list[RedisTaskResult]:
+        backend = task_backends[self.backend]
+        return [cast("RedisTaskResult", backend.get_result(job_id)) for job_id in self.member_ids]
+
+    @property
+    def callback(self) -> RedisTaskResult | None:
+        if self.callback_id is None:
+            return None
+        return cast("RedisTaskResult", task_backends[self.backend].get_result(self.callback_id))
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        """Block until every member has ended; return ``results``. Raise
+        ``ResultTimeout`` if they have not within ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        backend = self._backend()
+        while True:
+            self.refresh()
+            if self.finished:
+                return self.results
+            remaining = WAIT_SLICE if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                ended, _, total = self.progress
+                raise ResultTimeout(
+                    f"Group {self.id}: {ended} of {total} members ended after {timeout} s."
+                )
+            backend.wait_group(self.id, min(remaining, WAIT_SLICE))
+
+    def cancel(self) -> int:
+        """Cancel every member that has not started, and the callback; return how
+        many jobs were cancelled. Running members finish; the callback never runs."""
+        cancelled = self._backend().cancel_group(self.id)
+        self.refresh()
+        return cancelled
