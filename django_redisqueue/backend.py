@@ -416,6 +416,11 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         """Send ``job`` to every live worker (or every worker serving ``queue``)."""
         if queue and not QUEUE_NAME_RE.fullmatch(queue):
             raise ValueError(f"{queue!r} is not a queue name.")
+        if job.task.takes_context:
+            raise ValueError(
+                f"{job.task.module_path} takes a context, which a broadcast has not: a "
+                "broadcast is no job, it has no result."
+            )
         result = self.prepare(job.task, job.args, job.kwargs)
         try:
             return self.broker.broadcast(result._payload, queue)

@@ -60,6 +60,13 @@ def fail(message):
 
 
 @task
+def collect(results, label):
+    """A group's callback: logs its label and the members' results it was given."""
+    client().rpush(LOG, json.dumps([label, results]))
+    return len(results)
+
+
+@task
 def returns_object():
     return object()
 

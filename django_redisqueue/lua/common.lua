@@ -147,12 +147,16 @@ local function invalid_error(message)
   })
 end
 
--- The error of a job that never ran because the job it waited for did not succeed.
-local function dependency_error(parent, status)
+-- The error of a job that never ran because the job it waited for did not succeed;
+-- down a chain, it names the job whose failure started it all (`root`).
+local function dependency_error(parent, root)
+  local why = 'job ' .. parent .. ', which this job runs after, ended FAILED'
+  if root ~= parent then
+    why = why .. ' without running: job ' .. root .. ' failed'
+  end
   return cjson.encode({
     exception_class_path = 'django_redisqueue.exceptions.DependencyFailed',
-    traceback = 'django_redisqueue.exceptions.DependencyFailed: job ' .. parent
-      .. ', which this job runs after, ended ' .. status .. '\n',
+    traceback = 'django_redisqueue.exceptions.DependencyFailed: ' .. why .. '\n',
   })
 end
 
@@ -233,8 +237,9 @@ end
 -- cancellation: "retry failed jobs" must not run what someone cancelled). The failed
 -- index expires with the results it lists; the tick trims what is older. Then the
 -- fan-out: count the end in the job's group, and let the jobs waiting for it go (or,
--- if it did not succeed, queue them to `pending` to fail).
-local function store_outcome(id, status, now, result, error, ttl, pending)
+-- if it did not succeed, queue them to `pending` to fail, naming `root`: the job whose
+-- failure this one's stems from, itself when it ran).
+local function store_outcome(id, status, now, result, error, ttl, pending, root)
   local job = JOB .. id
   local fields = redis.call('HMGET', job, 'queue', 'cancelled', 'waiters', 'group', 'then',
                             'waiting')
@@ -278,14 +283,15 @@ local function store_outcome(id, status, now, result, error, ttl, pending)
       if status == 'SUCCESSFUL' then
         release(next_id, now, pending)
       else
-        pending[#pending + 1] = {next_id, dependency_error(id, status)}
+        pending[#pending + 1] = {next_id, dependency_error(id, root or id), false, root or id}
       end
     end
   end
 end
 
--- Fail the waiting jobs queued in `pending` ({id, error, cancelled}), and those that
--- waited for them in turn: a worklist, not recursion, so a chain of any length ends.
+-- Fail the waiting jobs queued in `pending` ({id, error, cancelled, root}), and those
+-- that waited for them in turn: a worklist, not recursion, so a chain of any length
+-- ends.
 local function fail_pending(pending, now, ttl)
   while #pending > 0 do
     local item = table.remove(pending)
@@ -295,7 +301,7 @@ local function fail_pending(pending, now, ttl)
       if item[3] then
         redis.call('HSET', job, 'cancelled', 1)
       end
-      store_outcome(item[1], 'FAILED', now, '', item[2], ttl, pending)
+      store_outcome(item[1], 'FAILED', now, '', item[2], ttl, pending, item[4])
     end
   end
 end

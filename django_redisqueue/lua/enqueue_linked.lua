@@ -73,7 +73,7 @@ for at = 5, #ARGV, 6 do
                  'enqueued_at', now, 'status', 'READY', 'waiting', 1, 'due', due,
                  'after', after == 'group' and ('group:' .. gid) or after)
       if before == 'FAILED' then
-        pending[#pending + 1] = {id, dependency_error(after, 'FAILED')}
+        pending[#pending + 1] = {id, dependency_error(after, after)}
       end
     else
       wake_later(store_job(id, payload, queue, priority, due, now))

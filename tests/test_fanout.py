@@ -1,0 +1,270 @@
+"""Groups, chains, depends_on and broadcast: what users get, with in-process burst
+workers. The fault suite (tests/test_fanout_faults.py) tries to break them with
+SIGKILLed workers and several schedulers."""
+
+import json
+
+import pytest
+from django.test import override_settings
+
+from django_redisqueue import chain, group
+from django_redisqueue.broker import MissingJob, NewJob
+from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
+from django_redisqueue.workflows import Progress, broadcast
+from tests import tasks
+from tests.conftest import run_worker_here
+from tests.topology import keys_server
+
+FAILED, SUCCESSFUL, READY = (
+    TaskResultStatus.FAILED,
+    TaskResultStatus.SUCCESSFUL,
+    TaskResultStatus.READY,
+)
+
+
+def logged(r):
+    return [
+        json.loads(entry) if entry.startswith("[") else entry
+        for entry in r.lrange(tasks.LOG, 0, -1)
+    ]
+
+
+def error_class(result) -> str:
+    return result.errors[-1].exception_class_path
+
+
+# Groups
+
+
+def test_a_group_runs_its_callback_once_with_the_members_results(r, backend):
+    members = [tasks.add.job(i, i) for i in range(5)]
+    result = group(members, callback=tasks.collect.job("done")).enqueue()
+
+    assert result.progress == Progress(0, 0, 5)
+    callback = result.callback
+    assert callback.status == READY and r.zcard(backend.keys.queue("default")) == 5
+    run_worker_here(backend)
+
+    assert result.wait(timeout=5) == [0, 2, 4, 6, 8]
+    assert result.progress == Progress(5, 0, 5) and result.finished
+    assert logged(r) == [["done", [0, 2, 4, 6, 8]]]
+    assert result.callback.status == SUCCESSFUL and result.callback.return_value == 5
+    assert backend.get_group(result.id).member_ids == result.member_ids
+
+
+def test_a_failed_member_still_ends_the_group_and_reads_as_none(r, backend):
+    members = [tasks.add.job(1, 1), tasks.fail.job("boom"), tasks.add.job(2, 2)]
+    result = group(members, callback=tasks.collect.job("end")).enqueue()
+    run_worker_here(backend)
+
+    assert result.wait(timeout=5) == [2, None, 4]
+    assert result.progress == Progress(3, 1, 3)
+    assert logged(r) == [["end", [2, None, 4]]]
+
+
+def test_an_empty_group_runs_its_callback_at_once(r, backend):
+    result = group([], callback=tasks.collect.job("nothing")).enqueue()
+    assert result.wait(timeout=1) == []
+    run_worker_here(backend)
+    assert logged(r) == [["nothing", []]]
+
+
+def test_a_large_group_is_enqueued_in_one_call_per_thousand_jobs(r, backend):
+    server = keys_server(r)
+    before = server.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    result = group([tasks.noop.job() for _ in range(2500)], callback=tasks.noop.job()).enqueue()
+    calls = server.info("commandstats")["cmdstat_evalsha"]["calls"] - before
+
+    assert calls == 3  # 2,501 jobs: batches of 1,000, the last one sealing the group
+    assert r.zcard(backend.keys.queue("default")) == 2500
+    assert backend.group_state(result.id).total == 2500
+    assert r.hget(backend.keys.job(result.callback_id), "waiting") == "1"
+
+
+def test_a_finished_group_expires_with_its_results(r, backend):
+    result = group([tasks.add.job(1, 2)], callback=tasks.noop.job()).enqueue()
+    group_keys = [backend.keys.group(result.id), backend.keys.group_members(result.id)]
+    assert all(r.ttl(key) == -1 for key in group_keys)  # sealed and running: kept
+    run_worker_here(backend)
+
+    assert result.wait(timeout=5) == [3]
+    for key in [*group_keys, backend.keys.groups]:
+        assert 0 < r.ttl(key) <= backend.config.result_ttl, key
+
+
+def test_cancelling_a_group_cancels_its_members_and_its_callback(r, backend):
+    result = group([tasks.add.job(i, 1) for i in range(4)], callback=tasks.noop.job()).enqueue()
+
+    assert result.cancel() == 4 + 1
+    assert result.finished and result.progress == Progress(4, 4, 4)
+    run_worker_here(backend)
+    for member in [*result.members, result.callback]:
+        assert member.status == FAILED and error_class(member).endswith("JobCancelled")
+    assert backend.broker.counts(["default"])["default"]["failed"] == 0  # not retriable
+
+
+def test_a_group_refuses_a_bad_member_and_queues_nothing(r, backend):
+    with pytest.raises(TypeError, match="Argument 0"):
+        group([tasks.add.job(1, 2), tasks.add.job(object(), 2)]).enqueue()
+    with pytest.raises(TypeError, match=r"task.job\(...\)"):
+        group([tasks.add])
+    assert r.keys("*") == []
+
+
+def test_group_results_and_members_are_read_from_any_process(backend):
+    result = group([tasks.add.job(3, 4)]).enqueue()
+    run_worker_here(backend)
+    again = backend.get_group(result.id)
+    assert again.wait(timeout=5) == [7]
+    assert [m.return_value for m in again.members] == [7]
+    assert again.callback is None
+    with pytest.raises(TaskResultDoesNotExist):
+        backend.get_group("nope")
+
+
+# Chains and depends_on
+
+
+def test_a_chain_runs_in_order_one_step_at_a_time(r, backend):
+    steps = tasks.record.job("a").then(tasks.record.job("b"), tasks.record.job("c")).enqueue()
+
+    assert r.zcard(backend.keys.queue("default")) == 1  # only the first step is queued
+    assert [s.status for s in steps] == [READY] * 3
+    run_worker_here(backend)
+    assert logged(r) == ["a", "b", "c"]
+    assert [backend.get_result(s.id).status for s in steps] == [SUCCESSFUL] * 3
+
+
+def test_a_failed_step_fails_the_rest_naming_it(r, backend):
+    steps = chain(tasks.record.job("a"), tasks.fail.job("no"), tasks.record.job("c"),
+                  tasks.record.job("d")).enqueue()  # fmt: skip
+    run_worker_here(backend)
+
+    assert logged(r) == ["a"]
+    for step in steps[2:]:
+        stored = backend.get_result(step.id)
+        assert stored.status == FAILED and error_class(stored).endswith("DependencyFailed")
+        assert f"job {steps[1].id} failed" in stored.errors[-1].traceback or (
+            f"job {steps[1].id}, which" in stored.errors[-1].traceback
+        )
+        assert stored.started_at is None  # never ran
+
+
+def test_cancelling_a_waiting_step_fails_the_steps_after_it(r, backend):
+    steps = chain(*(tasks.record.job(x) for x in "abc")).enqueue()
+    steps[1].cancel()
+    run_worker_here(backend)
+
+    assert logged(r) == ["a"]
+    assert error_class(backend.get_result(steps[2].id)).endswith("DependencyFailed")
+
+
+def test_depends_on_holds_a_job_until_the_job_before_succeeded(r, backend):
+    first = tasks.record.enqueue("first")
+    after = tasks.record.using(depends_on=first).enqueue("after")
+    assert r.hget(backend.keys.job(after.id), "waiting") == "1"
+    run_worker_here(backend)
+    assert logged(r) == ["first", "after"]
+
+    # On a job that already succeeded, it is queued at once; on one that failed, it fails.
+    again = tasks.record.using(depends_on=first.id).enqueue("again")
+    failed = tasks.fail.enqueue("x")
+    run_worker_here(backend)
+    doomed = tasks.record.using(depends_on=failed).enqueue("doomed")
+    run_worker_here(backend)
+    assert backend.get_result(again.id).status == SUCCESSFUL
+    assert backend.get_result(doomed.id).status == FAILED
+    assert "doomed" not in logged(r)
+
+
+def test_depends_on_a_job_that_does_not_exist_queues_nothing(r, backend):
+    with pytest.raises(TaskResultDoesNotExist, match="does not exist"):
+        tasks.record.using(depends_on="0" * 26).enqueue("x")
+    with pytest.raises(MissingJob):
+        backend.broker.enqueue_linked([NewJob("1" * 26, "default", 0, "{}", 0, "2" * 26)])
+    assert r.keys("*") == []
+
+
+def test_a_waiting_job_keeps_its_run_after(r, backend):
+    first = tasks.record.enqueue("first")
+    later = tasks.record.using(depends_on=first, delay=3600).enqueue("later")
+    run_worker_here(backend)
+    assert r.zscore(backend.keys.delayed("default"), later.id) is not None
+    assert logged(r) == ["first"]
+
+
+# Broadcast
+
+
+def test_each_registered_worker_receives_a_broadcast_once(r, backend):
+    broker = backend.broker
+    broker.heartbeat("w1", {}, {})
+    broker.heartbeat("w2", {}, {})
+    number = broadcast(tasks.record.job("hello"))
+
+    assert [n for n, _ in broker.receive("w1", ["default"])] == [number]
+    assert broker.receive("w1", ["default"], [(number, "SUCCESSFUL")]) == []
+    assert r.zcard(backend.keys.broadcast_unread) == 1  # w2 has not read it
+    assert [n for n, _ in broker.receive("w2", ["default"])] == [number]
+    assert r.zcard(backend.keys.broadcast_unread) == 0
+    message = r.hgetall(backend.keys.broadcast_message(number))
+    assert message["ran:w1"].startswith("SUCCESSFUL ")
+    assert message["ran:w2"].startswith("RUNNING ")
+    assert 0 < r.ttl(backend.keys.broadcast_message(number)) <= backend.config.result_ttl
+
+    broker.heartbeat("w3", {}, {})  # a worker that starts later replays nothing
+    assert broker.receive("w3", ["default"]) == []
+
+
+def test_a_broadcast_for_a_queue_reaches_only_its_workers(backend):
+    broker = backend.broker
+    broker.heartbeat("fast", {}, {})
+    broker.heartbeat("slow", {}, {})
+    number = broadcast(tasks.record.job("x"), queue="high")
+    assert [n for n, _ in broker.receive("fast", ["high", "default"])] == [number]
+    assert broker.receive("slow", ["low"]) == []
+
+
+def test_a_worker_runs_broadcasts_between_jobs(r, backend):
+    from django_redisqueue.worker import Worker
+
+    worker = Worker(backend, burst=True)
+    worker.register()
+    broadcast(tasks.record.job("everywhere"))
+    tasks.record.enqueue("job")
+    with override_settings():
+        run_worker_here(backend)  # another worker: registered after the broadcast
+    assert logged(r) == ["job"]
+    worker.run()
+    assert logged(r) == ["job", "everywhere"]
+
+
+def test_a_broadcast_refuses_what_it_cannot_run(backend):
+    with pytest.raises(ValueError, match="takes a context"):
+        broadcast(tasks.attempt_number.job("x"))
+    with pytest.raises(ValueError, match="not a queue name"):
+        broadcast(tasks.noop.job(), queue="no such")
+
+
+# In tests, without Redis
+
+
+@override_settings(
+    TASKS={
+        "default": {
+            "BACKEND": "django_redisqueue.immediate.ImmediateBackend",
+            "QUEUES": ["high", "default", "low"],
+        }
+    }
+)
+def test_the_immediate_backend_runs_groups_chains_and_broadcasts(r):
+    result = group(
+        [tasks.add.job(1, 1), tasks.fail.job("x")], callback=tasks.collect.job("g")
+    ).enqueue()
+    assert result.wait() == [2, None] and result.progress == Progress(2, 1, 2)
+    steps = chain(tasks.record.job("a"), tasks.fail.job("b"), tasks.record.job("c")).enqueue()
+    assert [s.status for s in steps] == [SUCCESSFUL, FAILED, FAILED]
+    assert error_class(steps[2]).endswith("DependencyFailed")
+    broadcast(tasks.record.job("all"))
+    assert logged(r) == [["g", [2, None]], "a", "all"]
+    assert task_backends["default"].get_group(result.id).results == [2, None]
