@@ -37,3 +37,15 @@ def stamp_due(due: float) -> None:
 def job(given: float = 0.0) -> None:
     """The peer benchmark's job: stamps a file (see bench/systems/stamps.py)."""
     run_job(given)
+
+
+@task
+def group_member(key: str) -> None:
+    """A member of a timed group: records when its task returns (s since the epoch)."""
+    record(f"{key}:end", time.time())
+
+
+@task
+def group_callback(results: list, key: str) -> None:
+    """A timed group's callback: records when it starts."""
+    record(f"{key}:start", time.time())
