@@ -644,7 +644,9 @@ class Broker:
 
     def operate(self, action: str, queue: str, job_ids: Sequence[str] = (), limit: int = 0) -> int:
         """Apply a dashboard action (see lua/operate.lua); return how many it changed."""
-        changed = self._run("operate", action, queue, limit or len(job_ids), *job_ids, acked=True)
+        changed = self._run(
+            "operate", action, queue, limit or len(job_ids), self.result_ttl, *job_ids, acked=True
+        )
         return int(changed)
 
     # Inspection: bounded reads only (no KEYS, no scans, pages of a known size)

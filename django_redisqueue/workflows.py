@@ -167,16 +167,20 @@ class GroupResult:
     @property
     def progress(self) -> Progress:
         """How many members ended (and failed) of how many, as of the last refresh."""
-        if self.state is None:
-            self.refresh()
-        assert self.state is not None
-        return Progress(self.state.ended, self.state.failed, len(self.member_ids))
+        state = self._state()
+        total = state.total if state.total is not None else len(self.member_ids)
+        return Progress(state.ended, state.failed, total)
 
     @property
     def finished(self) -> bool:
         """True once every member has ended (as of the last refresh)."""
-        ended, _, total = self.progress
-        return ended >= total
+        return self._state().finished_at_ms is not None
+
+    def _state(self) -> GroupState:
+        if self.state is None:
+            self.refresh()
+        assert self.state is not None
+        return self.state
 
     @property
     def results(self) -> list[Any]:

@@ -72,7 +72,9 @@ def test_an_empty_group_runs_its_callback_at_once(r, backend):
 def test_a_large_group_is_enqueued_in_one_call_per_thousand_jobs(r, backend):
     server = keys_server(r)
     before = server.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
-    result = group([tasks.noop.job() for _ in range(2500)], callback=tasks.noop.job()).enqueue()
+    result = group(
+        [tasks.noop.job() for _ in range(2500)], callback=tasks.collect.job("cb")
+    ).enqueue()
     calls = server.info("commandstats")["cmdstat_evalsha"]["calls"] - before
 
     assert calls == 3  # 2,501 jobs: batches of 1,000, the last one sealing the group
@@ -82,7 +84,7 @@ def test_a_large_group_is_enqueued_in_one_call_per_thousand_jobs(r, backend):
 
 
 def test_a_finished_group_expires_with_its_results(r, backend):
-    result = group([tasks.add.job(1, 2)], callback=tasks.noop.job()).enqueue()
+    result = group([tasks.add.job(1, 2)], callback=tasks.collect.job("cb")).enqueue()
     group_keys = [backend.keys.group(result.id), backend.keys.group_members(result.id)]
     assert all(r.ttl(key) == -1 for key in group_keys)  # sealed and running: kept
     run_worker_here(backend)
@@ -93,7 +95,9 @@ def test_a_finished_group_expires_with_its_results(r, backend):
 
 
 def test_cancelling_a_group_cancels_its_members_and_its_callback(r, backend):
-    result = group([tasks.add.job(i, 1) for i in range(4)], callback=tasks.noop.job()).enqueue()
+    result = group(
+        [tasks.add.job(i, 1) for i in range(4)], callback=tasks.collect.job("cb")
+    ).enqueue()
 
     assert result.cancel() == 4 + 1
     assert result.finished and result.progress == Progress(4, 4, 4)
@@ -268,3 +272,15 @@ def test_the_immediate_backend_runs_groups_chains_and_broadcasts(r):
     broadcast(tasks.record.job("all"))
     assert logged(r) == [["g", [2, None]], "a", "all"]
     assert task_backends["default"].get_group(result.id).results == [2, None]
+
+
+def test_emptying_a_queue_ends_its_group_members_and_fails_what_waits(r, backend):
+    result = group([tasks.add.job(1, 1)], callback=tasks.collect.job("cb")).enqueue()
+    steps = chain(tasks.record.using(queue_name="low").job("a"), tasks.record.job("b")).enqueue()
+    assert backend.broker.operate("empty", "default", limit=10) == 1
+    assert backend.broker.operate("empty", "low", limit=10) == 1
+
+    assert result.wait(timeout=1) == [None]  # the group ended: its member is gone
+    run_worker_here(backend)
+    assert backend.get_result(result.callback_id).status == SUCCESSFUL
+    assert error_class(backend.get_result(steps[1].id)).endswith("DependencyFailed")

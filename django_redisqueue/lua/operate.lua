@@ -2,10 +2,17 @@
 -- ARGV[1] action: 'retry_failed' (back to the queue, errors kept), 'delete_failed',
 --   'run_now' (a delayed job, queued at once), 'empty' (delete READY jobs), 'pause',
 --   'resume'
--- ARGV[2] queue name, ARGV[3] most jobs to handle, ARGV[4..] the job ids, or none to
---   take them from the queue's failed index or waiting list (delayed jobs need ids)
+-- ARGV[2] queue name, ARGV[3] most jobs to handle, ARGV[4] result TTL (s), ARGV[5..] the
+--   job ids, or none to take them from the queue's failed index or waiting list
+--   (delayed jobs need ids)
 -- Returns how many jobs (or queues) it changed.
-local action, queue, limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local action, queue, limit, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+
+-- The error of a job deleted unrun from its queue by an operator.
+local DELETED = cjson.encode({
+  exception_class_path = 'django_redisqueue.exceptions.JobCancelled',
+  traceback = 'django_redisqueue.exceptions.JobCancelled: deleted from its queue unrun\n',
+})
 
 if action == 'pause' then
   return redis.call('SADD', PAUSED, queue)
@@ -18,7 +25,7 @@ elseif action == 'resume' then
 end
 
 local ids = {}
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   ids[#ids + 1] = ARGV[i]
 end
 if #ids == 0 then
@@ -55,6 +62,13 @@ for _, id in ipairs(ids) do
     end
   elseif action == 'empty' then
     if redis.call('ZREM', QUEUE .. queue, id) == 1 then
+      -- A group member or a job others wait for ends first, so that its group still
+      -- completes and the jobs waiting for it fail instead of waiting for ever.
+      local links = redis.pcall('HMGET', job, 'group', 'then')
+      if not links.err and (links[1] or links[2]) then
+        redis.call('HSET', job, 'cancelled', 1)
+        record_outcome(id, 'FAILED', clock_ms(), '', DELETED, ttl)
+      end
       redis.call('DEL', job)
       changed = changed + 1
     end
