@@ -28,6 +28,7 @@ CLUSTER_TESTS = [
     "tests/test_worker.py",
     "tests/test_scheduler.py",
     "tests/test_admin.py",
+    "tests/test_fanout.py",
 ]
 
 nox.options.sessions = ["lint", "tests"]
