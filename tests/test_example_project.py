@@ -1,20 +1,24 @@
 """The demo: example_project/demo.py starts Redis, the web server and a worker; a job
-enqueued from the page runs; Ctrl-C stops everything."""
+enqueued from the page runs; Ctrl-C stops everything. The log fan-out page: a group of
+jobs, one per chunk of a log, and a callback that merges their counts."""
 
 import http.cookiejar
 import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import urllib.parse
 import urllib.request
 import uuid
+from collections import Counter
+from contextlib import closing, contextmanager
 
 import redis
 
-from django_redisqueue.testing import free_port
+from django_redisqueue.testing import RedisServer, free_port
 from tests.conftest import ROOT, blocked_clients, wait_until
 
 
@@ -83,6 +87,103 @@ def test_demo_runs_a_job_enqueued_from_the_page():
     assert "Welcome!" in output  # the console email backend printed the email
     assert "stopped after" in output  # the worker stopped gracefully
     assert re.search(r"Scheduler \S+ stopped", output)  # so did the scheduler
+
+
+def test_a_log_is_analysed_by_a_group_of_chunk_jobs_and_summarised_by_its_callback(tmp_path):
+    database = tmp_path / "db.sqlite3"
+    with _example_site(database) as (browser, env), closing(sqlite3.connect(database)) as db:
+        assert 'href="/logs/"' in browser.get("/")  # linked from the home page
+        page = _generate_log(browser, lines=1234)
+        run_id = int(re.search(r"Log run #(\d+)", page)[1])
+        group_id = re.search(r"dashboard/group/([0-9a-f]{26})/", page)[1]
+        assert '<span id="progress">0 of 3</span>' in page  # 500 + 500 + 234 lines
+        assert 'http-equiv="refresh"' in page
+        lossy_id = int(re.search(r"Log run #(\d+)", _generate_log(browser, lines=1100))[1])
+        # The logs as stored, read before any worker runs: the expected counts.
+        log, lossy_log = _chunks(db, run_id), _chunks(db, lossy_id)
+        assert sum(len(chunk.splitlines()) for chunk in log) == 1234
+        # A chunk lost before its job runs: that job fails, the callback runs all the same.
+        with db:
+            db.execute('DELETE FROM shop_logchunk WHERE run_id = ? AND "index" = 1', [lossy_id])
+
+        worker = subprocess.run(
+            _manage("runworker", "--burst"), env=env, capture_output=True, text=True, timeout=60
+        )
+        assert worker.returncode == 0, worker.stdout + worker.stderr
+
+        query = "SELECT summary, failed_chunks, group_id FROM shop_logrun WHERE id = ?"
+        summary, failed, stored_group = db.execute(query, [run_id]).fetchone()
+        assert (json.loads(summary), failed, stored_group) == (_summary_of(log), 0, group_id)
+        summary, failed, _ = db.execute(query, [lossy_id]).fetchone()
+        assert (json.loads(summary), failed) == (_summary_of([lossy_log[0], lossy_log[2]]), 1)
+        # The callbacks cleaned up.
+        assert db.execute("SELECT count(*) FROM shop_logchunk").fetchone() == (0,)
+
+        page = browser.get(f"/logs/{run_id}/")
+        assert '<span id="progress">3 of 3</span>' in page
+        assert "1234 lines counted" in page
+        assert 'http-equiv="refresh"' not in page
+        assert "1 failed" in browser.get(f"/logs/{lossy_id}/")
+
+
+@contextmanager
+def _example_site(database):
+    """The example project's web server on a fresh ``database`` and a Redis of its own;
+    yields a browser on it and the environment for its ``manage.py`` commands."""
+    with RedisServer() as server:
+        env = {**_env(), "REDIS_URL": server.url, "DEMO_DATABASE": str(database)}
+        subprocess.run(_manage("migrate", "--noinput", "-v0"), env=env, check=True, timeout=60)
+        port = free_port()
+        web = subprocess.Popen(
+            _manage("runserver", f"127.0.0.1:{port}", "--noreload"),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            browser = Browser(f"http://127.0.0.1:{port}")
+            wait_until(lambda: _try(browser.get, "/"), 60, "the web server")
+            yield browser, env
+        finally:
+            web.terminate()
+            web.wait(timeout=30)
+
+
+def _generate_log(browser: Browser, lines: int) -> str:
+    """Click "generate a sample log"; return the run's page it leads to."""
+    return browser.post("/logs/sample/", browser.get("/logs/"), lines=str(lines))
+
+
+def _chunks(db, run_id: int) -> list[str]:
+    query = 'SELECT text FROM shop_logchunk WHERE run_id = ? ORDER BY "index"'
+    return [text for (text,) in db.execute(query, [run_id])]
+
+
+def _summary_of(chunks: list[str]) -> dict:
+    """Counted here by splitting on quotes, apart from the app's regular expression:
+    ``client - - [time] "METHOD path HTTP/1.1" status size "referrer" "agent"``."""
+    lines = [line for chunk in chunks for line in chunk.splitlines()]
+    statuses, paths, clients = Counter(), Counter(), Counter()
+    for line in lines:
+        prefix, request, after, *_ = line.split('"')
+        clients[prefix.split()[0]] += 1
+        paths[request.split()[1]] += 1
+        statuses[after.split()[0]] += 1
+
+    def top(counter):  # most frequent first, ties by name
+        return [[k, n] for k, n in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))][:10]
+
+    return {
+        "lines": len(lines),
+        "unparsed": 0,
+        "statuses": dict(sorted(statuses.items())),
+        "top_paths": top(paths),
+        "top_clients": top(clients),
+    }
+
+
+def _manage(*args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "example_project" / "manage.py"), *args]
 
 
 def _try(get, path):

@@ -9,5 +9,9 @@ urlpatterns = [
     path("reports/", views.request_report, name="request-report"),
     path("tidy/", views.tidy, name="tidy"),
     path("jobs/<str:job_id>/", views.job_status, name="job-status"),
+    path("logs/", views.log_runs, name="log-runs"),
+    path("logs/upload/", views.upload_log, name="upload-log"),
+    path("logs/sample/", views.generate_log, name="generate-log"),
+    path("logs/<int:run_id>/", views.log_run, name="log-run"),
     path("admin/", admin.site.urls),
 ]

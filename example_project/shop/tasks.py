@@ -8,7 +8,8 @@ from django.utils import timezone
 
 from django_redisqueue import task
 
-from .models import Report
+from . import logs
+from .models import LogChunk, LogRun, Report
 
 
 @task(queue_name="high", priority=10)
@@ -60,3 +61,23 @@ def sync_inventory(batch: int) -> str:
     if random.random() < 0.4:
         raise ConnectionError(f"supplier timed out on batch {batch}")
     return f"synced batch {batch}"
+
+
+@task
+def analyse_chunk(run_id: int, index: int) -> dict:
+    """One member of a log run's group: the counts of its chunk."""
+    chunk = LogChunk.objects.get(run_id=run_id, index=index)
+    return logs.count(chunk.text)
+
+
+@task
+def summarise_log(chunk_counts: list[dict | None], run_id: int) -> int:
+    """The group's callback, queued once every chunk was analysed: ``chunk_counts`` holds
+    each chunk's counts (None for a chunk whose job failed). Writes the merged summary
+    and the failures to the run, deletes the chunks; returns the lines counted."""
+    summary = logs.merge(counts for counts in chunk_counts if counts is not None)
+    LogRun.objects.filter(pk=run_id).update(
+        summary=summary, failed_chunks=chunk_counts.count(None), finished_at=timezone.now()
+    )
+    LogChunk.objects.filter(run_id=run_id).delete()
+    return summary["lines"]

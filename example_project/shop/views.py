@@ -1,14 +1,29 @@
+from contextlib import suppress
+from functools import partial
+
 from django.contrib import messages
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from django_redisqueue import group
 from django_redisqueue.compat import TaskResultDoesNotExist, task_backends
 
-from .models import Report
-from .tasks import build_report, send_tips_email, send_welcome_email, sync_inventory, tidy_up
+from . import logs
+from .models import LogChunk, LogRun, Report
+from .tasks import (
+    analyse_chunk,
+    build_report,
+    send_tips_email,
+    send_welcome_email,
+    summarise_log,
+    sync_inventory,
+    tidy_up,
+)
+
+MAX_LOG_LINES = 200_000  # 400 chunks: plenty for a demo
 
 
 def index(request: HttpRequest) -> HttpResponse:
@@ -72,3 +87,56 @@ def job_status(request: HttpRequest, job_id: str) -> JsonResponse:
             "errors": [error.traceback for error in result.errors],
         }
     )
+
+
+def log_runs(request: HttpRequest) -> HttpResponse:
+    runs = LogRun.objects.order_by("-created_at")[:10]
+    return render(request, "shop/logs.html", {"runs": runs, "chunk_lines": logs.CHUNK_LINES})
+
+
+@require_POST
+def upload_log(request: HttpRequest) -> HttpResponse:
+    upload = request.FILES.get("log")
+    if upload is None:
+        messages.error(request, "Choose a log file to upload.")
+        return redirect("log-runs")
+    return _fan_out(request, upload.name, upload.read().decode("utf-8", errors="replace"))
+
+
+@require_POST
+def generate_log(request: HttpRequest) -> HttpResponse:
+    lines = min(max(int(request.POST.get("lines") or 3000), 1), MAX_LOG_LINES)
+    return _fan_out(request, "sample", logs.sample_log(lines))
+
+
+def _fan_out(request: HttpRequest, name: str, text: str) -> HttpResponse:
+    """Store the log in chunks and, once they are committed, queue a group that
+    analyses one chunk per job, with ``summarise_log`` as its callback."""
+    lines = logs.log_lines(text)
+    if not 0 < len(lines) <= MAX_LOG_LINES:
+        messages.error(request, f"A log needs 1 to {MAX_LOG_LINES} lines, not {len(lines)}.")
+        return redirect("log-runs")
+    with transaction.atomic():
+        run = LogRun.objects.create(name=name[:200], lines=len(lines))
+        pieces = logs.chunks(lines)
+        LogChunk.objects.bulk_create(
+            LogChunk(run=run, index=index, text=piece) for index, piece in enumerate(pieces)
+        )
+        transaction.on_commit(partial(_analyse, run.pk, len(pieces)))
+    return redirect("log-run", run.pk)
+
+
+def _analyse(run_id: int, chunk_count: int) -> None:
+    members = [analyse_chunk.job(run_id, index) for index in range(chunk_count)]
+    result = group(members, callback=summarise_log.job(run_id)).enqueue()
+    LogRun.objects.filter(pk=run_id).update(group_id=result.id)
+
+
+def log_run(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_object_or_404(LogRun, pk=run_id)
+    progress = None
+    if run.group_id:
+        # Gone once the group's record expired; the summary, if written, stays on the run.
+        with suppress(TaskResultDoesNotExist):
+            progress = task_backends["default"].get_group(run.group_id).progress
+    return render(request, "shop/log_run.html", {"run": run, "progress": progress})
