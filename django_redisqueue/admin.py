@@ -8,7 +8,7 @@ Actions are POST with CSRF; destructive ones are confirmed on a page of their ow
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
 
@@ -40,6 +40,7 @@ class Action:
     label: str
     destructive: bool
     needs_job: bool = False  # acts on one job only
+    needs_group: bool = False  # acts on one group, of no one queue
 
 
 ACTIONS = {
@@ -50,11 +51,13 @@ ACTIONS = {
     "pause": Action("Pause the queue", destructive=False),
     "resume": Action("Resume the queue", destructive=False),
     "empty": Action("Delete every waiting job of the queue", destructive=True),
+    "cancel_group": Action("Cancel the group", destructive=True, needs_group=True),
 }
 
 
 class JobIdConverter:
-    """Any job id, as Redis may hold any member in a queue: empty, or with slashes."""
+    """Any job or group id, as Redis may hold any member in a queue or a group's field:
+    empty, or with slashes."""
 
     regex = r"[\s\S]*"
 
@@ -119,6 +122,9 @@ class DashboardAdmin(admin.ModelAdmin):
             view(self.failed_view, "<str:alias>/failed/<str:queue>/", "failed"),
             view(self.job_lookup_view, "<str:alias>/job/", "job_lookup"),
             view(self.job_view, "<str:alias>/job/<drq_job_id:job_id>/", "job"),
+            view(self.groups_view, "<str:alias>/groups/", "groups"),
+            view(self.group_view, "<str:alias>/group/<drq_job_id:group_id>/", "group"),
+            view(self.broadcasts_view, "<str:alias>/broadcasts/", "broadcasts"),
             view(self.confirm_view, "<str:alias>/confirm/<str:action>/", "confirm"),
             view(self.action_view, "<str:alias>/act/<str:action>/", "act"),
         ]
@@ -273,6 +279,32 @@ class DashboardAdmin(admin.ModelAdmin):
             response.status_code = 404
         return response
 
+    def groups_view(self, request: HttpRequest, alias: str) -> HttpResponse:
+        backend = self._backend(request, alias)
+        page = DashboardData(backend).groups(self._page_number(request))
+        return self._render(request, "groups.html", alias, "Groups", page=page)
+
+    def group_view(self, request: HttpRequest, alias: str, group_id: str) -> HttpResponse:
+        backend = self._backend(request, alias)
+        detail = DashboardData(backend).group(group_id, self._page_number(request))
+        response = self._render(
+            request,
+            "group.html",
+            alias,
+            f"Group {group_id}",
+            detail=detail,
+            group=detail.group,
+            page=detail.members,
+        )
+        if not detail.exists:
+            response.status_code = 404
+        return response
+
+    def broadcasts_view(self, request: HttpRequest, alias: str) -> HttpResponse:
+        backend = self._backend(request, alias)
+        page = DashboardData(backend).broadcasts(self._page_number(request))
+        return self._render(request, "broadcasts.html", alias, "Broadcasts", page=page)
+
     # Actions
 
     def confirm_view(self, request: HttpRequest, alias: str, action: str) -> HttpResponse:
@@ -282,19 +314,24 @@ class DashboardAdmin(admin.ModelAdmin):
         backend = self._backend(request, alias)
         if not allowed(request, MANAGE):
             raise PermissionDenied
-        if action not in ACTIONS:
+        spec = ACTIONS.get(action)
+        if spec is None:
             raise Http404(f"No action {action!r}")
-        queue = self._queue(backend, request.GET.get("queue", ""))
+        queue = self._action_queue(backend, spec, request.GET)
         job_id = request.GET.get("job_id", "")
+        group_id = request.GET.get("group_id", "") if spec.needs_group else ""
+        if spec.needs_group and backend.broker.group(group_id) is None:
+            raise Http404(f"No group {group_id!r} (or it expired)")
         return self._render(
             request,
             "confirm.html",
             alias,
-            f"{ACTIONS[action].label}?",
+            f"{spec.label}?",
             action=action,
-            action_label=ACTIONS[action].label,
+            action_label=spec.label,
             queue=queue,
             job_id=job_id,
+            group_id=group_id,
             next=self._next_url(request, alias, request.GET.get("next", "")),
             live=False,
         )
@@ -309,15 +346,43 @@ class DashboardAdmin(admin.ModelAdmin):
         spec = ACTIONS.get(action)
         if spec is None:
             raise Http404(f"No action {action!r}")
-        queue = self._queue(backend, request.POST.get("queue", ""))
+        queue = self._action_queue(backend, spec, request.POST)
         job_id = request.POST.get("job_id", "")
+        group_id = request.POST.get("group_id", "")
         if spec.needs_job and not job_id:
             messages.error(request, f"{spec.label}: which job?")
+        elif spec.needs_group and not group_id:
+            messages.error(request, f"{spec.label}: which group?")
         elif spec.destructive and request.POST.get("confirmed") != "yes":
             messages.error(request, f"{spec.label}: not confirmed, nothing done.")
+        elif spec.needs_group:
+            self._cancel_group(request, backend, group_id)
         else:
             self._apply(request, backend, action, queue, job_id)
         return HttpResponseRedirect(self._next_url(request, alias, request.POST.get("next", "")))
+
+    def _action_queue(
+        self, backend: RedisQueueBackend, spec: Action, data: Mapping[str, str]
+    ) -> str:
+        """The queue an action acts on ('' for a group's, which spans queues)."""
+        return "" if spec.needs_group else self._queue(backend, data.get("queue", ""))
+
+    def _cancel_group(
+        self, request: HttpRequest, backend: RedisQueueBackend, group_id: str
+    ) -> None:
+        if backend.broker.group(group_id) is None:
+            messages.error(
+                request, f"Group {group_id} was not cancelled: it does not exist (or it expired)."
+            )
+            return
+        cancelled = backend.cancel_group(group_id)
+        level = messages.success if cancelled else messages.warning
+        level(
+            request,
+            f"Group {group_id} cancelled: {cancelled} job(s) that had not started were "
+            "cancelled. Members already running finish; a callback that has not started "
+            "never runs.",
+        )
 
     def _apply(
         self,
