@@ -567,22 +567,15 @@ class Broker:
 
     def group(self, group_id: str) -> GroupState | None:
         """A group's counts, or None if there is no such group (or it expired)."""
-        fields = self.get_hash(self.keys.group(group_id))
-        if fields is None:
-            return None
-        total = _whole(fields.get("total"))
-        finished = _whole(fields.get("finished_at"))
-        return GroupState(
-            group_id=group_id,
-            size=_whole(fields.get("size")) or 0,
-            total=total,
-            ended=_whole(fields.get("ended")) or 0,
-            failed=_whole(fields.get("failed")) or 0,
-            callback_id=fields.get("callback", ""),
-            created_at_ms=_whole(fields.get("created_at")) or 0,
-            finished_at_ms=finished or None,
-            cancelled=bool(fields.get("cancelled")),
-        )
+        return self.groups([group_id])[0]
+
+    def groups(self, group_ids: Sequence[str]) -> list[GroupState | None]:
+        """The counts of each group, in one round trip (None for one gone)."""
+        keys = [self.keys.group(group_id) for group_id in group_ids]
+        return [
+            _group_state(group_id, fields)
+            for group_id, fields in zip(group_ids, self.hashes(keys), strict=True)
+        ]
 
     def group_members(self, group_id: str, offset: int = 0, limit: int = -1) -> list[str]:
         """Ids of a group's members, in the order given (a slice)."""
@@ -632,13 +625,22 @@ class Broker:
 
     def get_hash(self, key: str) -> dict[str, str] | None:
         """Every field of a hash, or None if it does not exist (or is not a hash)."""
-        pipe = self._pipeline(transaction=True)
-        pipe.type(key)
-        pipe.hgetall(key)
-        kind, fields = self._execute(pipe, raise_on_error=False)
-        if text(kind) != "hash" or not fields:
-            return None
-        return {text(k) or "": text(v) or "" for k, v in fields.items()}
+        return self.hashes([key])[0]
+
+    def hashes(self, keys: Sequence[str]) -> list[dict[str, str] | None]:
+        """Every field of each hash, in one round trip; None for a key that does not
+        exist or is not a hash."""
+        if not keys:
+            return []
+        pipe = self._pipeline(transaction=False)
+        for key in keys:
+            pipe.hgetall(key)
+        return [
+            {text(k) or "": text(v) or "" for k, v in fields.items()}
+            if isinstance(fields, dict) and fields
+            else None
+            for fields in self._execute(pipe, raise_on_error=False)
+        ]
 
     # Operators
 
@@ -775,6 +777,23 @@ def _batches(jobs: Sequence[NewJob], *, linked: bool = False) -> Iterator[list[A
         count += 1
         size += len(job.payload)
     yield args
+
+
+def _group_state(group_id: str, fields: dict[str, str] | None) -> GroupState | None:
+    if fields is None:
+        return None
+    finished = _whole(fields.get("finished_at"))
+    return GroupState(
+        group_id=group_id,
+        size=_whole(fields.get("size")) or 0,
+        total=_whole(fields.get("total")),
+        ended=_whole(fields.get("ended")) or 0,
+        failed=_whole(fields.get("failed")) or 0,
+        callback_id=fields.get("callback", ""),
+        created_at_ms=_whole(fields.get("created_at")) or 0,
+        finished_at_ms=finished or None,
+        cancelled=bool(fields.get("cancelled")),
+    )
 
 
 def _whole(value: str | None) -> int | None:

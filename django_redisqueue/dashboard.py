@@ -4,34 +4,34 @@ the templates. Views live in ``admin.py``; every Redis command is the broker's."
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from django.utils.timezone import localtime
 
 from .backend import RedisQueueBackend
-from .broker import GroupState, now_ms
-from .exceptions import InvalidPayload
-from .jobs import STATUSES, Envelope, JobRecord, from_ms, to_json
+from .jobs import STATUSES, from_ms
+from .rows import (
+    BroadcastRow,
+    GroupDetail,
+    GroupRow,
+    JobRow,
+    Page,
+    Row,
+    page_number,
+    status_label,
+)
 
-PAGE_SIZE = 50
 # Running jobs read for the overview: far more than any fleet runs at once.
 RUNNING_READ_LIMIT = 1000
 # A worker or scheduler silent for longer than this is shown as gone.
 WORKER_ALIVE_MS = 30_000
 SCHEDULER_ALIVE_MS = 15_000
 CHART_MINUTES = 60
-PREVIEW_CHARS = 80
 # Members of a group whose status the group page counts: a larger group's counts are
 # of its first members only, so that a refresh never reads a huge group whole.
 MEMBER_COUNT_LIMIT = 10_000
 MEMBER_READ_BATCH = 1000
-# A job's ``after`` field when it is a group's callback: ``group:<gid>``.
-AFTER_GROUP_PREFIX = "group:"
-# The prefix of a broadcast message's fields saying how a worker ran it.
-RAN_PREFIX = "ran:"
 
 JOB_FIELDS = (
     "payload", "queue", "priority", "status", "attempts", "lost", "owner", "workers",
@@ -43,361 +43,6 @@ RUNNING_FIELDS = ("queue", "owner", "status")
 # What the group pages read of a group's members and callback: no results or tracebacks.
 MEMBER_FIELDS = ("payload", "queue", "status", "cancelled", "waiting")
 STATUS_FIELDS = ("status", "cancelled", "waiting")
-
-Row = TypeVar("Row")
-
-
-def preview(value: object, limit: int = PREVIEW_CHARS) -> str:
-    """JSON text of ``value``, cut to ``limit`` characters."""
-    return preview_text(to_json(value), limit)
-
-
-def printable(text: str) -> str:
-    """``text`` with lone surrogates (JSON can hold them, a page cannot) escaped."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def describe_arguments(envelope: Envelope) -> str:
-    """An envelope's arguments as one line of previews."""
-    parts = [preview(a) for a in envelope.args]
-    parts += [f"{k}={preview(v)}" for k, v in envelope.kwargs.items()]
-    return preview_text(", ".join(parts))
-
-
-def status_label(fields: Mapping[str, str]) -> str:
-    """A job's status as the dashboard shows it: "expired" for a record gone, and
-    whether a READY job waits for another or a FAILED one was cancelled."""
-    if not fields:
-        return "expired"
-    status = printable(fields.get("status", ""))
-    if fields.get("waiting"):
-        return f"{status} (waiting)"
-    if fields.get("cancelled"):
-        return f"{status} (cancelled)"
-    return status
-
-
-@dataclass
-class JobRow:
-    """One job as the dashboard lists it: its record (read leniently, whatever Redis
-    holds) and its score in the set it was listed from."""
-
-    record: JobRecord
-    score: float = 0.0
-
-    @classmethod
-    def build(cls, job_id: str, fields: dict[str, str], score: float, max_bytes: int) -> JobRow:
-        return cls(JobRecord.parse(job_id, fields, max_bytes), score)
-
-    @property
-    def id(self) -> str:
-        return self.record.id
-
-    @property
-    def fields(self) -> Mapping[str, str]:
-        return self.record.fields
-
-    @property
-    def exists(self) -> bool:
-        return self.record.exists
-
-    @property
-    def envelope(self) -> Envelope | None:
-        return self.record.envelope
-
-    @property
-    def problem(self) -> str:
-        return self.record.problem
-
-    @property
-    def task(self) -> str:
-        return printable(self.envelope.task_path) if self.envelope else "?"
-
-    @property
-    def arguments(self) -> str:
-        if not self.envelope:
-            return printable(self.problem)
-        return describe_arguments(self.envelope)
-
-    @property
-    def queue(self) -> str:
-        return self.record.queue
-
-    @property
-    def priority(self) -> int:
-        return self.record.priority
-
-    @property
-    def status(self) -> str:
-        return self.fields.get("status", "")
-
-    @property
-    def status_label(self) -> str:
-        return status_label(self.fields)
-
-    @property
-    def group_id(self) -> str:
-        """The group this job is a member of ('' if none)."""
-        return self.fields.get("group", "")
-
-    @property
-    def after_job_id(self) -> str:
-        """The job this one runs after ('' if none, or if it waits for a group)."""
-        after = self.fields.get("after", "")
-        return "" if after.startswith(AFTER_GROUP_PREFIX) else after
-
-    @property
-    def after_group_id(self) -> str:
-        """The group this job runs after, as its callback ('' if none)."""
-        after = self.fields.get("after", "")
-        return (
-            after.removeprefix(AFTER_GROUP_PREFIX) if after.startswith(AFTER_GROUP_PREFIX) else ""
-        )
-
-    @property
-    def waiting(self) -> bool:
-        """READY but held until the job or group it runs after ends."""
-        return bool(self.fields.get("waiting"))
-
-    @property
-    def attempts(self) -> int:
-        return self.record.attempts
-
-    @property
-    def enqueued_at(self) -> datetime | None:
-        return self.record.enqueued_at
-
-    @property
-    def score_time(self) -> datetime | None:
-        """The score as a time: due time, lease deadline or finish time."""
-        return from_ms(self.score)
-
-    @property
-    def seconds_left(self) -> float:
-        return (self.score - now_ms()) / 1000
-
-    @property
-    def started_at(self) -> datetime | None:
-        return self.record.last_attempted_at
-
-    @property
-    def finished_at(self) -> datetime | None:
-        return self.record.finished_at
-
-    @property
-    def worker(self) -> str:
-        return self.record.owner.rpartition("/")[0]
-
-    @property
-    def errors(self) -> list[dict[str, str]]:
-        return [{k: printable(v) for k, v in error.items()} for error in self.record.errors]
-
-    @property
-    def last_error(self) -> str:
-        errors = self.errors
-        if not errors:
-            return ""
-        lines = errors[-1]["traceback"].strip().splitlines()
-        return preview_text(lines[-1] if lines else "")
-
-    @property
-    def result(self) -> str:
-        return self.fields.get("result", "")
-
-
-def preview_text(text: str, limit: int = PREVIEW_CHARS * 2) -> str:
-    text = printable(text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def page_number(number: int, total: int, size: int = PAGE_SIZE) -> int:
-    """``number`` brought within the pages that ``total`` rows fill (at least one)."""
-    return min(max(number, 1), max(1, -(-total // size)))
-
-
-@dataclass
-class Page(Generic[Row]):
-    """One page of a long list, numbered from 1."""
-
-    number: int
-    total: int
-    rows: list[Row] = field(default_factory=list)
-    size: int = PAGE_SIZE
-
-    @property
-    def offset(self) -> int:
-        return (self.number - 1) * self.size
-
-    @property
-    def pages(self) -> int:
-        return max(1, -(-self.total // self.size))
-
-    @property
-    def previous(self) -> int | None:
-        return self.number - 1 if self.number > 1 else None
-
-    @property
-    def next(self) -> int | None:
-        return self.number + 1 if self.number < self.pages else None
-
-    @property
-    def first_index(self) -> int:
-        return self.offset + 1
-
-
-@dataclass
-class GroupRow:
-    """A group as the dashboard lists it: its counts (zeros for one whose record
-    expired while the index still names it) and its callback job."""
-
-    id: str
-    score: float  # its time in the index of groups (ms)
-    state: GroupState
-    exists: bool = True
-    callback: JobRow | None = None
-
-    @classmethod
-    def expired(cls, group_id: str, score: float = 0.0) -> GroupRow:
-        state = GroupState(
-            group_id=group_id,
-            size=0,
-            total=None,
-            ended=0,
-            failed=0,
-            callback_id="",
-            created_at_ms=0,
-            finished_at_ms=None,
-            cancelled=False,
-        )
-        return cls(group_id, score, state, exists=False)
-
-    @property
-    def created_at(self) -> datetime | None:
-        return from_ms(self.state.created_at_ms or self.score)
-
-    @property
-    def sealed(self) -> bool:
-        """Whether every member was stored (an unsealed group is still being queued)."""
-        return self.state.total is not None
-
-    @property
-    def total(self) -> int:
-        return self.state.total if self.state.total is not None else self.state.size
-
-    @property
-    def ended(self) -> int:
-        return self.state.ended
-
-    @property
-    def failed(self) -> int:
-        return self.state.failed
-
-    @property
-    def finished(self) -> bool:
-        return self.state.finished_at_ms is not None
-
-    @property
-    def finished_at(self) -> datetime | None:
-        return from_ms(self.state.finished_at_ms)
-
-    @property
-    def cancelled(self) -> bool:
-        return self.state.cancelled
-
-    @property
-    def callback_id(self) -> str:
-        return self.state.callback_id
-
-    @property
-    def cancellable(self) -> bool:
-        """Whether cancelling could still stop something: a member or the callback."""
-        if not self.exists:
-            return False
-        return not self.finished or (self.callback is not None and self.callback.status == "READY")
-
-
-@dataclass
-class GroupDetail:
-    """The group page: the group, its members counted by status, a page of them."""
-
-    group: GroupRow
-    statuses: list[tuple[str, int]]
-    counted: int  # members whose status was read: all, up to MEMBER_COUNT_LIMIT
-    members: Page[JobRow]
-
-    @property
-    def exists(self) -> bool:
-        return self.group.exists
-
-    @property
-    def partly_counted(self) -> bool:
-        return self.counted < self.members.total
-
-
-@dataclass(frozen=True)
-class WorkerRun:
-    """How one worker ran a broadcast message: RUNNING, SUCCESSFUL or FAILED, when."""
-
-    worker: str
-    status: str
-    at: datetime | None
-
-
-@dataclass
-class BroadcastRow:
-    """A broadcast message as the dashboard lists it, read leniently: an envelope that
-    does not parse leaves ``envelope`` None and says why in ``problem``."""
-
-    number: str
-    score: float  # its send time in the index of messages (ms)
-    fields: Mapping[str, str]
-    envelope: Envelope | None
-    problem: str = ""
-
-    @classmethod
-    def build(
-        cls, number: str, score: float, fields: Mapping[str, str] | None, max_bytes: int
-    ) -> BroadcastRow:
-        fields = fields or {}
-        try:
-            envelope: Envelope | None = Envelope.loads(fields.get("payload", ""), max_bytes)
-            problem = ""
-        except InvalidPayload as exc:
-            envelope, problem = None, str(exc)
-        return cls(number, score, fields, envelope, problem)
-
-    @property
-    def exists(self) -> bool:
-        return bool(self.fields)
-
-    @property
-    def sent_at(self) -> datetime | None:
-        return from_ms(self.fields.get("sent_at")) or from_ms(self.score)
-
-    @property
-    def queue(self) -> str:
-        """The queue whose workers run it; '' for every worker."""
-        return self.fields.get("queue", "")
-
-    @property
-    def task(self) -> str:
-        return printable(self.envelope.task_path) if self.envelope else "?"
-
-    @property
-    def arguments(self) -> str:
-        return describe_arguments(self.envelope) if self.envelope else printable(self.problem)
-
-    @property
-    def runs(self) -> list[WorkerRun]:
-        """Each worker that took the message, by name: its outcome ("STATUS ms")."""
-        runs = []
-        for name, value in self.fields.items():
-            if name.startswith(RAN_PREFIX):
-                status, _, at = value.partition(" ")
-                runs.append(
-                    WorkerRun(printable(name[len(RAN_PREFIX) :]), printable(status), from_ms(at))
-                )
-        return sorted(runs, key=lambda run: run.worker)
 
 
 class Dashboard:
@@ -451,13 +96,11 @@ class Dashboard:
         return self._page(self.keys.groups, number, self._group_rows, newest_first=True)
 
     def _group_rows(self, scored: list[tuple[str, float]]) -> list[GroupRow]:
-        # A read per group: the broker reads one group hash at a time.
-        rows = []
-        for group_id, score in scored:
-            state = self.broker.group(group_id)
-            rows.append(
-                GroupRow(group_id, score, state) if state else GroupRow.expired(group_id, score)
-            )
+        states = self.broker.groups([group_id for group_id, _ in scored])
+        rows = [
+            GroupRow(group_id, score, state) if state else GroupRow.expired(group_id, score)
+            for (group_id, score), state in zip(scored, states, strict=True)
+        ]
         return self._with_callbacks(rows)
 
     def _with_callbacks(self, rows: list[GroupRow]) -> list[GroupRow]:
@@ -502,13 +145,11 @@ class Dashboard:
         )
 
     def _broadcast_rows(self, scored: list[tuple[str, float]]) -> list[BroadcastRow]:
-        # A read per message: the broker reads one hash at a time.
         max_bytes = self.backend.config.max_payload_bytes
+        messages = self.broker.hashes([self.keys.broadcast_message(n) for n, _ in scored])
         return [
-            BroadcastRow.build(
-                number, score, self.broker.get_hash(self.keys.broadcast_message(number)), max_bytes
-            )
-            for number, score in scored
+            BroadcastRow.build(number, score, fields, max_bytes)
+            for (number, score), fields in zip(scored, messages, strict=True)
         ]
 
     def running(self, fields: tuple[str, ...] = JOB_FIELDS) -> list[JobRow]:
