@@ -343,3 +343,81 @@ def ledger_at(url, i, sleep_ms):
     """Run for ``sleep_ms`` and append ``i`` to the ledger on the Redis at ``url``."""
     time.sleep(sleep_ms / 1000)
     client_at(url).rpush("test:ledger", i)
+
+
+# Fan-out: group members, callbacks, chain steps and broadcasts that leave their trace
+# in ledgers, for tests/test_fanout_faults.py.
+
+FANOUT_MEMBERS = "test:fanout:members"
+FANOUT_CALLBACKS = "test:fanout:callbacks"
+FANOUT_STEPS = "test:fanout:steps"
+FANOUT_BROADCASTS = "test:fanout:broadcasts"
+FANOUT_BUSY = "test:fanout:busy"
+
+
+@task
+def fanout_member(i, sleep_ms):
+    """Write ``i`` to the members' ledger as it starts, run for ``sleep_ms``, return ``i``."""
+    client().rpush(FANOUT_MEMBERS, i)
+    time.sleep(sleep_ms / 1000)
+    return i
+
+
+@task(takes_context=True)
+def fanout_callback(context, results, label, sleep_ms=0):
+    """A group's callback: write its attempt, its pid and the results it was given as it
+    starts, then run for ``sleep_ms``."""
+    entry = {"label": label, "attempt": context.attempt, "pid": os.getpid(), "results": results}
+    client().rpush(FANOUT_CALLBACKS, json.dumps(entry))
+    time.sleep(sleep_ms / 1000)
+    return len(results)
+
+
+@task(retries=1, retry_backoff=0.05, retry_jitter=False)
+def fanout_fails_once(label):
+    """Fail the first attempt (a retry follows), succeed on the second."""
+    client().rpush(FANOUT_MEMBERS, label)
+    if client().incr(f"test:tries:{label}") == 1:
+        raise ConnectionError("the first attempt fails")
+    return label
+
+
+@task
+def fanout_fails_until_fixed(label):
+    """Fail, without retries, until the test sets ``test:fixed:<label>``."""
+    client().rpush(FANOUT_MEMBERS, label)
+    if not client().exists(f"test:fixed:{label}"):
+        raise ValueError(f"{label} is broken")
+    return label
+
+
+@task
+def fanout_step(chain, step, fail):
+    """A chain's step: write ``<chain>:<step>`` to the steps' ledger; raise if ``fail``."""
+    client().rpush(FANOUT_STEPS, f"{chain}:{step}")
+    time.sleep(0.002)  # long enough for the other chains' steps to run in between
+    if fail:
+        raise ValueError(f"step {step} of chain {chain} fails")
+    return step
+
+
+@task
+def fanout_gate(i, timeout):
+    """Say ``started:<i>``, then run until the test pushes to ``test:gate:<i>``."""
+    r = client()
+    r.rpush(FANOUT_MEMBERS, f"started:{i}")
+    return r.blpop(f"test:gate:{i}", timeout) is not None
+
+
+@task(takes_context=True)
+def fanout_busy(context, timeout):
+    """Keep a worker busy: say ``<attempt>:<pid>``, run until ``test:busy:<attempt>``."""
+    r = client()
+    r.rpush(FANOUT_BUSY, f"{context.attempt}:{os.getpid()}")
+    return r.blpop(f"test:busy:{context.attempt}", timeout) is not None
+
+
+@task
+def fanout_pid(label):
+    """A broadcast: write ``<label>:<pid>`` to the broadcasts' ledger."""
+    client().rpush(FANOUT_BROADCASTS, f"{label}:{os.getpid()}")

@@ -82,9 +82,13 @@ if recover then
 end
 
 -- Dead workers' cursors go, and with them the messages only they had not read; held
--- like the recovery, as the heartbeats that prove a worker alive were held too.
-if recover and redis.call('EXISTS', BROADCAST .. 'unread') == 1 then
-  trim_broadcasts(now, tonumber(ARGV[8]))
+-- like the recovery, as the heartbeats that prove a worker alive were held too. Every
+-- live worker has a cursor, so more cursors than live workers means a dead one: the
+-- full pass over the cursors runs only then.
+local window = tonumber(ARGV[8])
+if recover and redis.call('ZCARD', BROADCAST .. 'cursors')
+    > redis.call('ZCOUNT', WORKERS, now - window, '+inf') then
+  trim_broadcasts(now, window)
 end
 
 if full then
