@@ -464,13 +464,8 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         return values
 
     def wait_group(self, group_id: str, timeout: float) -> bool:
-        """Block until the group ends or ``timeout``; a Redis error waits the slice out."""
-        try:
-            return self.broker.wait_group(group_id, timeout)
-        except REDIS_ERRORS as exc:
-            logger.warning("Waiting for group %s: Redis failed (%s)", group_id, exc)
-            time.sleep(min(timeout, 0.5))
-            return False
+        """Block until the group ends, or ``timeout``; True if it ended."""
+        return self.broker.wait_group(group_id, timeout)
 
     def cancel_group(self, group_id: str) -> int:
         error = JobCancelled(f"Group {group_id} was cancelled before this job started.")

@@ -17,17 +17,21 @@ docs/protocol.md, "Fan-out").
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
+from .broker import REDIS_ERRORS, Reconnector
 from .compat import task_backends
 from .exceptions import ResultTimeout
 
 if TYPE_CHECKING:
     from .base import RedisTask, RedisTaskResult
     from .broker import GroupState
+
+logger = logging.getLogger(__name__)
 
 # Longest single blocking call while waiting for a group; the wait goes on after it.
 WAIT_SLICE = 1.0
@@ -201,20 +205,29 @@ class GroupResult:
 
     def wait(self, timeout: float | None = None) -> list[Any]:
         """Block until every member has ended; return ``results``. Raise
-        ``ResultTimeout`` if they have not within ``timeout`` seconds."""
+        ``ResultTimeout`` if they have not within ``timeout`` seconds. Redis errors
+        (a restart, a failover) are waited out, with backoff, until the timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         backend = self._backend()
+        backoff = Reconnector(logger, f"Waiting for group {self.id}", ceiling=1.0)
         while True:
-            self.refresh()
-            if self.finished:
-                return self.results
-            remaining = WAIT_SLICE if deadline is None else deadline - time.monotonic()
-            if remaining <= 0:
+            try:
+                self.refresh()
+                if self.finished:
+                    return self.results
+                remaining = WAIT_SLICE if deadline is None else deadline - time.monotonic()
+                if remaining > 0:
+                    backend.wait_group(self.id, min(remaining, WAIT_SLICE))
+                backoff.succeeded()
+            except REDIS_ERRORS as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise ResultTimeout(f"Group {self.id}: Redis failed ({exc}).") from exc
+                backoff.failed(exc)
+            if deadline is not None and time.monotonic() >= deadline:
                 ended, _, total = self.progress
                 raise ResultTimeout(
                     f"Group {self.id}: {ended} of {total} members ended after {timeout} s."
                 )
-            backend.wait_group(self.id, min(remaining, WAIT_SLICE))
 
     def cancel(self) -> int:
         """Cancel every member that has not started, and the callback; return how

@@ -3,6 +3,7 @@ workers. The fault suite (tests/test_fanout_faults.py) tries to break them with
 SIGKILLed workers and several schedulers."""
 
 import json
+import threading
 from unittest.mock import patch
 
 import pytest
@@ -13,7 +14,7 @@ from django_redisqueue.broker import MissingJob, NewJob
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
 from django_redisqueue.workflows import Progress, broadcast
 from tests import tasks
-from tests.conftest import run_worker_here
+from tests.conftest import run_worker_here, wait_until
 from tests.topology import keys_server
 
 FAILED, SUCCESSFUL, READY = (
@@ -285,3 +286,24 @@ def test_emptying_a_queue_ends_its_group_members_and_fails_what_waits(r, backend
     run_worker_here(backend)
     assert backend.get_result(result.callback_id).status == SUCCESSFUL
     assert error_class(backend.get_result(steps[1].id)).endswith("DependencyFailed")
+
+
+def test_waiting_for_a_group_outlasts_redis_refusing_writes(r, backend):
+    """BLMOVE is a write: an out-of-memory Redis refuses the waiter's blocking call,
+    which waits it out and still sees the group end."""
+    result = group([tasks.add.job(1, 1)]).enqueue()
+    server = keys_server(r)
+    server.config_set("maxmemory", 1)
+
+    def recover_then_work():
+        wait_until(lambda: server.info("errorstats").get("errorstat_OOM"), message="an OOM")
+        server.config_set("maxmemory", 0)
+        run_worker_here(backend)
+
+    helper = threading.Thread(target=recover_then_work)
+    helper.start()
+    try:
+        assert result.wait(timeout=20) == [2]
+    finally:
+        server.config_set("maxmemory", 0)
+        helper.join(timeout=20)
