@@ -123,3 +123,43 @@ def test_a_manager_sees_the_queues_and_acts_on_jobs(browser, live_server, backen
     )
     assert before == "0"
     assert os.listdir(SHOTS)
+
+
+def test_a_manager_follows_a_group_and_cancels_it(browser, live_server, backend):
+    from django_redisqueue import broadcast, group
+
+    manager = User.objects.create_user("manager", password="pw", is_staff=True)
+    for codename in ("view_dashboard", "manage_queues"):
+        manager.user_permissions.add(Permission.objects.get(codename=codename))
+    backend.broker.heartbeat("web-1:42:beef", {}, {})
+    broadcast(tasks.record.job("reload"))
+    backend.broker.receive("web-1:42:beef", ["default"])
+    done = group([tasks.add.job(1, 1), tasks.fail.job("no")], callback=tasks.collect.job("x"))
+    finished = done.enqueue()
+    run_worker_here(backend)
+    waiting = group([tasks.add.job(i, i) for i in range(3)], callback=tasks.collect.job("y"))
+    result = waiting.enqueue()
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    for scheme in ("light", "dark"):
+        page = log_in(browser, live_server, scheme)
+        for name, path in [
+            ("groups", BASE + "groups/"),
+            ("group", BASE + f"group/{finished.id}/"),
+            ("broadcasts", BASE + "broadcasts/"),
+        ]:
+            page.goto(live_server.url + path)
+            page.screenshot(path=SHOTS / f"{name}-{scheme}.png", full_page=True)
+        page.close()
+
+    page = log_in(browser, live_server, "light")
+    page.goto(live_server.url + BASE + "groups/")
+    assert result.id[:10] in page.locator("body").inner_text()
+    page.goto(live_server.url + BASE + "broadcasts/")
+    assert "web-1:42:beef" in page.locator("body").inner_text()
+    page.goto(live_server.url + BASE + f"group/{result.id}/")
+    page.click("text=Cancel the group")
+    page.click('input[value="Yes, I\'m sure"]')
+    page.wait_for_selector(".messagelist")
+    assert "4 job(s) that had not started" in page.locator(".messagelist").inner_text()
+    assert backend.get_result(result.callback_id).status == TaskResultStatus.FAILED
