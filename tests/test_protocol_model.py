@@ -1159,6 +1159,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         for queue in QUEUES:
             allowed |= {k.queue(queue), k.wake(queue), k.delayed(queue), k.failed(queue)}
         allowed |= {k.worker(w) for w in self.heartbeats}
+        if self.heartbeats:  # each worker's broadcast cursor, set by its first heartbeat
+            allowed.add(k.broadcast_cursors)
         allowed |= {k.job(j.id) for j in self.jobs.values() if j.place != DELETED}
         allowed |= {k.done(j.id) for j in self.jobs.values() if j.done}
         stats: Counter[str] = Counter()
@@ -1169,6 +1171,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                 assert key in allowed, f"unexpected key {key}"
         assert stats == self.stats, f"stats {dict(stats)}, model {dict(self.stats)}"
         assert set(self.r.zrange(k.workers, 0, -1)) == self.heartbeats
+        assert set(self.r.zrange(k.broadcast_cursors, 0, -1)) <= self.heartbeats
         assert set(self.r.zrange(k.schedulers, 0, -1)) == self.schedulers
 
     def names(self, ids) -> list[str]:
