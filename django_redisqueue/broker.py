@@ -546,11 +546,27 @@ class Broker:
         the last one sealing the group. Returns each job's enqueue time (ms), or None
         for a job whose id is taken. Raises MissingJob, storing nothing, when a job
         names one to run after that does not exist."""
+        position = {job.job_id: i for i, job in enumerate(jobs)}
+        for i, job in enumerate(jobs):
+            if position.get(job.after, -1) >= i:
+                raise ValueError(f"Job {job.job_id} runs after a job stored after it.")
+        # Jobs waited for from outside the batch: every call checks them all first.
+        outside = sorted(
+            {job.after for job in jobs if job.after not in ("", AFTER_GROUP)} - position.keys()
+        )
         batches = list(_batches(jobs, linked=True))
         calls = [
             (
                 "enqueue_linked",
-                [int(record_queues), group_id, int(i == len(batches) - 1), self.result_ttl, *args],
+                [
+                    int(record_queues),
+                    group_id,
+                    int(i == len(batches) - 1),
+                    self.result_ttl,
+                    len(outside),
+                    *outside,
+                    *args,
+                ],
             )
             for i, args in enumerate(batches)
         ]

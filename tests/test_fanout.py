@@ -188,6 +188,10 @@ def test_depends_on_a_job_that_does_not_exist_queues_nothing(r, backend):
         tasks.record.using(depends_on="0" * 26).enqueue("x")
     with pytest.raises(MissingJob):
         backend.broker.enqueue_linked([NewJob("1" * 26, "default", 0, "{}", 0, "2" * 26)])
+    # Over several calls: the missing job is in the last, and refuses the first too.
+    jobs = [NewJob(f"{i:026}", "default", 0, "{}") for i in range(4)]
+    with patch("django_redisqueue.broker.ENQUEUE_BATCH_JOBS", 2), pytest.raises(MissingJob):
+        backend.broker.enqueue_linked([*jobs, NewJob("9" * 26, "default", 0, "{}", 0, "8" * 26)])
     assert r.keys("*") == []
 
 

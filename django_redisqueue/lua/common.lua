@@ -160,11 +160,6 @@ local function dependency_error(parent, root)
   })
 end
 
-local GROUP_CANCELLED = cjson.encode({
-  exception_class_path = 'django_redisqueue.exceptions.JobCancelled',
-  traceback = 'django_redisqueue.exceptions.JobCancelled: its group was cancelled\n',
-})
-
 -- Let a waiting job go (its job before succeeded, or its group ended): into its queue,
 -- or its delayed set while its run_after is ahead. Anything else (a job that ended,
 -- cancelled meanwhile) is left alone. A job naming no valid queue is queued to
@@ -190,11 +185,11 @@ local function release(id, now, pending)
 end
 
 -- End a sealed group whose members have all ended (once: finished_at marks it): start
--- its TTL, wake its waiters and let its callback go, or cancel the callback of a
--- cancelled group.
+-- its TTL, wake its waiters and let its callback go (a cancelled group's callback was
+-- cancelled first, by cancel_group.lua: release leaves it).
 local function complete_group(gid, now, ttl, pending)
   local group = GROUP .. gid
-  local f = redis.call('HMGET', group, 'total', 'ended', 'finished_at', 'callback', 'cancelled')
+  local f = redis.call('HMGET', group, 'total', 'ended', 'finished_at', 'callback')
   local total = number(f[1], nil)
   if not total or number(f[2], 0) < total or f[3] then
     return
@@ -206,11 +201,7 @@ local function complete_group(gid, now, ttl, pending)
   redis.pcall('RPUSH', done, 'done')
   redis.call('EXPIRE', done, 60)
   if f[4] and f[4] ~= '' then
-    if f[5] then
-      pending[#pending + 1] = {f[4], GROUP_CANCELLED, true}
-    else
-      release(f[4], now, pending)
-    end
+    release(f[4], now, pending)
   end
 end
 
@@ -283,25 +274,21 @@ local function store_outcome(id, status, now, result, error, ttl, pending, root)
       if status == 'SUCCESSFUL' then
         release(next_id, now, pending)
       else
-        pending[#pending + 1] = {next_id, dependency_error(id, root or id), false, root or id}
+        pending[#pending + 1] = {next_id, dependency_error(id, root or id), root or id}
       end
     end
   end
 end
 
--- Fail the waiting jobs queued in `pending` ({id, error, cancelled, root}), and those
--- that waited for them in turn: a worklist, not recursion, so a chain of any length
--- ends.
+-- Fail the waiting jobs queued in `pending` ({id, error, root}), and those that waited
+-- for them in turn: a worklist, not recursion, so a chain of any length ends.
 local function fail_pending(pending, now, ttl)
   while #pending > 0 do
     local item = table.remove(pending)
     local job = JOB .. item[1]
     local f = redis.pcall('HMGET', job, 'status', 'waiting')
     if not f.err and f[1] == 'READY' and f[2] then
-      if item[3] then
-        redis.call('HSET', job, 'cancelled', 1)
-      end
-      store_outcome(item[1], 'FAILED', now, '', item[2], ttl, pending, item[4])
+      store_outcome(item[1], 'FAILED', now, '', item[2], ttl, pending, item[3])
     end
   end
 end

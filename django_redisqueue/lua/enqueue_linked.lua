@@ -4,9 +4,11 @@
 -- ARGV[1] 1 to record the queues' names among the queues used (QUEUES is empty),
 -- ARGV[2] group id, or '' for none, ARGV[3] 1 when this call holds the group's last
 -- batch (its size is then final, and it may complete), ARGV[4] result TTL (s),
--- then 6 values per job: id, payload (JSON envelope), queue name, priority, due time
+-- ARGV[5] E, then E ids: the jobs waited for that are not among the jobs of the whole
+-- batch (every call of a batch gets them all, so that a missing one refuses every
+-- call, not only the one naming it), then 6 values per job: id, payload (JSON envelope), queue name, priority, due time
 -- (ms, or 0 for now), after: '' (it waits for nothing), the id of a job it runs after
--- (stored earlier in this call, or already in Redis), or 'group' (the group's
+-- (stored earlier in this call or batch, or already in Redis), or 'group' (the group's
 -- callback: it waits for every member to end). With a group id, every job but the
 -- callback is a member.
 -- Returns {0, enqueue time per job (0 when its id is taken: that job is skipped)},
@@ -14,11 +16,17 @@
 -- is stored.
 local record_queues, gid, seal = ARGV[1] == '1', ARGV[2], ARGV[3] == '1'
 local ttl = tonumber(ARGV[4])
+local first_job = 6 + tonumber(ARGV[5])
 local now = clock_ms()
 
 -- Every job waited for must exist before anything is written.
+for i = 6, first_job - 1 do
+  if not is_job(ARGV[i]) then
+    return {1, ARGV[i]}
+  end
+end
 local here = {}
-for at = 5, #ARGV, 6 do
+for at = first_job, #ARGV, 6 do
   local after = ARGV[at + 5]
   if after ~= '' and after ~= 'group' and not here[after] and not is_job(after) then
     return {1, after}
@@ -48,7 +56,7 @@ local function wake_later(queue)
   end
 end
 
-for at = 5, #ARGV, 6 do
+for at = first_job, #ARGV, 6 do
   local id, payload, queue, priority = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
   local due, after = tonumber(ARGV[at + 4]), ARGV[at + 5]
   local job = JOB .. id
@@ -73,7 +81,7 @@ for at = 5, #ARGV, 6 do
                  'enqueued_at', now, 'status', 'READY', 'waiting', 1, 'due', due,
                  'after', after == 'group' and ('group:' .. gid) or after)
       if before == 'FAILED' then
-        pending[#pending + 1] = {id, dependency_error(after, after)}
+        pending[#pending + 1] = {id, dependency_error(after, after), after}
       end
     else
       wake_later(store_job(id, payload, queue, priority, due, now))

@@ -7,10 +7,12 @@
 -- Returns {number, payload, ...}: the messages to run, in the order sent.
 local worker, window, most = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = clock_ms()
+-- Not pcall: an out-of-memory Redis must refuse the whole call (this is its first
+-- write), so that the worker sends the outcomes again rather than lose them.
 for i = 5, #ARGV, 2 do
   local message = BROADCAST .. 'msg:' .. ARGV[i]
-  if redis.call('EXISTS', message) == 1 then -- pcall: a key of another type
-    redis.pcall('HSET', message, 'ran:' .. worker, ARGV[i + 1] .. ' ' .. now)
+  if redis.call('TYPE', message)['ok'] == 'hash' then
+    redis.call('HSET', message, 'ran:' .. worker, ARGV[i + 1] .. ' ' .. now)
   end
 end
 local cursors = BROADCAST .. 'cursors'
