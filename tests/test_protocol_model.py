@@ -13,7 +13,24 @@ injected before a script, and a real out-of-memory Redis. After every step the
 invariants read Redis directly and compare it with the model: each job in exactly one
 place with the status, owner, counters, errors, TTL and FIFO place the model says;
 the per-queue counts, the failed index, the stats and the wake-up lists agree; no
-stray key.
+stray key, and no key left without a TTL but the few the schema keeps for good.
+
+The fan-out is modelled too. Chains and ``depends_on`` (through the task API and
+``Broker.enqueue_linked``, on a job in any state, or on one that does not exist) make
+waiting jobs: READY, in no queue and no delayed set, until the job they wait for ends
+(released at the back of their queue, or into their delayed set, when it succeeded;
+FAILED with one ``DependencyFailed`` naming it when it did not, down the chain).
+Groups of 0 to 5 members (some waiting for other jobs), with or without a callback,
+go in batches of two jobs per call (``ENQUEUE_BATCH_JOBS`` is patched), so that
+sealing happens in a later call than the first members; the model counts each
+member's end once (an operator's retry does not count again), completes the group
+when the last sealed member ends, and releases its callback then (or cancels it, for
+a cancelled group); cancel_group runs in slices. Broadcasts go to the workers whose
+cursor exists (heartbeats register it, receive moves it, unregister drops it, and a
+tick, a broadcast or a receive drops the cursors of workers silent for a lease):
+each worker receives each message at most once, exactly those sent after it
+registered for the queues it serves, and the unread set keeps every message a live
+cursor has not passed.
 
 How the test controls time
 --------------------------
@@ -22,21 +39,24 @@ The scripts read Redis's clock (TIME), which a test cannot move. So:
 - Leases never run out by themselves: the broker under test has a one-hour lease.
   A lease runs out only when the ``lease_runs_out`` step moves that job's deadline
   into the past in the running zset (ZADD score 0), which simulates time passing for
-  that job alone. The model knows per job whether its lease has passed.
+  that job alone. The model knows per job whether its lease has passed. A worker
+  falls silent for a lease the same way: ``worker_goes_away`` moves its last
+  heartbeat in ``{P}:workers`` to 0.
 - Due times: a job due an hour ahead is due only when the ``becomes_due`` step moves
   its score in ``{P}:delayed:<queue>`` to 0 (same trick). Jobs due in the past, now
   (RETRY in 0 ms) or SOON (20 ms) ahead are left to real time: the model learns each
   due time from the delayed zset (checking it lies in the window of Redis clock
   readings around the call that set it), and between two steps the test sleeps until
-  Redis's clock has passed every SOON due time (``let_time_pass``; the only real
-  sleep, 20 ms at most, in the few steps that set such a due time). It also waits
-  for the clock to reach the next ms, so no two steps share one.
+  Redis's clock has passed every SOON due time, of delayed and of waiting jobs
+  (``let_time_pass``; the only real sleep, 20 ms at most, in the few steps that set
+  such a due time). It also waits for the clock to reach the next ms, so no two steps
+  share one.
 - So no step depends on how fast the previous ones ran: a job SOON due is due from
   the next step on; finish times and lease deadlines of different steps differ. Where
   a script's own clock reading still decides (a due time falling between the Redis
-  clock readings taken just before and just after an enqueue or a tick: an enqueue
-  slower than 20 ms), the model accepts exactly the outcomes some instant of that
-  window would give, and follows the one Redis took.
+  clock readings taken just before and just after an enqueue, a tick or a release:
+  an enqueue slower than 20 ms), the model accepts exactly the outcomes some instant
+  of that window would give, and follows the one Redis took.
 
 Job ids are made deterministic (``backend.new_job_id`` is replaced during the test by
 a counter hashed into an id), so that a failing sequence replays with the same ids,
@@ -52,6 +72,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
+from typing import NamedTuple
 from unittest import mock
 
 import pytest
@@ -67,16 +89,19 @@ from hypothesis.stateful import (
 )
 
 from django_redisqueue.broker import (
+    AFTER_GROUP,
     FAILED,
     RELEASE,
     RETRY,
     SUCCESSFUL,
     Broker,
+    MissingJob,
     NewJob,
     Outcome,
 )
 from django_redisqueue.compat import TaskResultDoesNotExist
 from django_redisqueue.exceptions import NotCancellable
+from django_redisqueue.workflows import Job as WorkflowJob
 from tests import tasks
 
 QUEUES = ("high", "default", "low")
@@ -98,10 +123,19 @@ RETRY_IN = (0, SOON, FAR)
 LEASE = 3600.0  # s: leases pass only when a step says so
 RESULT_TTL = 24 * 3600  # the backend's (cancel goes through the backend)
 LOST_LIMIT = 2
+# Jobs per enqueue call (ENQUEUE_BATCH_JOBS, patched): a group of three members and a
+# callback takes two calls, the second sealing it.
+BATCH = 2
+UNKNOWN_ID = "0" * 26  # an id no job has
 
 ERROR = '{"exception_class_path":"builtins.ValueError","traceback":"boom"}'
 LOST_ERROR = '{"exception_class_path":"django_redisqueue.exceptions.LeaseLost","traceback":""}'
 CANCEL_ERROR = '{"exception_class_path":"django_redisqueue.exceptions.JobCancelled"}'
+# The error classes a job's errors can name.
+VALUE_ERROR = "builtins.ValueError"
+LEASE_LOST = "django_redisqueue.exceptions.LeaseLost"
+CANCELLED = "django_redisqueue.exceptions.JobCancelled"
+DEPENDENCY = "django_redisqueue.exceptions.DependencyFailed"
 
 # Errors Redis (or the way to it) raises; injected before a script runs.
 INJECTED = {
@@ -121,6 +155,7 @@ RUN: Counter[str] = Counter()
 STATES: set[int] = set()
 
 QUEUED, DELAYED, RUNNING, FINISHED, DELETED = "queue", "delayed", "running", "finished", "deleted"
+WAITING = "waiting"  # READY, in no set: for the job it runs after, or its group
 STATUSES = (SUCCESSFUL, FAILED, RETRY, RELEASE)
 
 # Strategies. Jobs and workers are picked by index in lists the model keeps in a
@@ -135,6 +170,16 @@ PICK = st.integers(0, 1 << 16)
 WORKER = st.sampled_from(WORKERS)
 ORDER = st.just(QUEUES) | st.sampled_from(ORDERS)  # all queues, in order, half the time
 WRONG = st.sampled_from(["stale", "other worker", "made up", "empty"])
+# What a linked job waits for: nothing, the job before it in the call, a job of the
+# model (any state, deleted ones too), or a job that never existed.
+LINK = st.sampled_from(["prev", "prev", "prev", "prev", "none", "job", "job", "unknown"])
+MEMBER_LINK = st.sampled_from(["none", "none", "none", "none", "none", "job", "prev", "unknown"])
+# Not SOON: let_time_pass would sleep for each such waiting job (plain enqueues and
+# retries cover the due times real time reaches).
+LINKED_DELAY = st.sampled_from(["now", "now", "past", "an hour"])
+LINKED = st.tuples(JOB_QUEUE, PRIORITY, LINKED_DELAY, LINK, PICK)
+MEMBER = st.tuples(JOB_QUEUE, PRIORITY, LINKED_DELAY, MEMBER_LINK, PICK)
+BROADCAST_QUEUE = st.sampled_from(["", "", *QUEUES])
 
 
 class FaultyRedis(redis.Redis):
@@ -195,6 +240,35 @@ class Ids:
         return hashlib.sha256(str(self.n).encode()).hexdigest()[:26]
 
 
+class Err(NamedTuple):
+    """An error in a job's list: its class, and for a DependencyFailed the job it ran
+    after and the job whose end started the failure down the chain."""
+
+    kind: str
+    parent: str = ""
+    root: str = ""
+
+
+class Pending(NamedTuple):
+    """A waiting job to fail (common.lua's worklist ``pending``)."""
+
+    job_id: str
+    error: Err
+    cancelled: bool = False
+    root: str | None = None
+
+
+class Spec(NamedTuple):
+    """A job for enqueue_linked: its id, queue, priority, due time (ms, 0: now) and
+    what it runs after ('' , a job id, or AFTER_GROUP)."""
+
+    job_id: str
+    queue: str
+    priority: int
+    due: int
+    after: str
+
+
 @dataclass
 class Job:
     """Where the model says a job is, and what its hash must hold."""
@@ -214,7 +288,7 @@ class Job:
     attempts: int = 0
     lost: int = 0
     workers: list[str] = field(default_factory=list)
-    errors: int = 0
+    errors: list[Err] = field(default_factory=list)
     result: str | None = None
     cancelled: bool = False
     indexed: bool = False  # in its queue's failed index
@@ -222,9 +296,15 @@ class Job:
     finish_window: tuple[int, int] = (0, 0)
     waiters: bool = False
     done: list[str] = field(default_factory=list)
+    # The fan-out fields of its hash.
+    group: str | None = None  # a member: its group's id
+    counted: str = ""  # the status its end was counted with in its group
+    after: str | None = None  # the job it runs after, or group:<gid> for a callback
+    run_after: int | None = None  # ``due``: a job stored waiting keeps its due time
+    then: list[str] = field(default_factory=list)  # the jobs waiting for it
 
     def __repr__(self) -> str:
-        return f"<job #{self.n} {self.id[:8]} {self.queue}/{self.priority} {self.status}>"
+        return f"<job #{self.n} {self.id[:8]} {self.queue}/{self.priority} {self.place}>"
 
     @property
     def status(self) -> str:
@@ -235,26 +315,55 @@ class Job:
         return self.place == RUNNING and self.deadline == 0
 
 
+@dataclass
+class Group:
+    """What the model says a group's hash and lists hold."""
+
+    id: str
+    n: int
+    created: tuple[int, int]  # the window of the call that made it
+    members: list[str] = field(default_factory=list)
+    callback: str | None = None
+    total: int | None = None  # set by the sealing call
+    ended: int = 0
+    failed: int = 0
+    finished: tuple[int, int] | None = None  # the window of the call that completed it
+    cancelled: bool = False
+
+
+@dataclass
+class Message:
+    """A broadcast message: its queue ('' for all), when it was sent, and per worker
+    how its run stands (status, and the window the script wrote it in)."""
+
+    n: int
+    queue: str
+    sent: tuple[int, int]
+    ran: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+
+
 def snapshot(r: redis.Redis, skip: tuple[str, ...] = ()) -> dict[str, object]:
-    """Every key's type, contents and whether it expires."""
+    """Every key's type, contents and whether it expires (in two round trips)."""
+    keys = sorted(key for key in r.keys("*") if not key.startswith(skip))
+    pipe = r.pipeline(transaction=False)
+    for key in keys:
+        pipe.type(key)
+    kinds = pipe.execute()
+    read = {
+        "string": pipe.get,
+        "hash": pipe.hgetall,
+        "list": lambda key: pipe.lrange(key, 0, -1),
+        "set": pipe.smembers,
+        "zset": lambda key: pipe.zrange(key, 0, -1, withscores=True),
+    }
+    for key, kind in zip(keys, kinds, strict=True):
+        read.get(kind, pipe.exists)(key)
+        pipe.ttl(key)
+    replies = pipe.execute()
     state: dict[str, object] = {}
-    for key in sorted(r.keys("*")):
-        if key.startswith(skip):
-            continue
-        kind = r.type(key)
-        if kind == "string":
-            value: object = r.get(key)
-        elif kind == "hash":
-            value = r.hgetall(key)
-        elif kind == "list":
-            value = r.lrange(key, 0, -1)
-        elif kind == "set":
-            value = sorted(r.smembers(key))
-        elif kind == "zset":
-            value = r.zrange(key, 0, -1, withscores=True)
-        else:
-            value = None
-        state[key] = (kind, value, r.ttl(key) > 0)
+    for i, (key, kind) in enumerate(zip(keys, kinds, strict=True)):
+        value, ttl = replies[2 * i : 2 * i + 2]
+        state[key] = (kind, sorted(value) if kind == "set" else value, ttl > 0)
     return state
 
 
@@ -264,6 +373,11 @@ def run_after(due_ms: int) -> tuple[datetime, int]:
     return when, int(when.timestamp() * 1000)
 
 
+def in_window(value: str | float | None, window: tuple[int, int]) -> bool:
+    """A time Redis stored (a field, or a score) lies in the window of its call."""
+    return value is not None and window[0] <= int(float(value)) <= window[1]
+
+
 class ProtocolMachine(RuleBasedStateMachine):
     def __init__(self, env: dict) -> None:
         super().__init__()
@@ -271,19 +385,32 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.backend = env["backend"]
         self.client: FaultyRedis = env["client"]
         self.broker: Broker = env["broker"]
+        self.payload: str = env["payload"]  # tasks.noop()'s envelope, as every message's
         self.keys = self.broker.keys
         self.ids: Ids = env["ids"]
         self.ids.n = 0
         self.client.fault = self.client.lose_reply = None
         self.r.flushall()
         self.jobs: dict[str, Job] = {}
+        self.groups: dict[str, Group] = {}
         self.seq = 0
         self.paused: set[str] = set()
         self.held: dict[str, dict[str, str]] = {w: {} for w in WORKERS}
         self.issued: list[tuple[str, str]] = []  # every (job id, owner token) handed out
         self.stats: Counter[str] = Counter()
-        self.heartbeats: set[str] = set()
+        self.heartbeats: set[str] = set()  # the members of {P}:workers
+        self.silent: set[str] = set()  # among them, those last seen a lease ago
+        self.records: set[str] = set()  # the workers whose {P}:worker:<id> exists
         self.schedulers: set[str] = set()
+        # Broadcast: the last number, the messages, the unread set, the cursors, the
+        # wake-up lists; per worker what it took (ever) and what it has yet to report.
+        self.last_message = 0
+        self.messages: dict[int, Message] = {}
+        self.unread: set[int] = set()
+        self.cursors: dict[str, int] = {}
+        self.message_wakes: set[str] = set()
+        self.received: dict[str, set[int]] = {w: set() for w in WORKERS}
+        self.to_report: dict[str, list[int]] = {w: [] for w in WORKERS}
         self.lease_ms = self.broker.lease_ms
         self.last_clock = 0
         assert self.backend.config.result_ttl == RESULT_TTL
@@ -299,14 +426,15 @@ class ProtocolMachine(RuleBasedStateMachine):
         return now
 
     def let_time_pass(self) -> None:
-        """Between two steps, Redis's clock moves past every due time set SOON ahead,
-        and past the last ms a step has seen, so that no two steps share a ms: then no
-        step's result depends on how fast the previous ones ran (due or not yet, ties
-        between finish times or lease deadlines), and a failing sequence replays."""
+        """Between two steps, Redis's clock moves past every due time set SOON ahead
+        (of a delayed job, or of a waiting one, to be released later), and past the
+        last ms a step has seen, so that no two steps share a ms: then no step's result
+        depends on how fast the previous ones ran (due or not yet, ties between finish
+        times or lease deadlines), and a failing sequence replays."""
         near = self.started + FAR // 2
-        target = max(
-            [self.last_clock, *(j.due for j in self.job_list(DELAYED) if j.due and j.due < near)]
-        )
+        dues = [j.due for j in self.job_list(DELAYED)]
+        dues += [j.run_after for j in self.job_list(WAITING)]
+        target = max([self.last_clock, *(due for due in dues if due and due < near)])
         ahead = target - self.clock()
         if ahead > 1:
             time.sleep(min(ahead, 2 * SOON) / 1000)
@@ -339,6 +467,18 @@ class ProtocolMachine(RuleBasedStateMachine):
     def push_delayed(self, job: Job, due: int | None, window: tuple[int, int]) -> None:
         job.place, job.due, job.due_window = DELAYED, due, window
 
+    def place(self, job: Job, due: int, window: tuple[int, int]) -> None:
+        """Queue a job due at ``due`` (0: now), or delay it, as a script whose clock
+        read some instant of ``window`` did: inside the window, as Redis did."""
+        t0, t1 = window
+        delayed = due > t1
+        if t0 < due <= t1:
+            delayed = self.r.zscore(self.keys.delayed(job.queue), job.id) is not None
+        if delayed:
+            self.push_delayed(job, due, (due, due))
+        else:
+            self.push_ready(job)
+
     def leave_running(self, job: Job) -> None:
         job.owner, job.deadline = None, None
 
@@ -347,19 +487,101 @@ class ProtocolMachine(RuleBasedStateMachine):
         if job.workers:
             job.workers.pop()
 
-    def record_outcome(
-        self, job: Job, status: str, window: tuple[int, int], error: bool, result: str = ""
+    def end(
+        self,
+        job: Job,
+        status: str,
+        window: tuple[int, int],
+        error: Err | None,
+        result: str = "",
+    ) -> None:
+        """record_outcome: the job's end, then every waiting job it fails in turn."""
+        pending: list[Pending] = []
+        self.store_outcome(job, status, window, error, pending, result)
+        self.fail_pending(pending, window)
+
+    def store_outcome(
+        self,
+        job: Job,
+        status: str,
+        window: tuple[int, int],
+        error: Err | None,
+        pending: list[Pending],
+        result: str = "",
+        root: str | None = None,
     ) -> None:
         job.place, job.final = FINISHED, status
         job.finished_at, job.finish_window = None, window
         if status == FAILED and not job.cancelled:
             job.indexed = True
-        job.errors += error
+        if error is not None:
+            job.errors.append(error)
         if result:
             job.result = result
         self.stats[("failed:" if status == FAILED else "ok:") + job.queue] += 1
         if job.waiters:
             job.done.append(status)
+        if job.group is not None:
+            self.count_in_group(job, status, window, pending)
+        for next_id in job.then:
+            if status == SUCCESSFUL:
+                self.release(self.jobs[next_id], window)
+            else:
+                origin = root or job.id
+                pending.append(Pending(next_id, Err(DEPENDENCY, job.id, origin), root=origin))
+
+    def fail_pending(self, pending: list[Pending], window: tuple[int, int]) -> None:
+        """Last in, first out, as the script's worklist (the order decides the FIFO
+        places of the callbacks the failures release)."""
+        while pending:
+            item = pending.pop()
+            job = self.jobs[item.job_id]
+            if job.place == WAITING:
+                job.cancelled = job.cancelled or item.cancelled
+                self.store_outcome(job, FAILED, window, item.error, pending, root=item.root)
+                RUN["failed waiting jobs"] += 1
+
+    def release(self, job: Job, window: tuple[int, int]) -> None:
+        """A waiting job goes to its queue, or its delayed set while its run_after is
+        ahead; any other job stays as it is."""
+        if job.place != WAITING:
+            return
+        self.place(job, job.run_after or 0, window)
+        RUN["released"] += 1
+
+    def count_in_group(
+        self, job: Job, status: str, window: tuple[int, int], pending: list[Pending]
+    ) -> None:
+        """Once per member, whatever happens to it later."""
+        if job.counted:
+            return
+        job.counted = status
+        group = self.groups[job.group or ""]
+        group.ended += 1
+        group.failed += status == FAILED
+        self.complete_group(group, window, pending)
+
+    def complete_group(
+        self, group: Group, window: tuple[int, int], pending: list[Pending]
+    ) -> None:
+        if group.total is None or group.ended < group.total or group.finished:
+            return
+        group.finished = window
+        RUN["groups completed"] += 1
+        if group.callback is None:
+            return
+        if group.cancelled:
+            pending.append(Pending(group.callback, Err(CANCELLED), cancelled=True))
+        else:
+            self.release(self.jobs[group.callback], window)
+
+    def m_cancel(self, job: Job | None, error: Err, window: tuple[int, int]) -> bool:
+        """cancel_job: a READY job (queued, delayed or waiting) ends FAILED, cancelled."""
+        if job is None or job.place not in (QUEUED, DELAYED, WAITING):
+            return False
+        job.cancelled = True
+        self.end(job, FAILED, window, error)
+        return True
 
     def m_finish(self, outcome: Outcome | None, window: tuple[int, int]) -> bool | None:
         if outcome is None:
@@ -370,13 +592,14 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.leave_running(job)
         t0, t1 = window
         if outcome.status == RETRY:
-            job.errors += 1
+            job.errors.append(Err(VALUE_ERROR))
             self.push_delayed(job, None, (t0 + outcome.retry_in_ms, t1 + outcome.retry_in_ms))
         elif outcome.status == RELEASE:
             self.forget_attempt(job)
             self.requeue(job)
         else:
-            self.record_outcome(job, outcome.status, window, bool(outcome.error), outcome.result)
+            error = Err(VALUE_ERROR) if outcome.error else None
+            self.end(job, outcome.status, window, error, outcome.result)
         return True
 
     def m_claim(self, queues, worker: str, window: tuple[int, int]) -> Job | None:
@@ -408,6 +631,120 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.requeue(job)
         return mine
 
+    def m_enqueue_linked(self, specs: list[Spec], gid: str, window: tuple[int, int]) -> None:
+        """enqueue_linked.lua, one call per BATCH jobs (the last sealing the group), for
+        jobs that wait for nothing missing (see ``missing``)."""
+        batches = [specs[i : i + BATCH] for i in range(0, len(specs), BATCH)] or [[]]
+        for i, batch in enumerate(batches):
+            self.m_linked_call(batch, gid, i == len(batches) - 1, window)
+
+    def m_linked_call(
+        self, batch: list[Spec], gid: str, seal: bool, window: tuple[int, int]
+    ) -> None:
+        pending: list[Pending] = []
+        group = None
+        if gid:
+            group = self.groups.get(gid)
+            if group is None:
+                group = self.groups[gid] = Group(gid, len(self.groups), window)
+        for spec in batch:
+            job = Job(spec.job_id, len(self.jobs), spec.queue, spec.priority)
+            self.jobs[job.id] = job
+            before = ""  # what the job it runs after is: 'waits' (not ended), or its end
+            if spec.after == AFTER_GROUP:
+                assert group is not None
+                before, group.callback = "waits", job.id
+            elif spec.after:
+                parent = self.jobs[spec.after]
+                before = parent.final if parent.place == FINISHED else "waits"
+                if before == "waits":
+                    parent.then.append(job.id)
+            if before in ("waits", FAILED):
+                job.place, job.run_after = WAITING, spec.due
+                job.after = f"group:{gid}" if spec.after == AFTER_GROUP else spec.after
+                if before == FAILED:
+                    # Its own dependents fail naming the failed job as the origin.
+                    error = Err(DEPENDENCY, spec.after, spec.after)
+                    pending.append(Pending(job.id, error, root=spec.after))
+            else:
+                self.place(job, spec.due, window)
+                job.after = spec.after or None
+            if group is not None and spec.after != AFTER_GROUP:
+                job.group = gid
+                group.members.append(job.id)
+        if group is not None and seal:
+            group.total = len(group.members)
+            self.complete_group(group, window, pending)
+        self.fail_pending(pending, window)
+
+    def m_cancel_group(
+        self, gid: str, slice_size: int, window: tuple[int, int], calls: int = 0
+    ) -> int:
+        """cancel_group.lua, slice by slice (``calls``: only that many calls ran)."""
+        group = self.groups.get(gid)
+        if group is None:
+            return 0
+        cancelled, start, made = 0, 0, 0
+        while start >= 0 and not (calls and made == calls):
+            made += 1
+            error = Err(CANCELLED)
+            if start == 0:
+                group.cancelled = True
+                if group.callback is not None:
+                    cancelled += self.m_cancel(self.jobs[group.callback], error, window)
+            ids = group.members[start : start + slice_size]
+            for job_id in ids:
+                cancelled += self.m_cancel(self.jobs[job_id], error, window)
+            start = start + slice_size if len(ids) == slice_size else -1
+        return cancelled
+
+    def m_trim_broadcasts(self) -> None:
+        """Drop the cursors of workers silent for a lease (or gone from the workers),
+        then the messages every remaining cursor has passed."""
+        for worker in list(self.cursors):
+            if worker not in self.heartbeats or worker in self.silent:
+                del self.cursors[worker]
+        lowest = min(self.cursors.values(), default=None)
+        self.unread = set() if lowest is None else {n for n in self.unread if n > lowest}
+
+    def m_broadcast(self, queue: str, window: tuple[int, int]) -> int:
+        self.last_message += 1
+        number = self.last_message
+        self.messages[number] = Message(number, queue, window)
+        self.unread.add(number)
+        self.m_trim_broadcasts()
+        self.message_wakes |= set(self.cursors)
+        return number
+
+    def m_receive(
+        self,
+        worker: str,
+        queues,
+        ran: list[tuple[int, str]],
+        most: int,
+        window: tuple[int, int],
+    ) -> list[int]:
+        for number, status in ran:
+            if number in self.messages:
+                self.messages[number].ran[worker] = (status, *window)
+        cursor = self.cursors.get(worker)
+        if cursor is None:  # not registered: from now on, as a new worker
+            self.cursors[worker] = self.last_message
+            return []
+        taken, last = [], cursor
+        for number in sorted(n for n in self.unread if n > cursor)[:most]:
+            last = number
+            message = self.messages[number]
+            if message.queue in ("", *queues):
+                message.ran[worker] = ("RUNNING", *window)
+                taken.append(number)
+        if last > cursor:
+            self.cursors[worker] = last
+            self.m_trim_broadcasts()
+        assert not self.received[worker] & set(taken), f"{worker} takes {taken} again"
+        self.received[worker] |= set(taken)
+        return taken
+
     # Reading back what a script decided with its own clock.
 
     def settle(self) -> None:
@@ -434,7 +771,8 @@ class ProtocolMachine(RuleBasedStateMachine):
                     job.finished_at = int(stored)
 
     # Operations: each calls the broker, then moves the model and compares the reply.
-    # If the call raises, the model is left as it was.
+    # If the call raises, the model is left as it was. ``lost``: the call runs but its
+    # reply is lost (the model moves, the reply is not compared).
 
     def op_enqueue(self, queue: str, priority: int, delay: int | None, via_api: bool) -> None:
         if not via_api:
@@ -465,15 +803,195 @@ class ProtocolMachine(RuleBasedStateMachine):
         """Model a job just stored, due at ``due`` (0: now), between t0 and t1."""
         job = Job(job_id, len(self.jobs), queue, priority)
         self.jobs[job_id] = job
-        if due > t1:
-            self.push_delayed(job, due, (due, due))
-        elif due <= t0:
-            self.push_ready(job)
-        else:  # the script's clock decided; either is right
-            if self.r.zscore(self.keys.delayed(queue), job_id) is not None:
-                self.push_delayed(job, due, (due, due))
+        self.place(job, due, (t0, t1))
+
+    def link(self, kind: str, pick: int, previous: str) -> str:
+        """The job a linked job runs after: see LINK."""
+        if kind == "prev":
+            return previous
+        if kind == "job":
+            return self.pick(self.jobs, pick) or ""
+        return UNKNOWN_ID if kind == "unknown" else ""
+
+    def op_linked(self, steps, gid: str = "", callback=None, lost: bool = False) -> None:
+        """Jobs (queue, priority, delay, link, pick) through Broker.enqueue_linked, in
+        one call per BATCH jobs: with ``gid``, a group of them (and ``callback``, a
+        (queue, priority, delay), its callback)."""
+        prepared = [self.backend.prepare(tasks.noop, (), {}) for _ in range(len(steps) + 1)]
+        t0 = self.clock()
+        specs, previous = [], ""
+        for result, (queue, priority, delay, link, pick) in zip(prepared, steps, strict=False):
+            due = 0 if DELAYS[delay] is None else t0 + DELAYS[delay]
+            specs.append(Spec(result.id, queue, priority, due, self.link(link, pick, previous)))
+            previous = result.id
+        if callback is not None:
+            queue, priority, delay = callback
+            due = 0 if DELAYS[delay] is None else t0 + DELAYS[delay]
+            specs.append(Spec(prepared[-1].id, queue, priority, due, AFTER_GROUP))
+        jobs = [NewJob(s.job_id, s.queue, s.priority, self.payload, s.due, s.after) for s in specs]
+        missing = self.missing(specs)
+        before = snapshot(self.r) if missing else None
+        named: str | None = None
+        try:
+            enqueued = self.broker.enqueue_linked(jobs, group_id=gid)
+        except MissingJob as exc:
+            named, enqueued = exc.job_id, []
+        except redis.exceptions.ConnectionError:
+            if not lost:
+                raise
+            enqueued = []
+        t1 = self.clock()
+        if missing:  # refused whole: one call or several, nothing is stored
+            assert lost or named in missing, f"MissingJob({named}), model: one of {missing}"
+            assert snapshot(self.r) == before, "a refused linked enqueue stored something"
+            RUN["refused linked enqueues"] += 1
+            return
+        assert named is None, f"MissingJob({named}) for jobs that all exist"
+        self.m_enqueue_linked(specs, gid, (t0, t1))
+        if not lost:
+            assert len(enqueued) == len(specs)
+            assert all(at is not None and t0 <= at <= t1 for at in enqueued), enqueued
+
+    def missing(self, specs: list[Spec]) -> set[str]:
+        """The jobs these wait for that neither exist nor come earlier among them:
+        MissingJob names one, and nothing at all is stored, as Broker.enqueue_linked
+        promises (however many calls the jobs take)."""
+        stored = {j.id for j in self.jobs.values() if j.place != DELETED}
+        missing = set()
+        for i, spec in enumerate(specs):
+            earlier = {s.job_id for s in specs[:i]}
+            if spec.after not in ("", AFTER_GROUP) and spec.after not in earlier | stored:
+                missing.add(spec.after)
+        return missing
+
+    def op_chain_api(self, steps, parent: str) -> None:
+        """A chain through the task API: ``a.then(b, ...)`` (one step: ``enqueue()``),
+        the first step ``depends_on`` ``parent`` (if any)."""
+        t0 = self.clock()
+        dues, jobs = [], []
+        for queue, priority, delay, *_ in steps:
+            when, due = (None, 0) if DELAYS[delay] is None else run_after(t0 + DELAYS[delay])
+            task = tasks.noop.using(queue_name=queue, priority=priority, run_after=when)
+            if parent and not jobs:
+                task = task.using(depends_on=parent)
+            jobs.append(WorkflowJob(task))
+            dues.append(due)
+        missing = bool(parent and self.missing([Spec("", "", 0, 0, parent)]))
+        before = snapshot(self.r) if missing else None
+        try:
+            if len(jobs) == 1:
+                results = [jobs[0].task.enqueue()]
             else:
-                self.push_ready(job)
+                results = jobs[0].then(*jobs[1:]).enqueue()
+        except TaskResultDoesNotExist:
+            assert missing, "TaskResultDoesNotExist for a job that exists"
+            assert snapshot(self.r) == before, "a refused chain stored something"
+            RUN["refused linked enqueues"] += 1
+            return
+        t1 = self.clock()
+        assert not missing, f"a chain after {parent}, which does not exist, was queued"
+        specs, previous = [], parent
+        for result, (queue, priority, *_), due in zip(results, steps, dues, strict=True):
+            specs.append(Spec(result.id, queue, priority, due, previous))
+            previous = result.id
+        self.m_enqueue_linked(specs, "", (t0, t1))
+        for result in results:
+            assert result.enqueued_at is not None
+
+    def op_group_api(self, members, callback) -> None:
+        """A group through the task API: ``group(jobs, callback=...).enqueue()``."""
+        t0 = self.clock()
+        jobs, specs_in = [], []
+        for queue, priority, delay, *_ in [*members, *([callback] if callback else [])]:
+            when, due = (None, 0) if DELAYS[delay] is None else run_after(t0 + DELAYS[delay])
+            jobs.append(
+                WorkflowJob(tasks.noop.using(queue_name=queue, priority=priority, run_after=when))
+            )
+            specs_in.append((queue, priority, due))
+        callback_job = jobs.pop() if callback else None
+        result = self.backend.enqueue_group(jobs, callback_job)
+        t1 = self.clock()
+        ids = [*result.member_ids, *([result.callback_id] if callback else [])]
+        afters = [""] * len(members) + [AFTER_GROUP] * bool(callback)
+        specs = [
+            Spec(job_id, queue, priority, due, after)
+            for job_id, (queue, priority, due), after in zip(ids, specs_in, afters, strict=True)
+        ]
+        self.m_enqueue_linked(specs, result.id, (t0, t1))
+
+    def op_cancel_group(self, gid: str, via_api: bool, slice_size: int, lost=False) -> None:
+        t0 = self.clock()
+        cancelled: int | None = None
+        try:
+            if via_api:
+                cancelled = self.backend.cancel_group(gid)
+                slice_size = 1000
+            else:
+                cancelled = self.broker.cancel_group(gid, CANCEL_ERROR, slice_size=slice_size)
+        except redis.exceptions.ConnectionError:
+            if not lost:
+                raise
+        t1 = self.clock()
+        expected = self.m_cancel_group(gid, slice_size, (t0, t1), calls=1 if lost else 0)
+        if not lost:
+            assert cancelled == expected, f"cancel_group: {cancelled}, model {expected}"
+
+    def op_broadcast(self, queue: str, via_api: bool, lost: bool = False) -> None:
+        t0 = self.clock()
+        number: int | None = None
+        try:
+            if via_api:
+                number = self.backend.send_broadcast(WorkflowJob(tasks.noop), queue)
+            else:
+                number = self.broker.broadcast(self.payload, queue)
+        except redis.exceptions.ConnectionError:
+            if not lost:
+                raise
+        t1 = self.clock()
+        expected = self.m_broadcast(queue, (t0, t1))
+        if not lost:
+            assert number == expected, f"broadcast number {number}, model {expected}"
+
+    def op_receive(
+        self, worker: str, queues, report: str, most: int, lost: bool = False
+    ) -> list[int]:
+        """The worker reports how the messages it took ran (``report``: all SUCCESSFUL,
+        all FAILED, alternately, or not yet), then takes the next ones: their numbers
+        (none when the reply is lost)."""
+        statuses = {SUCCESSFUL: [SUCCESSFUL], FAILED: [FAILED], "mixed": [SUCCESSFUL, FAILED]}
+        ran = []
+        if report in statuses:
+            cycle = statuses[report]
+            ran = [(n, cycle[i % len(cycle)]) for i, n in enumerate(self.to_report[worker])]
+        t0 = self.clock()
+        taken: list[tuple[int, str]] | None = None
+        try:
+            taken = self.broker.receive(worker, queues, ran, most=most)
+        except redis.exceptions.ConnectionError:
+            if not lost:
+                raise
+        t1 = self.clock()
+        expected = self.m_receive(worker, queues, ran, most, (t0, t1))
+        if ran:
+            self.to_report[worker] = []
+        if lost:
+            return []  # the worker never learns what it took: it does not run them
+        assert taken is not None
+        got = [n for n, _ in taken]
+        assert got == expected, f"{worker} received {got} from {queues}, model {expected}"
+        assert all(payload == self.payload for _, payload in taken)
+        self.to_report[worker] += got
+        RUN["messages received"] += len(got)
+        return got
+
+    def op_unregister(self, worker: str) -> None:
+        self.broker.unregister_worker(worker)
+        self.heartbeats.discard(worker)
+        self.silent.discard(worker)
+        self.records.discard(worker)
+        self.message_wakes.discard(worker)
+        self.cursors.pop(worker, None)
+        self.to_report[worker] = []
 
     def op_claim(self, worker: str, order, outcome: Outcome | None, woken_by: str = "") -> None:
         """``woken_by``: the worker took that queue's wake-up token (BLPOP) first."""
@@ -491,6 +1009,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         if outcome is not None:
             self.drop_held(worker, outcome)
         assert stored is expected_stored, f"stored {stored}, model {expected_stored}"
+        assert self.broker.last_broadcast == self.last_message, "the claim's broadcast number"
         if job is None:
             assert claimed is None, f"claimed {claimed} from {order}; model: nothing"
             return
@@ -505,6 +1024,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         assert fields["workers"] == ",".join(job.workers)
         assert fields["queue"] == job.queue and int(fields["priority"]) == job.priority
         assert int(fields.get("lost", 0)) == job.lost
+        assert fields.get("after") == job.after
         assert fields["payload"]
         assert t0 <= int(fields["last_attempted_at"]) <= t1
         self.held[worker][job.id] = job.owner
@@ -534,7 +1054,11 @@ class ProtocolMachine(RuleBasedStateMachine):
         assert lost == expected, f"heartbeat lost {lost}, model {expected}"
         for job_id in lost:
             self.held[worker].pop(job_id, None)
-        self.heartbeats.add(worker)
+        # Seen now; the workers last seen an hour (a lease) ago leave {P}:workers.
+        self.heartbeats = (self.heartbeats - self.silent) | {worker}
+        self.silent.clear()
+        self.records.add(worker)
+        self.cursors.setdefault(worker, self.last_message)
 
     def op_tick(
         self, scheduler: str, queues, batch: int, recover: bool, held: bool = False
@@ -595,19 +1119,24 @@ class ProtocolMachine(RuleBasedStateMachine):
             )
         for job in promoted:
             self.push_ready(job)
+        # The next due time is read before the recovery, whose failures may release
+        # jobs into a delayed set (each wakes the scheduler if it is the first due).
+        later = [j.due for j in self.job_list(DELAYED) if j.queue in queues]
         recovered = failed = 0
         for job in expired:
             self.leave_running(job)
             job.lost += 1
             if job.lost > LOST_LIMIT:
-                self.record_outcome(job, FAILED, (t0, t1), error=True)
+                self.end(job, FAILED, (t0, t1), Err(LEASE_LOST))
                 failed += 1
             else:
                 self.requeue(job)
                 recovered += 1
+        # More cursors than live workers: a dead worker's cursor to drop.
+        if recover and len(self.cursors) > len(self.heartbeats - self.silent):
+            self.m_trim_broadcasts()
         model = (len(promoted), recovered, failed)
         assert (tick.promoted, tick.recovered, tick.failed) == model, f"{tick}, model {model}"
-        later = [j.due for j in self.job_list(DELAYED) if j.queue in queues]
         if recover:
             later += [j.deadline for j in self.job_list(RUNNING)]
         if full:
@@ -641,16 +1170,16 @@ class ProtocolMachine(RuleBasedStateMachine):
         t1 = self.clock()
         if job.place == DELETED:
             expected = None
-        elif job.place in (QUEUED, DELAYED):
-            job.cancelled = True
-            self.record_outcome(job, FAILED, (t0, t1), error=True)
+        elif self.m_cancel(job, Err(CANCELLED), (t0, t1)):
             expected = "CANCELLED"
         else:
             expected = "not cancellable" if via_api else job.status
         assert status == expected, f"cancel of job {job.n}: {status}, model {expected}"
 
     def op_operate(self, action: str, queue: str, ids: list[str], limit: int) -> None:
+        t0 = self.clock()
         changed = self.broker.operate(action, queue, ids, limit)
+        t1 = self.clock()
         expected = 0
         if action == "pause":
             expected = int(queue not in self.paused)
@@ -682,6 +1211,10 @@ class ProtocolMachine(RuleBasedStateMachine):
                     self.push_ready(job)
                     expected += 1
                 elif action == "empty" and job.place == QUEUED:
+                    if job.group is not None or job.then:
+                        # It ends first: its group still completes, its dependents fail.
+                        job.cancelled = True
+                        self.end(job, FAILED, (t0, t1), Err(CANCELLED))
                     job.place = DELETED
                     expected += 1
         assert changed == expected, f"{action} {queue} {ids} {limit}: {changed}, model {expected}"
@@ -753,12 +1286,16 @@ class ProtocolMachine(RuleBasedStateMachine):
                 st.sampled_from(list(DELAYS)),
             ),
             max_size=8,
-        )
+        ),
+        workers=st.lists(WORKER, unique=True),
     )
-    def backlog(self, batch):
-        """A few jobs to start with."""
+    def backlog(self, batch, workers):
+        """A few jobs to start with, and the workers already up (their first heartbeat
+        registers their broadcast cursor)."""
         for queue, priority, delay in batch:
             self.op_enqueue(queue, priority, DELAYS[delay], via_api=False)
+        for worker in workers:
+            self.op_heartbeat(worker, {})
 
     @rule(
         queue=JOB_QUEUE,
@@ -787,13 +1324,137 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(pick=PICK)
     def enqueue_a_taken_id(self, pick):
         """An id already taken (any job not deleted): refused, nothing changes."""
-        job = self.pick(self.job_list(QUEUED, DELAYED, RUNNING, FINISHED), pick)
+        job = self.pick(self.job_list(QUEUED, DELAYED, WAITING, RUNNING, FINISHED), pick)
         if job is None:
             return
         before = snapshot(self.r)
         payload = self.backend.prepare(tasks.noop, (), {})._payload
         assert self.broker.enqueue([NewJob(job.id, "low", 5, payload)]) == [None]
         assert snapshot(self.r) == before
+
+    # Rules: fan-out producers.
+
+    @rule(
+        steps=st.lists(LINKED, min_size=2, max_size=4),
+        first=st.sampled_from(["none", "none", "job", "job", "unknown"]),
+        pick=PICK,
+        via_api=st.booleans(),
+    )
+    def enqueue_a_chain(self, steps, first, pick, via_api):
+        """Jobs that run one after the other, the first after nothing, after a job of
+        the model, or after one that does not exist (then nothing is queued). Through
+        the broker a step may wait for another job than the one before it (LINK)."""
+        if via_api:
+            self.op_chain_api(steps, self.link(first, pick, ""))
+        else:
+            self.op_linked([(*steps[0][:3], first, pick), *steps[1:]])
+
+    @rule(
+        step=LINKED,
+        parent=st.sampled_from(["job", "job", "job", "job", "unknown"]),
+        pick=PICK,
+        via_api=st.booleans(),
+    )
+    def enqueue_after_a_job(self, step, parent, pick, via_api):
+        """One job ``depends_on`` a job in any state (waiting, queued, delayed,
+        running, ended SUCCESSFUL or FAILED, deleted) or one that never existed."""
+        if via_api:
+            self.op_chain_api([step], self.link(parent, pick, ""))
+        else:
+            self.op_linked([(*step[:3], parent, pick)])
+
+    @rule(
+        members=st.lists(MEMBER, max_size=5),
+        callback=st.none() | st.tuples(JOB_QUEUE, PRIORITY, LINKED_DELAY),
+        via_api=st.booleans(),
+    )
+    def enqueue_a_group(self, members, callback, via_api):
+        """A group of 0 to 5 members, with or without a callback, in calls of BATCH
+        jobs. Through the broker a member may wait for another job (MEMBER_LINK)."""
+        if via_api:
+            self.op_group_api(members, callback)
+        else:
+            self.op_linked(members, gid=self.ids.new_job_id(), callback=callback)
+
+    @rule(pick=PICK, then_cancel=st.booleans())
+    def retry_a_failed_member(self, pick, then_cancel):
+        """An operator retries a group member that failed (its end was counted); when
+        it ends again (run, or cancelled at once), its group does not count it again."""
+        job = self.pick([j for j in self.jobs.values() if j.group and j.indexed], pick)
+        if job is not None:
+            self.op_operate("retry_failed", job.queue, [job.id], 0)
+            if then_cancel:
+                self.op_cancel(job, via_api=False)
+
+    @rule(pick=PICK, via_api=st.booleans(), slice_size=st.sampled_from([1, 2, 1000]))
+    def cancel_a_group(self, pick, via_api, slice_size):
+        """Cancel a group (or one that does not exist), in slices of members."""
+        gid = self.pick([*self.groups, UNKNOWN_ID], pick)
+        self.op_cancel_group(gid, via_api, slice_size)
+
+    # Rules: broadcast.
+
+    @rule(queues=st.lists(BROADCAST_QUEUE, min_size=1, max_size=2), via_api=st.booleans())
+    def broadcast(self, queues, via_api):
+        """One message or two, for every worker or for a queue's."""
+        for queue in queues:
+            self.op_broadcast(queue, via_api)
+
+    @rule(
+        worker=WORKER,
+        order=ORDER,
+        report=st.sampled_from(["not yet", SUCCESSFUL, FAILED, "mixed"]),
+        most=st.sampled_from([1, 2, 100]),
+        beat=st.booleans(),
+        memory_fills=st.sampled_from([False, False, False, True]),
+    )
+    def receive(self, worker, order, report, most, beat, memory_fills):
+        """A worker's broadcast loop (Worker._receive_broadcasts): it takes the messages
+        it has not read, runs them, and reports how they ended in its next call, until
+        a call takes nothing (``report`` 'not yet': it stops after one call). ``beat``:
+        its heartbeat ran just before, as a live worker's does every few seconds.
+        ``memory_fills``: Redis is out of memory from the second call on (each call is
+        refused whole, or runs whole)."""
+        if beat:
+            self.op_heartbeat(worker, {})
+        taken = self.op_receive(worker, order, report, most)
+        while taken and report != "not yet":
+            call = partial(self.op_receive, worker, order, report, most)
+            taken = self.out_of_memory(call, snapshot(self.r)) if memory_fills else call()
+
+    @rule(worker=WORKER, how=st.sampled_from(["falls silent", "unregisters"]))
+    def worker_goes_away(self, worker, how):
+        """A worker silent for a lease (its last heartbeat moves a lease into the
+        past), or one that exits cleanly (unregister_worker)."""
+        if how == "unregisters":
+            self.op_unregister(worker)
+        elif worker in self.heartbeats:
+            self.r.zadd(self.keys.workers, {worker: 0}, xx=True)
+            self.silent.add(worker)
+
+    @rule(
+        kind=st.sampled_from(["chain", "group", "cancel group", "broadcast", "receive"]),
+        steps=st.lists(MEMBER, max_size=4),
+        pick=PICK,
+        worker=WORKER,
+    )
+    def fan_out_reply_lost(self, kind, steps, pick, worker):
+        """The call runs but its reply is lost: what it did stands (a group its sender
+        never learnt the id of, a receive whose messages the worker never runs)."""
+        self.client.lose_reply = redis.exceptions.ConnectionError("Connection reset by peer")
+        if kind == "chain":
+            self.op_linked(steps or [("default", 0, "now", "none", pick)], lost=True)
+        elif kind == "group":
+            self.op_linked(steps, self.ids.new_job_id(), ("low", 0, "now"), lost=True)
+        elif kind == "cancel group":
+            gid = self.pick([*self.groups, UNKNOWN_ID], pick)
+            self.op_cancel_group(gid, False, 1, lost=True)
+        elif kind == "broadcast":
+            self.op_broadcast("", via_api=False, lost=True)
+        else:
+            self.op_receive(worker, QUEUES, SUCCESSFUL, 2, lost=True)
+        assert self.client.lose_reply is None, "no reply was lost"
+        RUN["lost fan-out replies"] += 1
 
     # Rules: Workers.
 
@@ -997,13 +1658,20 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.client.fault = None
             assert snapshot(self.r) == before
             return
+        self.out_of_memory(lambda: self.any_operation(*operation), before)
+
+    def out_of_memory(self, operation, before: dict[str, object]):
+        """Run ``operation`` while Redis is out of memory: each script it calls is
+        refused whole (then nothing changed since ``before``, and this returns None)
+        or runs whole (this returns what ``operation`` returned)."""
         self.r.config_set("maxmemory", 1)
         try:
-            self.any_operation(*operation)
+            return operation()
         except redis.exceptions.ResponseError as exc:
             assert "maxmemory" in str(exc), exc
             assert snapshot(self.r) == before
             RUN["refused when out of memory"] += 1
+            return None
         finally:
             self.r.config_set("maxmemory", 0)
 
@@ -1012,9 +1680,13 @@ class ProtocolMachine(RuleBasedStateMachine):
         kinds = ["enqueue", "claim", "heartbeat", "tick", "abandon", "retry_failed"]
         kinds += ["finish"] if self.any_held() else []
         kinds += ["cancel", "watch"] if self.jobs else []
+        kinds += ["chain", "group", "broadcast", "receive"]
+        kinds += ["cancel group"] if self.groups else []
         kind_name = self.pick(kinds, kind)
         worker_id = self.pick(WORKERS, worker)
-        if kind_name == "enqueue":
+        if kind_name in ("chain", "group", "broadcast", "receive", "cancel group"):
+            self.any_fan_out_operation(kind_name, worker_id, pick, other)
+        elif kind_name == "enqueue":
             self.op_enqueue("default", 0, self.pick(DELAYS.values(), other), via_api=False)
         elif kind_name == "claim":
             self.op_claim(worker_id, QUEUES, None)
@@ -1034,6 +1706,20 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.op_cancel(self.pick(self.jobs.values(), pick), via_api=False)
         else:
             self.op_watch(self.pick(self.jobs.values(), pick))
+
+    def any_fan_out_operation(self, kind: str, worker: str, pick: int, other: int) -> None:
+        step = ("default", 0, "now", "prev", pick)
+        if kind == "chain":  # three jobs: two calls
+            self.op_linked([step] * 3)
+        elif kind == "group":  # three members and a callback: two calls
+            self.op_linked([step] * 3, self.ids.new_job_id(), ("default", 0, "now"))
+        elif kind == "broadcast":
+            self.op_broadcast(self.pick(["", *QUEUES], other), via_api=False)
+        elif kind == "receive":  # by a worker with outcomes to report, if there is one
+            reporting = [w for w in WORKERS if self.to_report[w]]
+            self.op_receive(self.pick(reporting, pick) or worker, QUEUES, SUCCESSFUL, 100)
+        else:
+            self.op_cancel_group(self.pick(self.groups, pick), False, 1)
 
     # The invariants, checked after every step by reading Redis.
 
@@ -1057,6 +1743,19 @@ class ProtocolMachine(RuleBasedStateMachine):
             pipe.hgetall(k.job(job.id))
             pipe.ttl(k.job(job.id))
             pipe.lrange(k.done(job.id), 0, -1)
+        groups = list(self.groups.values())
+        for group in groups:
+            pipe.hgetall(k.group(group.id))
+            pipe.lrange(k.group_members(group.id), 0, -1)
+            pipe.lrange(k.group_done(group.id), 0, -1)
+        pipe.zrange(k.groups, 0, -1, withscores=True)
+        pipe.get(k.broadcast_seq)
+        pipe.zrange(k.broadcast_unread, 0, -1, withscores=True)
+        pipe.zrange(k.broadcast_cursors, 0, -1, withscores=True)
+        pipe.zrange(k.broadcast_sent, 0, -1, withscores=True)
+        messages = list(self.messages.values())
+        for message in messages:
+            pipe.hgetall(k.broadcast_message(message.n))
         replies = iter(pipe.execute())
 
         where: dict[str, list[str]] = {}
@@ -1102,6 +1801,12 @@ class ProtocolMachine(RuleBasedStateMachine):
         untracked = set(where) - set(self.jobs)
         assert not untracked, f"sets hold jobs nobody enqueued: {untracked}"
 
+        for group in groups:
+            self.check_group(group, next(replies), next(replies), next(replies))
+        index = dict(next(replies))
+        assert set(index) == set(self.groups), f"{k.groups}: {index}"
+        assert all(in_window(index[g.id], g.created) for g in groups), index
+        self.check_broadcasts(messages, replies)
         self.check_counts()
         self.check_keys()
         self.let_time_pass()
@@ -1125,12 +1830,20 @@ class ProtocolMachine(RuleBasedStateMachine):
         assert int(fields.get("attempts", 0)) == job.attempts, f"{name}: attempts, {job}"
         assert int(fields.get("lost", 0)) == job.lost, f"{name}: lost, {job}"
         assert fields.get("workers", "") == ",".join(job.workers), f"{name}: workers, {job}"
-        errors = json.loads(fields.get("errors", "[]"))
-        assert len(errors) == job.errors, f"{name}: {len(errors)} errors, model {job.errors}"
+        self.check_errors(name, json.loads(fields.get("errors", "[]")), job.errors)
         assert fields.get("result") == job.result, f"{name}: result {fields.get('result')}"
         assert ("cancelled" in fields) == job.cancelled, f"{name}: cancelled, {job}"
         assert ("waiters" in fields) == job.waiters, f"{name}: waiters, {job}"
         assert "payload" in fields and "enqueued_at" in fields
+        assert fields.get("group") == job.group, f"{name}: group {fields.get('group')}, {job}"
+        assert ("counted" in fields) == bool(job.counted), f"{name}: counted, {job}"
+        assert fields.get("after") == job.after, f"{name}: after {fields.get('after')}"
+        assert fields.get("waiting") == ("1" if job.place == WAITING else None), (
+            f"{name}: waiting {fields.get('waiting')}, model {job.place}"
+        )
+        stored_due = fields.get("due")
+        assert (stored_due and int(float(stored_due))) == job.run_after, f"{name}: due"
+        assert fields.get("then", "") == ",".join(job.then), f"{name}: then {fields.get('then')}"
         if job.place == FINISHED:
             assert 0 < ttl <= RESULT_TTL, f"{name}: finished with TTL {ttl}"
             assert int(fields["finished_at"]) == job.finished_at
@@ -1139,6 +1852,85 @@ class ProtocolMachine(RuleBasedStateMachine):
             assert "finished_at" not in fields, f"{name}: {job.place} with a finished_at"
         if job.place == QUEUED:
             assert int(fields["score"]) == queue_scores[job.id], f"{name}: stored score"
+
+    def check_errors(self, name: str, stored: list[dict], model: list[Err]) -> None:
+        """The error classes in order; a DependencyFailed names the job it ran after and,
+        down a chain, the job whose end started the failure."""
+        got = [error.get("exception_class_path") for error in stored]
+        assert got == [error.kind for error in model], f"{name}: errors {got}, model {model}"
+        for error, expected in zip(stored, model, strict=True):
+            if expected.kind != DEPENDENCY:
+                continue
+            traceback = error.get("traceback", "")
+            assert f"job {expected.parent}, which this job runs after" in traceback, (
+                f"{name}: {traceback!r} does not name job {self.names([expected.parent])}"
+            )
+            origin = f"without running: job {expected.root} failed"
+            assert (origin in traceback) == (expected.root != expected.parent), (
+                f"{name}: {traceback!r}, model: started by job {self.names([expected.root])}"
+            )
+
+    def check_group(self, group: Group, fields, members, done) -> None:
+        """The group's hash and lists, and the promises: each member's end counted
+        once, finished when sealed and every member ended, the callback waiting until
+        then and let go at the end (or cancelled, with the group)."""
+        name = f"group {group.n} ({group.id})"
+        counted = [self.jobs[m].counted for m in group.members]
+        assert group.ended == len([c for c in counted if c]), f"{name}: ended, model"
+        assert group.failed == counted.count(FAILED), f"{name}: failed, model"
+        sealed = group.total is not None
+        assert bool(group.finished) == (sealed and group.ended == group.total), name
+        assert fields, f"{name}: its hash is gone"
+        assert int(fields["size"]) == len(group.members), f"{name}: size {fields}"
+        assert fields.get("total") == (str(group.total) if sealed else None), f"{name}: total"
+        ended = (int(fields["ended"]), int(fields["failed"]))
+        assert ended == (group.ended, group.failed), f"{name}: ended, failed {ended}, {group}"
+        assert fields.get("callback") == group.callback, f"{name}: callback"
+        assert ("cancelled" in fields) == group.cancelled, f"{name}: cancelled"
+        assert in_window(fields.get("created_at"), group.created), f"{name}: created_at"
+        if group.finished:
+            assert in_window(fields.get("finished_at"), group.finished), f"{name}: finished_at"
+        else:
+            assert "finished_at" not in fields, f"{name}: finished, {group}"
+        assert members == group.members, f"{name}: members {self.names(members)}"
+        assert done == (["done"] if group.finished else []), f"{name}: done {done}"
+        if group.callback is None:
+            return
+        callback = self.jobs[group.callback]
+        stopped = callback.final == FAILED and callback.cancelled
+        if not group.finished:
+            assert callback.place == WAITING or stopped, f"{name}: callback {callback}"
+        else:
+            assert callback.place != WAITING, f"{name} ended; its callback still waits"
+
+    def check_broadcasts(self, messages: list[Message], replies) -> None:
+        """The message counter, the unread set, the cursors, and each message with the
+        outcome per worker; no live cursor misses a message it has not read."""
+        last, unread, cursors, sent = (next(replies) for _ in range(4))
+        assert int(last or 0) == self.last_message, f"broadcast:seq {last}"
+        unread_numbers = {int(n) for n, score in unread if int(n) == score}
+        assert unread_numbers == self.unread and len(unread) == len(self.unread), (
+            f"unread {unread}, model {sorted(self.unread)}"
+        )
+        assert dict(cursors) == self.cursors, f"cursors {cursors}, model {self.cursors}"
+        live = self.heartbeats - self.silent
+        assert live <= set(self.cursors), f"live workers without a cursor: {live}"
+        for worker, cursor in self.cursors.items():
+            lost = set(range(cursor + 1, self.last_message + 1)) - self.unread
+            assert not lost, f"{worker} has not read messages {lost}, gone from unread"
+        assert {int(n) for n, _ in sent} == set(self.messages), f"sent {sent}"
+        assert all(in_window(at, self.messages[int(n)].sent) for n, at in sent), sent
+        for message in messages:
+            fields = next(replies)
+            name = f"message {message.n}"
+            assert fields.get("payload") == self.payload, f"{name}: {fields}"
+            assert fields.get("queue") == message.queue, f"{name}: queue {fields}"
+            assert in_window(fields.get("sent_at"), message.sent), f"{name}: sent_at"
+            ran = {f.removeprefix("ran:"): v for f, v in fields.items() if f.startswith("ran:")}
+            assert set(ran) == set(message.ran), f"{name}: ran {ran}, model {message.ran}"
+            for worker, (status, t0, t1) in message.ran.items():
+                stored, at = ran[worker].split(" ")
+                assert stored == status and t0 <= int(at) <= t1, f"{name}: {worker} {ran}"
 
     def check_counts(self) -> None:
         counts = self.broker.counts(QUEUES)
@@ -1151,28 +1943,78 @@ class ProtocolMachine(RuleBasedStateMachine):
             }
             assert counts[queue] == expected, f"counts of {queue}: {counts[queue]}, {expected}"
 
-    def check_keys(self) -> None:
-        """Every key is one the schema names; the stats count every finish."""
+    def expected_keys(self) -> tuple[dict[str, bool], set[str]]:
+        """Every key the model allows, with whether it must expire; and the keys that
+        must exist. Only the infrastructure (counters, sets of names, the queues, the
+        running set, the cursors), jobs that have not ended and groups sealed but not
+        ended live without a TTL."""
         k = self.keys
-        allowed = {k.seq, k.running, k.scheduler_wake, k.paused, k.workers, k.schedulers}
-        allowed |= {k.known_queues}
+        kept = [k.seq, k.running, k.scheduler_wake, k.paused, k.workers, k.schedulers]
+        kept += [k.known_queues, k.broadcast_seq, k.broadcast_cursors]
         for queue in QUEUES:
-            allowed |= {k.queue(queue), k.wake(queue), k.delayed(queue), k.failed(queue)}
-        allowed |= {k.worker(w) for w in self.heartbeats}
-        if self.heartbeats:  # each worker's broadcast cursor, set by its first heartbeat
-            allowed.add(k.broadcast_cursors)
-        allowed |= {k.job(j.id) for j in self.jobs.values() if j.place != DELETED}
-        allowed |= {k.done(j.id) for j in self.jobs.values() if j.done}
+            kept += [k.queue(queue), k.wake(queue), k.delayed(queue)]
+        expires = dict.fromkeys(kept, False)
+        expires |= {k.failed(queue): True for queue in QUEUES}
+        expires |= {k.worker(w): True for w in self.records}
+        for job in self.jobs.values():
+            if job.place != DELETED:
+                expires[k.job(job.id)] = job.place == FINISHED
+            if job.done:
+                expires[k.done(job.id)] = True
+        required: set[str] = set()
+        for group in self.groups.values():
+            ongoing = group.total is not None and not group.finished
+            expires[k.group(group.id)] = not ongoing
+            required.add(k.group(group.id))
+            if group.members:
+                expires[k.group_members(group.id)] = not ongoing
+            if group.finished:
+                expires[k.group_done(group.id)] = True
+        if self.groups:
+            expires[k.groups] = True
+        if self.unread:
+            expires[k.broadcast_unread] = True
+        if self.messages:
+            expires[k.broadcast_sent] = True
+        expires |= {k.broadcast_message(n): True for n in self.messages}
+        expires |= {k.broadcast_wake(w): True for w in self.message_wakes}
+        required |= {k.broadcast_wake(w) for w in self.message_wakes}
+        return expires, required
+
+    def check_keys(self) -> None:
+        """Every key is one the schema names, with a TTL unless the schema keeps it (no
+        key left without one); the stats count every finish."""
+        k = self.keys
+        expires, required = self.expected_keys()
+        keys = self.r.keys("*")
+        stats_keys = [
+            key
+            for key in keys
+            if key.startswith(k.stats_prefix) and key[len(k.stats_prefix) :].isdigit()
+        ]
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zrange(k.workers, 0, -1)
+        pipe.zrange(k.schedulers, 0, -1)
+        for key in keys:
+            pipe.pttl(key)
+        for key in stats_keys:
+            pipe.hgetall(key)
+        workers, schedulers, *replies = pipe.execute()
+        assert set(workers) == self.heartbeats, f"workers {workers}, model {self.heartbeats}"
+        assert set(schedulers) == self.schedulers, f"schedulers {schedulers}"
         stats: Counter[str] = Counter()
-        for key in self.r.keys("*"):
-            if key.startswith(k.stats_prefix) and key[len(k.stats_prefix) :].isdigit():
-                stats.update({f: int(v) for f, v in self.r.hgetall(key).items()})
-            else:
-                assert key in allowed, f"unexpected key {key}"
+        for counts in replies[len(keys) :]:
+            stats.update({f: int(v) for f, v in counts.items()})
+        for key, ttl in zip(keys, replies, strict=False):
+            if key in stats_keys:
+                assert ttl > 0, f"{key} never expires"
+                continue
+            assert key in expires, f"unexpected key {key}"
+            assert (ttl > 0) == expires[key], (
+                f"{key}: TTL {ttl} ms; model: {'expires' if expires[key] else 'kept'}"
+            )
+        assert required <= set(keys), f"missing keys: {required - set(keys)}"
         assert stats == self.stats, f"stats {dict(stats)}, model {dict(self.stats)}"
-        assert set(self.r.zrange(k.workers, 0, -1)) == self.heartbeats
-        assert set(self.r.zrange(k.broadcast_cursors, 0, -1)) <= self.heartbeats
-        assert set(self.r.zrange(k.schedulers, 0, -1)) == self.schedulers
 
     def names(self, ids) -> list[str]:
         return [f"#{self.jobs[i].n}" if i in self.jobs else i for i in ids]
@@ -1192,16 +2034,25 @@ class ProtocolMachine(RuleBasedStateMachine):
                     j.indexed,
                     j.cancelled,
                     j.waiters,
-                    j.errors,
+                    len(j.errors),
+                    j.group is not None,
+                    j.counted,
+                    len(j.then),
                 )
                 for j in self.jobs.values()
             ),
+            tuple(
+                (len(g.members), g.total, g.ended, g.failed, bool(g.finished), g.cancelled)
+                for g in self.groups.values()
+            ),
             tuple(sorted(self.paused)),
             tuple(tuple(sorted(self.held[w].values())) for w in WORKERS),
+            tuple(self.last_message - self.cursors.get(w, -1) for w in WORKERS),
+            len(self.unread),
         )
 
 
-# About 13,000 steps in 40 s on two cores; REDISQUEUE_MODEL_EXAMPLES=3000 for a long
+# About 13,000 steps in 80 s on two cores; REDISQUEUE_MODEL_EXAMPLES=3000 for a long
 # local run.
 EXAMPLES = int(os.environ.get("REDISQUEUE_MODEL_EXAMPLES", "300"))
 
@@ -1220,12 +2071,17 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
     if pipelined:
         broker._run = lambda script, *args, acked=False: broker._run_many([(script, args)])[0]
     ids = Ids()
+    payload = backend.prepare(tasks.noop, (), {})._payload
     env = {"r": r, "backend": backend, "client": client, "broker": broker, "ids": ids}
+    env["payload"] = payload
     RUN.clear()
     STATES.clear()
     started = time.monotonic()
     try:
-        with mock.patch("django_redisqueue.backend.new_job_id", ids.new_job_id):
+        with (
+            mock.patch("django_redisqueue.backend.new_job_id", ids.new_job_id),
+            mock.patch("django_redisqueue.broker.ENQUEUE_BATCH_JOBS", BATCH),
+        ):
             run_state_machine_as_test(
                 lambda: ProtocolMachine(env),
                 settings=settings(
@@ -1250,6 +2106,12 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "failed by lost leases",
             "sleeps",
             "refused when out of memory",
+            "groups completed",
+            "released",
+            "failed waiting jobs",
+            "refused linked enqueues",
+            "messages received",
+            "lost fan-out replies",
         )
     )
     report(
