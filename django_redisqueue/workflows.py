@@ -47,7 +47,7 @@ class Job:
 
     def then(self, *jobs: Job) -> Chain:
         """A chain: this job, then each of ``jobs`` once the one before succeeded."""
-        return Chain((self, *jobs))
+        return Chain((self, *_jobs(jobs, "then()")))
 
 
 class Progress(NamedTuple):

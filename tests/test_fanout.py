@@ -114,6 +114,8 @@ def test_a_group_refuses_a_bad_member_and_queues_nothing(r, backend):
         group([tasks.add.job(1, 2), tasks.add.job(object(), 2)]).enqueue()
     with pytest.raises(TypeError, match=r"task.job\(...\)"):
         group([tasks.add])
+    with pytest.raises(TypeError, match=r"then\(\) takes jobs"):
+        tasks.add.job(1, 2).then(tasks.add)
     assert r.keys("*") == []
 
 
