@@ -35,6 +35,8 @@ RETRY = "RETRY"  # an outcome only: the job goes back to the delayed set, READY
 RELEASE = "RELEASE"  # an outcome only: given back unfinished to its queue, READY
 # NewJob.after of a group's callback: it waits for every member of its group to end.
 AFTER_GROUP = "group"
+# How a callback's job hash names its group in its ``after`` field: ``group:<gid>``.
+AFTER_GROUP_PREFIX = "group:"
 
 # Seconds a worker's record outlives its last heartbeat.
 WORKER_TTL = 60

@@ -9,14 +9,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Generic, TypeVar
 
-from .broker import GroupState, now_ms
+from .broker import AFTER_GROUP_PREFIX, GroupState, now_ms
 from .exceptions import InvalidPayload
 from .jobs import Envelope, JobRecord, from_ms, to_json
 
 PAGE_SIZE = 50
 PREVIEW_CHARS = 80
-# A job's ``after`` field when it is a group's callback: ``group:<gid>``.
-AFTER_GROUP_PREFIX = "group:"
 # The prefix of a broadcast message's fields saying how a worker ran it.
 RAN_PREFIX = "ran:"
 

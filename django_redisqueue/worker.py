@@ -29,6 +29,7 @@ from django.db import close_old_connections
 from .backend import RedisQueueBackend, make_result
 from .base import RedisTask, RedisTaskResult
 from .broker import (
+    AFTER_GROUP_PREFIX,
     FAILED,
     REDIS_ERRORS,
     RELEASE,
@@ -190,6 +191,7 @@ class Worker:
         self._lost: Claimed | None = None  # the job the heartbeat found taken from us
         self.woken_by = ""  # the queue whose wake-up token this worker took, to pass on
         self.broadcast_seen = 0  # the last broadcast message this worker received
+        self.unreported: list[tuple[int, str]] = []  # broadcasts run, outcomes not stored
 
     def run(self) -> None:
         """Run jobs until stopped (``stop()``), out of work (burst) or max_jobs."""
@@ -243,6 +245,8 @@ class Worker:
                     finished = None
                 if job is None and self.broker.last_broadcast > self.broadcast_seen:
                     self._receive_broadcasts(backoff)
+                    continue
+                if job is None and receiving:  # the claim did not look at the queues
                     continue
                 if job is None:
                     if not wanted or self.burst:
@@ -332,13 +336,16 @@ class Worker:
         ended. A message is taken once: one whose worker dies while running it is not
         run again (a new worker starts with fresh local state anyway)."""
         latest = self.broker.last_broadcast
-        ran: list[tuple[int, str]] = []
         try:
             while True:
-                messages = self.broker.receive(self.worker_id, self.queues, ran)
+                # The outcomes in hand are kept until a call stores them (a repeat after
+                # a lost reply writes the same again).
+                messages = self.broker.receive(self.worker_id, self.queues, self.unreported)
+                self.unreported = []
                 if not messages:
                     break
-                ran = [(number, self._run_broadcast(number, body)) for number, body in messages]
+                for number, body in messages:
+                    self.unreported.append((number, self._run_broadcast(number, body)))
         except REDIS_ERRORS as exc:
             backoff.failed(exc)
             return
@@ -447,8 +454,8 @@ class Worker:
         try:
             args = envelope.args
             after = claimed.fields.get("after", "")
-            if after.startswith("group:"):  # a group's callback: the members' results first
-                args = [self.backend.group_results(after.removeprefix("group:")), *args]
+            if after.startswith(AFTER_GROUP_PREFIX):  # a callback: the members' results first
+                args = [self.backend.group_results(after.removeprefix(AFTER_GROUP_PREFIX)), *args]
             if task.takes_context:
                 args = [TaskContext(task_result=result), *args]
             with time_limit(getattr(task, "timeout", None), envelope.task_path):

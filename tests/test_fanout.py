@@ -3,6 +3,7 @@ workers. The fault suite (tests/test_fanout_faults.py) tries to break them with
 SIGKILLed workers and several schedulers."""
 
 import json
+import logging
 import threading
 from unittest.mock import patch
 
@@ -313,3 +314,44 @@ def test_waiting_for_a_group_outlasts_redis_refusing_writes(r, backend):
     finally:
         server.config_set("maxmemory", 0)
         helper.join(timeout=20)
+
+
+def test_a_broadcast_outcome_is_kept_until_redis_stores_it(r, backend):
+    import redis
+
+    from django_redisqueue.broker import Reconnector
+    from django_redisqueue.worker import Worker
+
+    worker = Worker(backend, burst=True)
+    worker.register()
+    number = broadcast(tasks.record.job("once"))
+    worker.broker.last_broadcast = number
+    receive = worker.broker.receive
+    calls = []
+
+    def fails_when_reporting(worker_id, queues, ran=(), most=100):
+        calls.append(list(ran))
+        if ran and len(calls) == 2:
+            raise redis.ConnectionError("lost while reporting")
+        return receive(worker_id, queues, ran, most)
+
+    backoff = Reconnector(logging.getLogger("test"), "test", ceiling=0.01)
+    with (
+        patch.object(worker.broker, "receive", fails_when_reporting),
+        patch("django_redisqueue.worker.close_old_connections"),
+    ):
+        worker._receive_broadcasts(backoff)  # runs it, then the report fails
+        assert worker.broadcast_seen == 0
+        worker._receive_broadcasts(backoff)  # reports it again, runs nothing more
+    assert worker.broadcast_seen == number
+    assert logged(r) == ["once"]
+    ran = r.hget(backend.keys.broadcast_message(number), f"ran:{worker.worker_id}")
+    assert ran.startswith("SUCCESSFUL ")
+
+    # The broker (shared by this process's workers) remembers a broadcast that Redis no
+    # longer has: a burst worker's first claim skips the queues to receive, and finding
+    # nothing must not end its run before it looked at them.
+    r.flushall()
+    tasks.record.enqueue("after")
+    run_worker_here(backend)
+    assert logged(r) == ["after"]
