@@ -391,6 +391,7 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
     def enqueue_group(self, members: Sequence[Job], callback: Job | None) -> GroupResult:
         """Queue a group's members and its callback (held until every member ended):
         one atomic call per 1,000 jobs, every call in one round trip."""
+        _refuse_depends_on([*members, *([callback] if callback else [])], "a group's jobs")
         results = [self.prepare(job.task, job.args, job.kwargs) for job in members]
         after = [""] * len(results)
         if callback is not None:
@@ -407,6 +408,7 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
 
     def enqueue_chain(self, jobs: Sequence[Job]) -> list[RedisTaskResult]:
         """Queue jobs that run one after the other, in one atomic call per batch."""
+        _refuse_depends_on(jobs[1:], "a chain's later steps (they run after the one before)")
         results = [self.prepare(job.task, job.args, job.kwargs) for job in jobs]
         after = [jobs[0].task.depends_on or ""] + [result.id for result in results[:-1]]
         self.push_linked(results, after)
@@ -416,6 +418,11 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         """Send ``job`` to every live worker (or every worker serving ``queue``)."""
         if queue and not QUEUE_NAME_RE.fullmatch(queue):
             raise ValueError(f"{queue!r} is not a queue name.")
+        if self.queue_names and queue and queue not in self.queue_names:
+            raise ValueError(f"{queue!r} is not one of the {self.alias!r} backend's QUEUES.")
+        _refuse_depends_on([job], "a broadcast")
+        if job.task.run_after is not None:
+            raise ValueError("A broadcast runs at once: it takes no run_after or delay.")
         if job.task.takes_context:
             raise ValueError(
                 f"{job.task.module_path} takes a context, which a broadcast has not: a "
@@ -546,6 +553,14 @@ def _new_job(result: RedisTaskResult, after: str = "") -> NewJob:
         int(run_after.timestamp() * 1000) if run_after else 0,
         after,
     )
+
+
+def _refuse_depends_on(jobs: Sequence[Job], what: str) -> None:
+    """Raise ValueError if any of ``jobs`` has a ``depends_on``, which ``what`` cannot
+    keep (it would be dropped without a word)."""
+    for job in jobs:
+        if getattr(job.task, "depends_on", None):
+            raise ValueError(f"depends_on cannot be used for {what}: {job.task.module_path}.")
 
 
 def _names(results: Sequence[RedisTaskResult]) -> str:

@@ -26,6 +26,7 @@ from .compat import (
     task_backends,
 )
 from .exceptions import TaskFailed
+from .jobs import JOB_ID_RE
 
 if TYPE_CHECKING:
     from .workflows import Job
@@ -59,9 +60,9 @@ class RedisTask(Task):
 
     def __post_init__(self) -> None:
         if self.depends_on is not None and not (
-            isinstance(self.depends_on, str) and self.depends_on
+            isinstance(self.depends_on, str) and JOB_ID_RE.fullmatch(self.depends_on)
         ):
-            raise ValueError(f"depends_on must be a job id, not {self.depends_on!r}.")
+            raise ValueError(f"depends_on must be a job id, not {self.depends_on!r:.80}.")
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"retries must be a whole number >= 0, not {self.retries!r}.")
         if not isinstance(self.retry_backoff, int | float) or self.retry_backoff < 0:

@@ -33,8 +33,9 @@ SUCCESSFUL = "SUCCESSFUL"
 FAILED = "FAILED"
 RETRY = "RETRY"  # an outcome only: the job goes back to the delayed set, READY
 RELEASE = "RELEASE"  # an outcome only: given back unfinished to its queue, READY
-# NewJob.after of a group's callback: it waits for every member of its group to end.
-AFTER_GROUP = "group"
+# NewJob.after of a group's callback: it waits for every member of its group to end
+# (no job id has a '*').
+AFTER_GROUP = "*"
 # How a callback's job hash names its group in its ``after`` field: ``group:<gid>``.
 AFTER_GROUP_PREFIX = "group:"
 
@@ -598,8 +599,18 @@ class Broker:
     def group_members(self, group_id: str, offset: int = 0, limit: int = -1) -> list[str]:
         """Ids of a group's members, in the order given (a slice)."""
         end = -1 if limit < 0 else offset + limit - 1
-        members = sync(self.client.lrange(self.keys.group_members(group_id), offset, end))
+        try:
+            members = sync(self.client.lrange(self.keys.group_members(group_id), offset, end))
+        except redis.ResponseError:  # a key of another type, written by hand
+            return []
         return [text(member) or "" for member in members]
+
+    def group_size(self, group_id: str) -> int:
+        """How many member ids the group's list holds (0 if it is not a list)."""
+        try:
+            return int(sync(self.client.llen(self.keys.group_members(group_id))))
+        except redis.ResponseError:
+            return 0
 
     def wait_group(self, group_id: str, timeout: float) -> bool:
         """Block until the group's last member ends (a token pushed then), or the
@@ -639,7 +650,11 @@ class Broker:
         for number, status in ran:
             args += [number, status]
         taken = self._run("receive", *args)
-        return [(int(n), text(p) or "") for n, p in zip(taken[::2], taken[1::2], strict=True)]
+        return [
+            (int(n), text(p) or "")
+            for n, p in zip(map(text, taken[::2]), taken[1::2], strict=True)
+            if n and n.isdigit()  # a member written by hand is no message number
+        ]
 
     def get_hash(self, key: str) -> dict[str, str] | None:
         """Every field of a hash, or None if it does not exist (or is not a hash)."""

@@ -117,10 +117,11 @@ class Dashboard:
         if state is None:
             return GroupDetail(GroupRow.expired(group_id), [], 0, Page(number=1, total=0))
         row = self._with_callbacks([GroupRow(group_id, state.created_at_ms, state)])[0]
-        members: Page[JobRow] = Page(number=page_number(number, state.size), total=state.size)
+        size = self.broker.group_size(group_id)  # what the list holds, not what it says
+        members: Page[JobRow] = Page(number=page_number(number, size), total=size)
         ids = self.broker.group_members(group_id, members.offset, members.size)
         members.rows = self._rows([(job_id, 0.0) for job_id in ids], MEMBER_FIELDS)
-        statuses, counted = self._member_statuses(group_id, state.size)
+        statuses, counted = self._member_statuses(group_id, size)
         return GroupDetail(row, statuses, counted, members)
 
     def _member_statuses(self, group_id: str, size: int) -> tuple[list[tuple[str, int]], int]:

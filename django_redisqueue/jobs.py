@@ -34,6 +34,8 @@ MIN_PRIORITY, MAX_PRIORITY = -100, 100
 MAX_TIMESTAMP = 253402300799
 # A queue name becomes part of Redis keys and of command-line arguments.
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # whole names: use fullmatch
+# What a job id can be (claim.lua refuses any other queue member as malformed).
+JOB_ID_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")  # whole ids: use fullmatch
 # Longest traceback kept per error: the head and the tail survive, the middle is cut.
 MAX_TRACEBACK_CHARS = 16_000
 # Deepest nesting of lists and objects in arguments: deeper ones would exhaust the

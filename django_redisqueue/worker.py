@@ -69,6 +69,8 @@ HEARTBEAT_RETRY = 0.25
 FINISH_ATTEMPTS_ON_EXIT = 5
 # With QUEUES empty (any name valid), how often a worker looks for new queues (s).
 QUEUES_REFRESH = 1.0
+# Tries to receive broadcasts before the worker gives up on them and runs jobs again.
+RECEIVE_ATTEMPTS = 5
 # Sent by the heartbeat to the main thread to stop a job whose lease was lost.
 LEASE_LOST_SIGNAL = signal.SIGUSR1
 
@@ -192,6 +194,7 @@ class Worker:
         self.woken_by = ""  # the queue whose wake-up token this worker took, to pass on
         self.broadcast_seen = 0  # the last broadcast message this worker received
         self.unreported: list[tuple[int, str]] = []  # broadcasts run, outcomes not stored
+        self.receive_failures = 0
 
     def run(self) -> None:
         """Run jobs until stopped (``stop()``), out of work (burst) or max_jobs."""
@@ -347,8 +350,18 @@ class Worker:
                 for number, body in messages:
                     self.unreported.append((number, self._run_broadcast(number, body)))
         except REDIS_ERRORS as exc:
-            backoff.failed(exc)
-            return
+            self.receive_failures += 1
+            if self.receive_failures < RECEIVE_ATTEMPTS:
+                backoff.failed(exc)
+                return
+            # Jobs must not wait behind a broadcast Redis keeps refusing to hand over.
+            logger.error(
+                "Worker %s: broadcasts not received after %d tries (%s); back to jobs",
+                self.worker_id,
+                self.receive_failures,
+                exc,
+            )
+        self.receive_failures = 0
         self.broadcast_seen = latest
 
     def _run_broadcast(self, number: int, payload: str) -> str:
@@ -445,6 +458,17 @@ class Worker:
             error = to_json(error_info(exc))
             return Finished(Outcome(claimed.job_id, claimed.owner, FAILED, error=error))
 
+        args = envelope.args
+        after = claimed.fields.get("after", "")
+        if after.startswith(AFTER_GROUP_PREFIX):  # a callback: the members' results first
+            try:
+                results = self.backend.group_results(after.removeprefix(AFTER_GROUP_PREFIX))
+            except REDIS_ERRORS as exc:  # not the task's failure: give it back, unrun
+                logger.warning(
+                    "Job %s: its group's results unread (%s); given back", claimed.job_id, exc
+                )
+                return Finished(Outcome(claimed.job_id, claimed.owner, RELEASE))
+            args = [results, *args]
         task = self.backend.task_for(envelope)
         result = make_result(self.backend.alias, task, record)
         task_started.send_robust(type(self.backend), task_result=result)
@@ -452,10 +476,6 @@ class Worker:
         self.in_task = True
         raised: BaseException | None = None
         try:
-            args = envelope.args
-            after = claimed.fields.get("after", "")
-            if after.startswith(AFTER_GROUP_PREFIX):  # a callback: the members' results first
-                args = [self.backend.group_results(after.removeprefix(AFTER_GROUP_PREFIX)), *args]
             if task.takes_context:
                 args = [TaskContext(task_result=result), *args]
             with time_limit(getattr(task, "timeout", None), envelope.task_path):

@@ -132,6 +132,8 @@ def group(jobs: Iterable[Job], *, callback: Job | None = None) -> Group:
     """Jobs that run in parallel; ``callback`` runs once when every one has ended,
     with their return values (None for a failed member) as its first argument."""
     members = _jobs(jobs, "group()")
+    if not members and callback is None:
+        raise ValueError("A group needs at least one job, or a callback.")
     if callback is not None:
         _jobs([callback], "group(callback=...)")
     return Group(tuple(members), callback)

@@ -355,3 +355,92 @@ def test_a_broadcast_outcome_is_kept_until_redis_stores_it(r, backend):
     tasks.record.enqueue("after")
     run_worker_here(backend)
     assert logged(r) == ["after"]
+
+
+# What an outsider tried: hostile values in Redis, odd orders of operations, bad input
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("broadcast_seq", "abc"), ("broadcast_seq", "5.5"), ("broadcast_cursors", "x"),
+     ("broadcast_unread", "x")],
+)  # fmt: skip
+def test_spoilt_broadcast_keys_never_stop_a_worker_from_running_jobs(r, backend, key, value):
+    r.set(getattr(backend.keys, key), value)
+    job = tasks.add.enqueue(1, 2)
+    run_worker_here(backend)
+    assert backend.get_result(job.id).status == SUCCESSFUL
+
+
+def test_a_member_of_unread_that_is_no_number_is_passed_over(r, backend):
+    backend.broker.heartbeat("w1", {}, {})
+    number = broadcast(tasks.record.job("x"))
+    r.zadd(backend.keys.broadcast_unread, {"abc": number + 1})
+    assert [n for n, _ in backend.broker.receive("w1", ["default"])] == [number]
+
+
+def test_a_spoilt_group_count_does_not_stop_a_member_ending(r, backend):
+    result = group([tasks.add.job(1, 2)], callback=tasks.collect.job("cb")).enqueue()
+    child = tasks.record.using(depends_on=result.member_ids[0]).enqueue("child")
+    r.hset(backend.keys.group(result.id), "ended", "garbage")
+    run_worker_here(backend)
+    assert backend.get_result(child.id).status == SUCCESSFUL
+    assert backend.get_result(result.callback_id).status == SUCCESSFUL
+
+
+def test_a_group_cancelled_between_its_enqueue_calls_never_runs_its_callback(r, backend):
+    """The calls of a large group's enqueue are separate steps: a cancel can come between
+    them, before the callback is stored (the last call holds it)."""
+    from django_redisqueue.broker import AFTER_GROUP
+
+    broker, gid, noop = backend.broker, "g" * 26, '{"v":1,"task":"tests.tasks.noop"}'
+    first, late = (NewJob(f"{i}" * 26, "default", 0, noop) for i in range(2))
+    callback = NewJob("c" * 26, "default", 0, '{"v":1,"task":"tests.tasks.collect"}', 0,
+                      AFTER_GROUP)  # fmt: skip
+    broker._run("enqueue_linked", 0, gid, 0, 60, 0, *first.as_linked_args())
+    broker.cancel_group(gid, "{}")
+    broker._run("enqueue_linked", 0, gid, 1, 60, 0, *late.as_linked_args(),
+                *callback.as_linked_args())  # fmt: skip
+    run_worker_here(backend)
+    stored = backend.get_result(callback.job_id)
+    assert stored.status == FAILED and error_class(stored).endswith("JobCancelled")
+    assert stored.started_at is None
+
+
+def test_a_step_that_never_ran_is_not_retried_with_the_failed_jobs(r, backend):
+    steps = chain(tasks.fail.job("a"), tasks.record.job("b")).enqueue()
+    run_worker_here(backend)
+    assert backend.broker.operate("retry_failed", "default", limit=100) == 1  # a only
+    run_worker_here(backend)
+    assert backend.get_result(steps[1].id).status == FAILED
+    assert "b" not in logged(r)
+
+
+def test_a_callback_whose_results_redis_cannot_give_is_given_back_unrun(r, backend):
+    import redis
+
+    result = group([tasks.add.job(1, 2)], callback=tasks.collect.job("cb")).enqueue()
+    with patch.object(
+        type(backend), "group_results", side_effect=[redis.ConnectionError("gone"), [3]]
+    ):
+        run_worker_here(backend)
+    assert logged(r) == [["cb", [3]]]
+    assert backend.get_result(result.callback_id).attempts == 1
+
+
+def test_options_a_fan_out_would_drop_are_refused(backend):
+    parent = tasks.noop.enqueue()
+    later = tasks.noop.using(depends_on=parent).job()
+    with pytest.raises(ValueError, match="chain's later steps"):
+        chain(tasks.noop.job(), later).enqueue()
+    with pytest.raises(ValueError, match="a group's jobs"):
+        group([later]).enqueue()
+    with pytest.raises(ValueError, match="QUEUES"):
+        broadcast(tasks.noop.job(), queue="nosuchqueue")
+    with pytest.raises(ValueError, match="run_after"):
+        broadcast(tasks.noop.using(delay=5).job())
+    with pytest.raises(ValueError, match="at least one job"):
+        group([])
+    for not_an_id in ("*", "a b", "x" * 129):
+        with pytest.raises(ValueError, match="must be a job id"):
+            tasks.noop.using(depends_on=not_an_id)

@@ -510,9 +510,10 @@ class ProtocolMachine(RuleBasedStateMachine):
         result: str = "",
         root: str | None = None,
     ) -> None:
+        never_ran = job.place == WAITING
         job.place, job.final = FINISHED, status
         job.finished_at, job.finish_window = None, window
-        if status == FAILED and not job.cancelled:
+        if status == FAILED and not job.cancelled and not never_ran:
             job.indexed = True
         if error is not None:
             job.errors.append(error)

@@ -6,10 +6,6 @@
 -- cancels the callback), ARGV[5] how many
 -- Returns {cancelled, next}: how many jobs this call cancelled, and the index to go
 -- on from (-1: done).
-local CALLBACK_CANCELLED = cjson.encode({
-  exception_class_path = 'django_redisqueue.exceptions.JobCancelled',
-  traceback = 'django_redisqueue.exceptions.JobCancelled: its group was cancelled\n',
-})
 local gid, ttl, error = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local first, count = tonumber(ARGV[4]), tonumber(ARGV[5])
 local group = GROUP .. gid
@@ -21,11 +17,15 @@ local cancelled = 0
 if first == 0 then
   redis.call('HSET', group, 'cancelled', 1)
   local callback = redis.call('HGET', group, 'callback')
-  if callback and callback ~= '' and cancel_job(callback, CALLBACK_CANCELLED, now, ttl) == 'CANCELLED' then
+  if callback and callback ~= '' and cancel_job(callback, GROUP_CANCELLED, now, ttl) == 'CANCELLED' then
     cancelled = cancelled + 1
   end
 end
-local ids = redis.call('LRANGE', group .. ':members', first, first + count - 1)
+local members = group .. ':members'
+if redis.call('TYPE', members)['ok'] ~= 'list' then -- spoilt by hand: no members to read
+  return {cancelled, -1}
+end
+local ids = redis.call('LRANGE', members, first, first + count - 1)
 for _, id in ipairs(ids) do
   if cancel_job(id, error, now, ttl) == 'CANCELLED' then
     cancelled = cancelled + 1

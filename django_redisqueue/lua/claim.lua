@@ -83,4 +83,6 @@ if valid_queue(woken_by) and redis.call('ZCARD', QUEUE .. woken_by) > 0
     and redis.call('SISMEMBER', PAUSED, woken_by) == 0 then
   leave_wake_token(WAKE .. woken_by)
 end
-return {stored, claimed, redis.call('GET', BROADCAST .. 'seq') or 0}
+-- The number as a whole number, whatever the key holds (a worker compares it).
+local broadcast = string.format('%.0f', math.max(number(redis.pcall('GET', BROADCAST .. 'seq'), 0), 0))
+return {stored, claimed, broadcast}

@@ -184,12 +184,17 @@ local function release(id, now, pending)
   return f[3]
 end
 
+local GROUP_CANCELLED = cjson.encode({
+  exception_class_path = 'django_redisqueue.exceptions.JobCancelled',
+  traceback = 'django_redisqueue.exceptions.JobCancelled: its group was cancelled\n',
+})
+
 -- End a sealed group whose members have all ended (once: finished_at marks it): start
--- its TTL, wake its waiters and let its callback go (a cancelled group's callback was
--- cancelled first, by cancel_group.lua: release leaves it).
+-- its TTL, wake its waiters and let its callback go, or, if the group was cancelled
+-- (also between two calls of its enqueue, before its callback was stored), fail it.
 local function complete_group(gid, now, ttl, pending)
   local group = GROUP .. gid
-  local f = redis.call('HMGET', group, 'total', 'ended', 'finished_at', 'callback')
+  local f = redis.call('HMGET', group, 'total', 'ended', 'finished_at', 'callback', 'cancelled')
   local total = number(f[1], nil)
   if not total or number(f[2], 0) < total or f[3] then
     return
@@ -201,7 +206,15 @@ local function complete_group(gid, now, ttl, pending)
   redis.pcall('RPUSH', done, 'done')
   redis.call('EXPIRE', done, 60)
   if f[4] and f[4] ~= '' then
-    release(f[4], now, pending)
+    if f[5] then
+      local callback = JOB .. f[4]
+      if redis.pcall('HGET', callback, 'waiting') == '1' then
+        redis.call('HSET', callback, 'cancelled', 1)
+      end
+      pending[#pending + 1] = {f[4], GROUP_CANCELLED}
+    else
+      release(f[4], now, pending)
+    end
   end
 end
 
@@ -216,16 +229,18 @@ local function count_in_group(job, gid, status, now, ttl, pending)
   if redis.call('TYPE', group)['ok'] ~= 'hash' then
     return
   end
-  redis.call('HINCRBY', group, 'ended', 1)
+  -- Read as numbers and written back: a field spoilt by hand must not stop the move.
+  local counts = redis.call('HMGET', group, 'ended', 'failed')
+  redis.call('HSET', group, 'ended', number(counts[1], 0) + 1)
   if status == 'FAILED' then
-    redis.call('HINCRBY', group, 'failed', 1)
+    redis.call('HSET', group, 'failed', number(counts[2], 0) + 1)
   end
   complete_group(gid, now, ttl, pending)
 end
 
 -- Store a final outcome (SUCCESSFUL or FAILED), start the result TTL, wake waiters,
 -- count it in this minute's stats, and index a failure for the dashboard (not a
--- cancellation: "retry failed jobs" must not run what someone cancelled). The failed
+-- cancellation, nor a job that never ran: "retry failed jobs" must not run them). The failed
 -- index expires with the results it lists; the tick trims what is older. Then the
 -- fan-out: count the end in the job's group, and let the jobs waiting for it go (or,
 -- if it did not succeed, queue them to `pending` to fail, naming `root`: the job whose
@@ -251,7 +266,10 @@ local function store_outcome(id, status, now, result, error, ttl, pending, root)
   if count == 1 then
     redis.call('EXPIRE', stats, STATS_TTL)
   end
-  if status == 'FAILED' and not fields[2] then
+  -- A job that fails while it waits never ran (its job before failed, or it was
+  -- cancelled): kept out of the index, so that "retry failed jobs" cannot run a
+  -- chain's step without the step before it.
+  if status == 'FAILED' and not fields[2] and not fields[6] then
     local failed = FAILED .. queue
     redis.pcall('ZADD', failed, now, id)
     redis.pcall('ZREMRANGEBYSCORE', failed, '-inf', now - ttl * 1000)
@@ -327,6 +345,13 @@ end
 -- With no live worker left, no message will be read: all go.
 local function trim_broadcasts(now, window)
   local cursors, unread = BROADCAST .. 'cursors', BROADCAST .. 'unread'
+  -- Keys of another type (spoilt by hand) are left alone: a hint must not stop a step.
+  for _, key in ipairs({cursors, unread}) do
+    local kind = redis.call('TYPE', key)['ok']
+    if kind ~= 'zset' and kind ~= 'none' then
+      return
+    end
+  end
   for _, worker in ipairs(redis.call('ZRANGE', cursors, 0, -1)) do
     local seen = tonumber(redis.call('ZSCORE', WORKERS, worker))
     if not seen or seen < now - window then

@@ -8,7 +8,7 @@
 -- batch (every call of a batch gets them all, so that a missing one refuses every
 -- call, not only the one naming it), then 6 values per job: id, payload (JSON envelope), queue name, priority, due time
 -- (ms, or 0 for now), after: '' (it waits for nothing), the id of a job it runs after
--- (stored earlier in this call or batch, or already in Redis), or 'group' (the group's
+-- (stored earlier in this call or batch, or already in Redis), or '*' (the group's
 -- callback: it waits for every member to end). With a group id, every job but the
 -- callback is a member.
 -- Returns {0, enqueue time per job (0 when its id is taken: that job is skipped)},
@@ -28,7 +28,7 @@ end
 local here = {}
 for at = first_job, #ARGV, 6 do
   local after = ARGV[at + 5]
-  if after ~= '' and after ~= 'group' and not here[after] and not is_job(after) then
+  if after ~= '' and after ~= '*' and not here[after] and not is_job(after) then
     return {1, after}
   end
   here[ARGV[at]] = true
@@ -65,7 +65,7 @@ for at = first_job, #ARGV, 6 do
   else
     -- The job it waits for: 'waits' (not ended), 'SUCCESSFUL', 'FAILED', or none.
     local before = nil
-    if after == 'group' then
+    if after == '*' and gid ~= '' then
       before = 'waits'
       redis.call('HSET', group, 'callback', id)
     elseif after ~= '' then
@@ -79,7 +79,7 @@ for at = first_job, #ARGV, 6 do
     if before == 'waits' or before == 'FAILED' then
       redis.call('HSET', job, 'payload', payload, 'queue', queue, 'priority', priority,
                  'enqueued_at', now, 'status', 'READY', 'waiting', 1, 'due', due,
-                 'after', after == 'group' and ('group:' .. gid) or after)
+                 'after', after == '*' and ('group:' .. gid) or after)
       if before == 'FAILED' then
         pending[#pending + 1] = {id, dependency_error(after, after), after}
       end
@@ -89,7 +89,7 @@ for at = first_job, #ARGV, 6 do
         redis.call('HSET', job, 'after', after)
       end
     end
-    if gid ~= '' and after ~= 'group' then
+    if gid ~= '' and after ~= '*' then
       redis.call('HSET', job, 'group', gid)
       redis.call('RPUSH', members, id)
       redis.call('HINCRBY', group, 'size', 1)

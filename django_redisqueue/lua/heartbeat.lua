@@ -18,8 +18,9 @@ redis.call('ZADD', WORKERS, now, worker)
 redis.call('ZREMRANGEBYSCORE', WORKERS, '-inf', now - 3600000)
 -- A worker reads the broadcast messages sent after it first registered, none before.
 local cursors = BROADCAST .. 'cursors'
-if not redis.call('ZSCORE', cursors, worker) then
-  redis.call('ZADD', cursors, tonumber(redis.call('GET', BROADCAST .. 'seq')) or 0, worker)
+-- pcall: a key of another type (spoilt by hand) answers an error, and is left alone.
+if not redis.pcall('ZSCORE', cursors, worker) then
+  redis.call('ZADD', cursors, number(redis.pcall('GET', BROADCAST .. 'seq'), 0), worker)
 end
 
 local lost = {}

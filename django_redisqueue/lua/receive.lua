@@ -15,12 +15,20 @@ for i = 5, #ARGV, 2 do
     redis.call('HSET', message, 'ran:' .. worker, ARGV[i + 1] .. ' ' .. now)
   end
 end
-local cursors = BROADCAST .. 'cursors'
+local cursors, unread = BROADCAST .. 'cursors', BROADCAST .. 'unread'
+-- Keys of another type (spoilt by hand): nothing to receive, and the worker goes on.
+local function usable(key)
+  local kind = redis.call('TYPE', key)['ok']
+  return kind == 'zset' or kind == 'none'
+end
+if not usable(cursors) or not usable(unread) then
+  return {}
+end
 local cursor = tonumber(redis.call('ZSCORE', cursors, worker))
 if not cursor then
   -- Not known (its heartbeat has not registered it, or it was silent for a whole
   -- window): it starts from now, as a new worker does.
-  redis.call('ZADD', cursors, tonumber(redis.call('GET', BROADCAST .. 'seq')) or 0, worker)
+  redis.call('ZADD', cursors, number(redis.pcall('GET', BROADCAST .. 'seq'), 0), worker)
   return {}
 end
 local serves = {}
@@ -29,14 +37,16 @@ for queue in string.gmatch(ARGV[2], '[^,]+') do
 end
 local taken = {}
 local last = cursor
-for _, number in ipairs(redis.call('ZRANGEBYSCORE', BROADCAST .. 'unread', '(' .. cursor,
-                                   '+inf', 'LIMIT', 0, most)) do
-  last = tonumber(number)
-  local message = BROADCAST .. 'msg:' .. number
+for _, n in ipairs(redis.call('ZRANGEBYSCORE', unread, '(' .. cursor, '+inf', 'LIMIT', 0,
+                              most)) do
+  -- The cursor moves by the scores, which are the numbers: a member written by hand
+  -- that is not a number cannot stop it.
+  last = math.max(last, number(redis.call('ZSCORE', unread, n), last))
+  local message = BROADCAST .. 'msg:' .. n
   local f = redis.pcall('HMGET', message, 'payload', 'queue')
   if not f.err and f[1] and (not f[2] or f[2] == '' or serves[f[2]]) then
     redis.call('HSET', message, 'ran:' .. worker, 'RUNNING ' .. now)
-    taken[#taken + 1] = number
+    taken[#taken + 1] = n
     taken[#taken + 1] = f[1]
   end
 end
