@@ -212,6 +212,8 @@ class JobPreparation:
             )
         result = make_result(self.alias, task, JobRecord(new_job_id(), {}, envelope))
         object.__setattr__(result, "_payload", payload)
+        if isinstance(task, RedisTask):
+            object.__setattr__(result, "_options", task.job_options(args, kwargs))
         return result
 
 
@@ -351,7 +353,9 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         )
 
     def _stored(
-        self, results: Sequence[RedisTaskResult], store: Callable[[], list[int | None]]
+        self,
+        results: Sequence[RedisTaskResult],
+        store: Callable[[], Sequence[int | str | None]],
     ) -> None:
         """Run ``store`` (a broker enqueue of ``results``), turning Redis errors into
         BrokerUnavailable; then set each result's ``enqueued_at`` and send
@@ -378,6 +382,9 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
             if enqueued_at is None:
                 taken.append(result)
                 continue
+            if isinstance(enqueued_at, str):
+                self._adopt(result, enqueued_at)
+                continue
             object.__setattr__(result, "enqueued_at", from_seconds(enqueued_at / 1000))
             task_enqueued.send(type(self), task_result=result)
         if taken:
@@ -386,12 +393,37 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
                 f"{', '.join(r.id for r in taken)} is taken."
             )
 
+    def _adopt(self, result: RedisTaskResult, holder: str) -> None:
+        """Make ``result`` (a unique job not stored) the result of ``holder``, the job
+        holding its unique key: the caller gets that job, as the enqueue promises."""
+        try:
+            held = self.get_result(holder)
+        except TaskResultDoesNotExist:
+            # It ended and its result expired since the enqueue looked: keep its id.
+            object.__setattr__(result, "id", holder)
+            return
+        for name in (
+            "id",
+            "status",
+            "enqueued_at",
+            "started_at",
+            "finished_at",
+            "last_attempted_at",
+            "args",
+            "kwargs",
+            "errors",
+            "worker_ids",
+        ):
+            object.__setattr__(result, name, getattr(held, name))
+        if hasattr(held, "_return_value"):
+            object.__setattr__(result, "_return_value", held._return_value)
+
     # Fan-out (workflows.py)
 
     def enqueue_group(self, members: Sequence[Job], callback: Job | None) -> GroupResult:
         """Queue a group's members and its callback (held until every member ended):
         one atomic call per 1,000 jobs, every call in one round trip."""
-        _refuse_depends_on([*members, *([callback] if callback else [])], "a group's jobs")
+        _refuse([*members, *([callback] if callback else [])], "a group's jobs", UNIQUE)
         results = [self.prepare(job.task, job.args, job.kwargs) for job in members]
         after = [""] * len(results)
         if callback is not None:
@@ -408,7 +440,8 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
 
     def enqueue_chain(self, jobs: Sequence[Job]) -> list[RedisTaskResult]:
         """Queue jobs that run one after the other, in one atomic call per batch."""
-        _refuse_depends_on(jobs[1:], "a chain's later steps (they run after the one before)")
+        _refuse(jobs[1:], "a chain's later steps (they run after the one before)")
+        _refuse(jobs, "a chain's steps", ("unique",))
         results = [self.prepare(job.task, job.args, job.kwargs) for job in jobs]
         after = [jobs[0].task.depends_on or ""] + [result.id for result in results[:-1]]
         self.push_linked(results, after)
@@ -420,7 +453,7 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
             raise ValueError(f"{queue!r} is not a queue name.")
         if self.queue_names and queue and queue not in self.queue_names:
             raise ValueError(f"{queue!r} is not one of the {self.alias!r} backend's QUEUES.")
-        _refuse_depends_on([job], "a broadcast")
+        _refuse([job], "a broadcast", (*UNIQUE, "concurrency_limit", "rate_limit"))
         if job.task.run_after is not None:
             raise ValueError("A broadcast runs at once: it takes no run_after or delay.")
         if job.task.takes_context:
@@ -552,15 +585,21 @@ def _new_job(result: RedisTaskResult, after: str = "") -> NewJob:
         result._payload,
         int(run_after.timestamp() * 1000) if run_after else 0,
         after,
+        result._options,
     )
 
 
-def _refuse_depends_on(jobs: Sequence[Job], what: str) -> None:
-    """Raise ValueError if any of ``jobs`` has a ``depends_on``, which ``what`` cannot
+# The options a linked enqueue (a group, a chain, a broadcast) cannot keep.
+UNIQUE = ("depends_on", "unique")
+
+
+def _refuse(jobs: Sequence[Job], what: str, options: Sequence[str] = ("depends_on",)) -> None:
+    """Raise ValueError if any of ``jobs`` sets one of ``options``, which ``what`` cannot
     keep (it would be dropped without a word)."""
     for job in jobs:
-        if getattr(job.task, "depends_on", None):
-            raise ValueError(f"depends_on cannot be used for {what}: {job.task.module_path}.")
+        for name in options:
+            if getattr(job.task, name, None):
+                raise ValueError(f"{name} cannot be used for {what}: {job.task.module_path}.")
 
 
 def _names(results: Sequence[RedisTaskResult]) -> str:

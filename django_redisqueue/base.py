@@ -8,7 +8,10 @@ the task directly; the backend's ``task_class`` is ``RedisTask``, so Django's ow
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import random
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -26,7 +29,7 @@ from .compat import (
     task_backends,
 )
 from .exceptions import TaskFailed
-from .jobs import JOB_ID_RE
+from .jobs import JOB_ID_RE, to_json
 
 if TYPE_CHECKING:
     from .workflows import Job
@@ -35,6 +38,38 @@ DEFAULT_BACKEND_ALIAS = "default"
 
 # The longest wait between two attempts, whatever the backoff says.
 MAX_RETRY_DELAY = 3600.0
+
+# A rate limit: "100/m", "10/s", "5/10s", "1000/h", "20000/d".
+RATE_LIMIT_RE = re.compile(r"(\d+)/(\d*)([smhd])")
+RATE_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+# A unique or limit key: what it names is up to the caller; Redis takes any text, the
+# bound keeps keys small.
+MAX_KEY_LENGTH = 200
+
+
+def parse_rate_limit(rate: str) -> tuple[int, int]:
+    """``"100/m"`` as (100 starts, per 60,000 ms); ``"5/10s"``: 5 per 10 s. Raises
+    ValueError for anything else."""
+    match = RATE_LIMIT_RE.fullmatch(rate) if isinstance(rate, str) else None
+    if not match or int(match[1]) < 1 or match[2] in ("0", "00"):
+        raise ValueError(
+            f"rate_limit must be '<starts>/<period>' such as '100/m', '10/s' or '5/10s' "
+            f"(at least 1 start; period s, m, h or d), not {rate!r:.80}."
+        )
+    return int(match[1]), int(match[2] or 1) * RATE_UNITS_MS[match[3]]
+
+
+def arguments_digest(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    """The same digest for the same arguments (keyword order aside): a unique job's key."""
+    text = json.dumps([list(args), kwargs], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _check_key(name: str, value: object) -> None:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_KEY_LENGTH:
+        raise ValueError(
+            f"{name} must be text of 1 to {MAX_KEY_LENGTH} characters, not {value!r:.80}."
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +83,15 @@ class RedisTask(Task):
     The n-th retry waits ``retry_backoff * 2**(n-1)`` seconds (at most an hour); with
     ``retry_jitter`` a random time between half that and all of it, so that jobs that
     failed together do not retry together.
+
+    ``unique``: True (the key is the task and its arguments) or a key: while a job
+    holding the key has not ended (or, with ``unique_for``, for that many seconds after
+    it was enqueued), enqueueing another returns that job's result instead.
+
+    ``concurrency_limit``: at most this many of the jobs sharing ``limit_key`` (default:
+    the task) RUNNING at once, across every worker; ``rate_limit``: at most this many
+    starts per period ("100/m"). A job over its limit waits, parked, and the jobs
+    behind it run.
     """
 
     retries: int = 0
@@ -57,6 +101,11 @@ class RedisTask(Task):
     timeout: float | None = None  # seconds; a job past it fails with JobTimeout
     # The id of a job this task's jobs run after, once it succeeded (``using()``).
     depends_on: str | None = None
+    unique: bool | str = False
+    unique_for: float | None = None  # seconds; None: while the job has not ended
+    concurrency_limit: int | None = None
+    rate_limit: str | None = None
+    limit_key: str | None = None  # default: the task's module path
 
     def __post_init__(self) -> None:
         if self.depends_on is not None and not (
@@ -71,6 +120,33 @@ class RedisTask(Task):
             not isinstance(self.timeout, int | float) or self.timeout <= 0
         ):
             raise ValueError(f"timeout must be seconds > 0 or None, not {self.timeout!r}.")
+        if not isinstance(self.unique, bool):
+            _check_key("unique", self.unique)
+        if self.unique_for is not None and (
+            not isinstance(self.unique_for, int | float)
+            or isinstance(self.unique_for, bool)
+            or not 0 < self.unique_for <= 10 * 365 * 86400
+        ):
+            raise ValueError(f"unique_for must be seconds > 0 or None, not {self.unique_for!r}.")
+        if self.unique_for is not None and self.unique is False:
+            raise ValueError("unique_for needs unique=True or a unique key.")
+        if self.unique is not False and self.depends_on is not None:
+            raise ValueError("A job that runs after another (depends_on) cannot be unique.")
+        if self.concurrency_limit is not None and (
+            not isinstance(self.concurrency_limit, int)
+            or isinstance(self.concurrency_limit, bool)
+            or self.concurrency_limit < 1
+        ):
+            raise ValueError(
+                f"concurrency_limit must be a whole number >= 1 or None, not "
+                f"{self.concurrency_limit!r:.80}."
+            )
+        if self.rate_limit is not None:
+            parse_rate_limit(self.rate_limit)
+        if self.limit_key is not None:
+            _check_key("limit_key", self.limit_key)
+            if self.concurrency_limit is None and self.rate_limit is None:
+                raise ValueError("limit_key needs a concurrency_limit or a rate_limit.")
         if not (
             isinstance(self.retry_on, tuple)
             and all(isinstance(c, type) and issubclass(c, BaseException) for c in self.retry_on)
@@ -89,6 +165,26 @@ class RedisTask(Task):
         if self.retry_jitter:
             delay = random.uniform(delay / 2, delay)
         return delay
+
+    def job_options(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """What the enqueue keeps with a job of these arguments besides its envelope:
+        its unique key and its limits, as JSON ('' for none, the common case)."""
+        options: dict[str, Any] = {}
+        if self.unique is not False:
+            options["unique"] = (
+                self.unique
+                if isinstance(self.unique, str)
+                else f"{self.module_path}:{arguments_digest(args, kwargs)}"
+            )
+            if self.unique_for is not None:
+                options["unique_ms"] = max(int(self.unique_for * 1000), 1)
+        if self.concurrency_limit is not None or self.rate_limit is not None:
+            options["limit"] = self.limit_key or self.module_path
+            if self.concurrency_limit is not None:
+                options["max_running"] = self.concurrency_limit
+            if self.rate_limit is not None:
+                options["rate"], options["per"] = parse_rate_limit(self.rate_limit)
+        return to_json(options) if options else ""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the task inline, in this process, as a plain function call."""
@@ -141,10 +237,14 @@ class RedisTask(Task):
         backend: str | None = None,
         delay: float | timedelta | None = None,
         depends_on: TaskResult | str | None = None,
+        unique_key: str | None = None,
+        limit_key: str | None = None,
     ) -> RedisTask:
         """Create a new task with modified defaults; ``delay`` sets ``run_after``;
         ``depends_on`` (a result or a job id) holds its jobs until that job succeeded
-        (if it fails, they fail with ``DependencyFailed``)."""
+        (if it fails, they fail with ``DependencyFailed``); ``unique_key`` makes its
+        jobs unique under that key; ``limit_key`` counts them under that key's limits
+        (the task's ``concurrency_limit`` and ``rate_limit``)."""
         if delay is not None:
             if run_after is not None:
                 raise TypeError("Pass either delay or run_after, not both.")
@@ -158,10 +258,14 @@ class RedisTask(Task):
             run_after=run_after,
             backend=backend,
         )
+        changes: dict[str, Any] = {}
         if depends_on is not None:
-            job_id = depends_on if isinstance(depends_on, str) else depends_on.id
-            task = replace(task, depends_on=job_id)
-        return task
+            changes["depends_on"] = depends_on if isinstance(depends_on, str) else depends_on.id
+        if unique_key is not None:
+            changes["unique"] = unique_key
+        if limit_key is not None:
+            changes["limit_key"] = limit_key
+        return replace(task, **changes) if changes else task
 
 
 # TaskResult is a frozen dataclass at run time; django-stubs do not say so.
@@ -169,6 +273,8 @@ class RedisTask(Task):
 class RedisTaskResult(TaskResult):  # type: ignore[misc]
     # The job's JSON envelope, made once when it is prepared (not kept once stored).
     _payload: str = field(init=False, default="", repr=False, compare=False)
+    # Its unique key and limits as JSON ('' for none; RedisTask.job_options).
+    _options: str = field(init=False, default="", repr=False, compare=False)
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the job finishes; return its value or raise ``TaskFailed``.
@@ -216,6 +322,11 @@ def task(
     retry_jitter: bool = ...,
     retry_on: tuple[type[BaseException], ...] = ...,
     timeout: float | None = ...,
+    unique: bool | str = ...,
+    unique_for: float | None = ...,
+    concurrency_limit: int | None = ...,
+    rate_limit: str | None = ...,
+    limit_key: str | None = ...,
 ) -> Callable[[Callable[..., Any]], RedisTask]: ...
 def task(
     function: Callable[..., Any] | None = None,
@@ -229,6 +340,11 @@ def task(
     retry_jitter: bool = True,
     retry_on: tuple[type[BaseException], ...] = (Exception,),
     timeout: float | None = None,
+    unique: bool | str = False,
+    unique_for: float | None = None,
+    concurrency_limit: int | None = None,
+    rate_limit: str | None = None,
+    limit_key: str | None = None,
 ) -> RedisTask | Callable[[Callable[..., Any]], RedisTask]:
     """Make a function a task, bare (``@task``) or with options (``@task(...)``)."""
 
@@ -245,6 +361,11 @@ def task(
             retry_jitter=retry_jitter,
             retry_on=retry_on,
             timeout=timeout,
+            unique=unique,
+            unique_for=unique_for,
+            concurrency_limit=concurrency_limit,
+            rate_limit=rate_limit,
+            limit_key=limit_key,
         )
 
     if function is not None:

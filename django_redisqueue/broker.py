@@ -118,9 +118,11 @@ class NewJob:
     due_ms: int = 0  # ms since the epoch by Redis's clock; 0 (or passed): ready now
     # The job it runs after: '' (none), a job id, or AFTER_GROUP (a group's callback).
     after: str = ""
+    # '' or JSON: its unique key and limits (lua/common.lua's job_options).
+    options: str = ""
 
     def as_args(self) -> list[Any]:
-        return [self.job_id, self.payload, self.queue, self.priority, self.due_ms]
+        return [self.job_id, self.payload, self.queue, self.priority, self.due_ms, self.options]
 
     def as_linked_args(self) -> list[Any]:
         return [*self.as_args(), self.after]
@@ -375,11 +377,14 @@ class Broker:
 
     # Producers
 
-    def enqueue(self, jobs: Sequence[NewJob], *, record_queues: bool = False) -> list[int | None]:
+    def enqueue(
+        self, jobs: Sequence[NewJob], *, record_queues: bool = False
+    ) -> list[int | str | None]:
         """Store jobs in one round trip: one script call per ENQUEUE_BATCH_JOBS jobs
         (or ENQUEUE_BATCH_BYTES of payload), each call atomic. ``record_queues``: add
-        the queues' names to the queues used. Returns each job's enqueue time (ms), or
-        None for a job whose id is taken (that job changes nothing)."""
+        the queues' names to the queues used. Returns each job's enqueue time (ms),
+        None for a job whose id is taken (that job changes nothing), or, for a job
+        whose unique key another job holds, that job's id (it is not stored)."""
         if not jobs:
             return []
         calls = [("enqueue", [int(record_queues), *args]) for args in _batches(jobs)]
@@ -387,7 +392,7 @@ class Broker:
             replies = [self._run("enqueue", *calls[0][1])]
         else:
             replies = self._run_many(calls)
-        return [int(enqueued_at) or None for reply in replies for enqueued_at in reply]
+        return [_enqueued(reply) for replies_of_call in replies for reply in replies_of_call]
 
     def known_queues(self) -> list[str]:
         """The names of the queues jobs were enqueued to (kept when QUEUES is empty)."""
@@ -810,6 +815,14 @@ def _batches(jobs: Sequence[NewJob], *, linked: bool = False) -> Iterator[list[A
         count += 1
         size += len(job.payload)
     yield args
+
+
+def _enqueued(reply: Any) -> int | str | None:
+    """One job's enqueue reply: its enqueue time (ms), None (its id was taken), or the
+    id of the job holding its unique key."""
+    if isinstance(reply, bytes | str):
+        return text(reply)
+    return int(reply) or None
 
 
 def _group_state(group_id: str, fields: dict[str, str] | None) -> GroupState | None:

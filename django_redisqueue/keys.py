@@ -79,6 +79,21 @@ key                           type    contents (written by)
                                       dashboard; trimmed to the result TTL
 ``{P}:broadcast:wake:<wid>``  list    wake-up token for an idle worker when a
                                       message is sent; at most one; 60 s TTL
+``{P}:unique:<key>``          string  the id of the job holding a unique key: no
+                                      TTL while held until the job ends (the job's
+                                      ``unique`` field names it; store_outcome
+                                      deletes it), or the ``unique_for`` window
+``{P}:limit:<key>:running``   set     ids of the RUNNING jobs holding a slot of a
+                                      concurrency limit (claim adds; a finish, a
+                                      give-back or a recovery removes)
+``{P}:limit:<key>:starts``    zset    starts of a rate limit's jobs within its
+                                      period, by claim time (ms); TTL one period
+``{P}:limit:<key>:parked``    zset    ids of READY jobs parked over the limit, by
+                                      their queue score (claim parks; a freed
+                                      slot or the tick unparks)
+``{P}:limits``                zset    limit keys whose parked jobs the tick looks
+                                      at, by when (ms): a rate window frees a start,
+                                      or a lease later as a safety net
 ============================  ======  ===========================================
 
 Job hash fields of the fan-out: ``group`` (a member: the group's id), ``counted``
@@ -87,6 +102,10 @@ the id of the job it runs after, or ``group:<gid>`` for a group's callback),
 ``waiting`` (1 while it waits: READY but in no queue and no delayed set), ``due``
 (a waiting job's ``run_after``, ms), ``then`` (ids of the jobs waiting for this one,
 comma-separated).
+
+Job hash fields of unique jobs and limits: ``unique`` (the unique key it holds until
+it ends), ``limit`` (its limit key), ``max_running``, ``rate`` (``<starts>/<ms>``),
+``parked`` (the limit key, while parked: READY but in no queue and no delayed set).
 
 Every Lua script gets one key (``script_keys``): the prefix with its hash tag and a
 colon. ``lua/common.lua`` completes it with the names above, which it spells as this
@@ -192,6 +211,14 @@ class KeySchema:
         return f"{self.broadcast_prefix}sent"
 
     @property
+    def limits(self) -> str:
+        return f"{self.prefix}:limits"
+
+    @property
+    def limit_prefix(self) -> str:
+        return f"{self.prefix}:limit:"
+
+    @property
     def script_keys(self) -> list[str]:
         """The KEYS every Lua script receives: the prefix, which lua/common.lua
         completes into every key above."""
@@ -219,6 +246,9 @@ class KeySchema:
             "GROUP": self.group_prefix,
             "GROUPS": self.groups,
             "BROADCAST": self.broadcast_prefix,
+            "UNIQUE": self.unique(""),
+            "LIMIT": self.limit_prefix,
+            "LIMITS": self.limits,
         }
 
     def queue(self, name: str) -> str:
@@ -259,3 +289,10 @@ class KeySchema:
 
     def broadcast_wake(self, worker_id: str) -> str:
         return f"{self.broadcast_prefix}wake:{worker_id}"
+
+    def unique(self, key: str) -> str:
+        return f"{self.prefix}:unique:{key}"
+
+    def limit(self, key: str, part: str) -> str:
+        """A limit's ``running``, ``starts`` or ``parked`` key."""
+        return f"{self.limit_prefix}{key}:{part}"

@@ -345,6 +345,57 @@ def ledger_at(url, i, sleep_ms):
     client_at(url).rpush("test:ledger", i)
 
 
+# Unique jobs and limits: tasks that leave their starts and overlaps in ledgers, for
+# tests/test_unique.py and tests/test_limits.py.
+
+LIMITED_RUNNING = "test:limited:running"  # how many limited jobs run now, by their own count
+LIMITED_MOST = "test:limited:most"  # the most that ever ran at once
+LIMITED_DONE = "test:limited:done"
+FREE_DONE = "test:free:done"
+
+# INCR the running count and keep the most seen, in one atomic step.
+_ENTER = """
+local now = redis.call('INCR', KEYS[1])
+if now > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], now) end
+return now
+"""
+
+
+@task(concurrency_limit=2)
+def limited_two(label, hold):
+    """At most two at once: count itself in while it holds for ``hold`` seconds."""
+    r = client()
+    r.eval(_ENTER, 2, LIMITED_RUNNING, LIMITED_MOST)
+    try:
+        time.sleep(hold)  # the work: long enough for starts to overlap if they could
+    finally:
+        r.decr(LIMITED_RUNNING)
+        r.rpush(LIMITED_DONE, label)
+    return label
+
+
+@task
+def free_job(label):
+    client().rpush(FREE_DONE, label)
+    return label
+
+
+@task(rate_limit="10/s")
+def rate_limited(label):
+    client().rpush(LIMITED_DONE, label)
+    return label
+
+
+@task(unique=True)
+def unique_report(day):
+    return day
+
+
+@task(unique="rebuild", unique_for=3600)
+def rebuild_once_an_hour():
+    return "rebuilt"
+
+
 # Fan-out: group members, callbacks, chain steps and broadcasts that leave their trace
 # in ledgers, for tests/test_fanout_faults.py.
 

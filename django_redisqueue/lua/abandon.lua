@@ -14,6 +14,7 @@ for _, id in ipairs(redis.call('ZRANGE', RUNNING, 0, -1)) do
     if owner and string.sub(owner, 1, #prefix) == prefix then
       redis.call('ZREM', RUNNING, id)
       redis.call('HDEL', job, 'owner')
+      free_slot(id, redis.call('HGET', job, 'limit'), now, ttl)
       forget_attempt(job)
       requeue(id, now, ttl)
       given[#given + 1] = id

@@ -7,6 +7,7 @@
 -- then F groups of 6: job id, owner token, status, result JSON or '', error JSON or '',
 --   retry delay (ms, for RETRY)
 -- then the names of the queues to try, in order (none: only store the outcomes)
+-- A job over its limits (max_running, rate) is parked instead (common.lua, "Limits").
 -- Returns {stored, claimed, broadcast}: stored holds 1 (stored) or 0 (fenced out: no
 -- longer the owner) per outcome; claimed is {} or {id, owner, field, value, ...} with
 -- the job's fields as the worker reads them; broadcast is the number of the last
@@ -26,7 +27,12 @@ local first_queue = 6 + outcomes * 6
 -- The fields a claim reads: the status first (a job that has ended is skipped), then
 -- what the worker needs to run the job.
 local READ = {'status', 'payload', 'attempts', 'workers', 'lost', 'enqueued_at',
-              'started_at', 'queue', 'priority', 'after'}
+              'started_at', 'queue', 'priority', 'after', 'limit', 'max_running', 'rate'}
+-- The fields past this one are the job's limits, which the reply leaves out.
+local REPLIED = 10
+-- Most jobs one claim parks over their limits: past it, the claim ends without a job
+-- and leaves the queue's wake-up token, so that the worker claims again at once.
+local MOST_PARKED = 100
 
 local function claim(id, fields)
   local job = JOB .. id
@@ -40,7 +46,7 @@ local function claim(id, fields)
   local reply = {id, owner, 'status', 'RUNNING', 'attempts', attempts, 'workers', workers,
                  'last_attempted_at', now, 'started_at', started}
   for i, name in ipairs(READ) do -- the rest as read (absent fields left out)
-    if fields[i] and i ~= 1 and i ~= 3 and i ~= 4 and i ~= 7 then
+    if fields[i] and i ~= 1 and i ~= 3 and i ~= 4 and i ~= 7 and i <= REPLIED then
       reply[#reply + 1] = name
       reply[#reply + 1] = fields[i]
     end
@@ -48,12 +54,17 @@ local function claim(id, fields)
   return reply
 end
 
-local claimed = {}
+local claimed, parked = {}, 0
 for i = first_queue, #ARGV do
   local name = ARGV[i]
   local queue = QUEUE .. name
   while redis.call('SISMEMBER', PAUSED, name) == 0 do
-    local id = redis.call('ZPOPMIN', queue)[1]
+    if parked >= MOST_PARKED then
+      leave_wake_token(WAKE .. name)
+      break
+    end
+    local popped = redis.call('ZPOPMIN', queue)
+    local id = popped[1]
     if not id then
       break
     end
@@ -67,11 +78,24 @@ for i = first_queue, #ARGV do
     elseif fields.err then
       discard_malformed(id, name, 'a job whose key is not a hash', now, ttl)
     elseif not final(fields[1]) then
-      claimed = claim(id, fields)
-      break
+      -- A job over its limit is parked, and the jobs behind it go on.
+      local limit = limits_of(fields[11], fields[12], fields[13])
+      local room, wake = 1, nil
+      if limit then
+        room, wake = limit_room(limit, now, lease)
+      end
+      if room > 0 then
+        claimed = claim(id, fields)
+        if limit then
+          take_limit(id, limit, now)
+        end
+        break
+      end
+      park(id, limit, popped[2], wake)
+      parked = parked + 1
     end -- else a job that has ended, left in a queue by hand: it does not run again
   end
-  if #claimed > 0 then
+  if #claimed > 0 or parked >= MOST_PARKED then
     break
   end
 end

@@ -20,6 +20,7 @@ local PAUSED, FAILED, STATS = P .. 'paused', P .. 'failed:', P .. 'stats:'
 local SCHEDULERS, WORKERS, WORKER = P .. 'schedulers', P .. 'workers', P .. 'worker:'
 local KNOWN_QUEUES = P .. 'queues'
 local GROUP, GROUPS, BROADCAST = P .. 'group:', P .. 'groups', P .. 'broadcast:'
+local UNIQUE, LIMIT, LIMITS = P .. 'unique:', P .. 'limit:', P .. 'limits'
 
 -- How long the per-minute finish counts are kept (s): the dashboard shows an hour.
 local STATS_TTL = 7200
@@ -106,10 +107,79 @@ local function push_delayed(id, due, queue)
   add_delayed(id, due, queue)
 end
 
+-- A job's options, as the enqueue sends them: '' (none, the common case) or a JSON
+-- object with ``unique`` (key), ``unique_ms`` (how long the key holds; 0: while the
+-- job has not ended), ``limit`` (key), ``max_running`` and ``rate``/``per`` (starts per
+-- ms). Returns a table, empty for none.
+local function job_options(json)
+  if json == nil or json == '' then
+    return {}
+  end
+  local ok, options = pcall(cjson.decode, json)
+  if not ok or type(options) ~= 'table' then
+    return {}
+  end
+  for _, name in ipairs({'unique', 'limit'}) do
+    if type(options[name]) ~= 'string' or options[name] == '' then
+      options[name] = nil
+    end
+  end
+  return options
+end
+
+-- The job that holds a unique key, when the key is held: within its ``unique_ms``
+-- window, or by a job that has not ended. nil when the key is free (never taken, run
+-- out, or its job ended or is gone).
+local function unique_holder(key)
+  local unique = UNIQUE .. key
+  local holder = redis.pcall('GET', unique)
+  if type(holder) ~= 'string' then
+    return nil
+  end
+  if redis.call('PTTL', unique) > 0 then
+    return holder
+  end
+  if is_job(holder) and not final(redis.call('HGET', JOB .. holder, 'status')) then
+    return holder
+  end
+  return nil
+end
+
+-- Take a unique key for a new job. Without ``unique_ms`` it is held until the job
+-- ends (store_outcome gives it back: the job's ``unique`` field names it).
+local function hold_unique(id, options)
+  local unique = UNIQUE .. options.unique
+  local ms = number(options.unique_ms, 0)
+  -- A key of another type (spoilt by hand) is replaced: it held no job.
+  redis.call('DEL', unique)
+  if ms > 0 then
+    redis.call('SET', unique, id, 'PX', math.floor(ms))
+  else
+    redis.call('SET', unique, id)
+    redis.call('HSET', JOB .. id, 'unique', options.unique)
+  end
+end
+
+-- Write a job's limits (job_options) in its hash, where the claim reads them:
+-- ``limit`` (the key), ``max_running``, ``rate`` ("<starts>/<ms>").
+local function store_limits(job, options)
+  if options and type(options.limit) == 'string' then
+    redis.call('HSET', job, 'limit', options.limit)
+    if options.max_running then
+      redis.call('HSET', job, 'max_running', options.max_running)
+    end
+    if options.rate then
+      redis.call('HSET', job, 'rate', options.rate .. '/' .. options.per)
+    end
+  end
+end
+
 -- Store a new job's hash and make it READY: on its queue (returns the queue, for the
 -- caller to wake once per batch), or in its queue's delayed set until `due` (ms).
-local function store_job(id, payload, queue, priority, due, now)
+-- `options` (job_options) adds the job's limits to its hash, where the claim reads them.
+local function store_job(id, payload, queue, priority, due, now, options)
   local job = JOB .. id
+  store_limits(job, options)
   if due > now then
     redis.call('HSET', job, 'payload', payload, 'queue', queue, 'priority', priority,
                'enqueued_at', now, 'status', 'READY')
@@ -248,7 +318,7 @@ end
 local function store_outcome(id, status, now, result, error, ttl, pending, root)
   local job = JOB .. id
   local fields = redis.call('HMGET', job, 'queue', 'cancelled', 'waiters', 'group', 'then',
-                            'waiting')
+                            'waiting', 'unique')
   local queue = fields[1] or ''
   if result ~= '' then
     redis.call('HSET', job, 'status', status, 'finished_at', now, 'result', result)
@@ -257,6 +327,11 @@ local function store_outcome(id, status, now, result, error, ttl, pending, root)
   end
   if fields[6] then
     redis.call('HDEL', job, 'waiting')
+  end
+  -- A unique key held while the job had not ended is free again (unless another job
+  -- holds it now: the key outlived this job's hold, and was taken).
+  if fields[7] and redis.pcall('GET', UNIQUE .. fields[7]) == id then
+    redis.call('DEL', UNIQUE .. fields[7])
   end
   -- The minute's counts get their TTL with their first count: one EXPIRE a minute,
   -- not one per job.
@@ -325,7 +400,7 @@ local function cancel_job(id, error, now, ttl)
   if not is_job(id) then
     return ''
   end
-  local fields = redis.call('HMGET', JOB .. id, 'status', 'queue')
+  local fields = redis.call('HMGET', JOB .. id, 'status', 'queue', 'parked')
   if not fields[1] then
     return ''
   end
@@ -335,6 +410,10 @@ local function cancel_job(id, error, now, ttl)
   local queue = fields[2] or ''
   redis.call('ZREM', DELAYED .. queue, id)
   redis.call('ZREM', QUEUE .. queue, id)
+  if fields[3] then
+    redis.pcall('ZREM', LIMIT .. fields[3] .. ':parked', id)
+    redis.call('HDEL', JOB .. id, 'parked')
+  end
   redis.call('HSET', JOB .. id, 'cancelled', 1)
   record_outcome(id, 'FAILED', now, '', error, ttl)
   return 'CANCELLED'
@@ -412,6 +491,134 @@ local function forget_attempt(job)
   end
 end
 
+-- Limits (docs/protocol.md, "Limits"): jobs that share a limit key may have at most
+-- ``max_running`` RUNNING at once and start at most ``rate`` times in any ``per`` ms.
+-- The claim checks them; a job over its limit is parked (in no queue, READY, its
+-- ``parked`` field naming the key) and comes back to its place in its queue when room
+-- frees: a finish, a give-back or a recovery of a job of the key unparks one; the tick
+-- looks again at the time the key's entry in LIMITS gives (when its rate window
+-- frees a start, or a lease later as a safety net).
+
+-- A job's limits from its hash fields (key, max_running, rate), or nil for none.
+local function limits_of(key, max_running, rate)
+  if type(key) ~= 'string' or key == '' then
+    return nil
+  end
+  local starts, per = string.match(type(rate) == 'string' and rate or '', '^(%d+)/(%d+)$')
+  local limit = {key = key, running = number(max_running, nil),
+                 rate = tonumber(starts), per = tonumber(per)}
+  if limit.running and limit.running < 1 then
+    limit.running = 1
+  end
+  if not limit.per or limit.per < 1 then
+    limit.rate = nil
+  end
+  return limit
+end
+
+-- A set or sorted set of a limit, or nil when the key holds another type (spoilt by
+-- hand): it is deleted, as it holds nothing a limit can read.
+local function limit_key(suffix, kind, limit)
+  local key = LIMIT .. limit.key .. suffix
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= kind and found ~= 'none' then
+    redis.call('DEL', key)
+  end
+  return key
+end
+
+-- How many jobs under `limit` may start now, and the time (ms) to look again at its
+-- parked jobs: when the oldest start leaves the rate window (those started now fill
+-- it), or, for running slots, a lease from now at the latest (a finish unparks sooner).
+local function limit_room(limit, now, lease)
+  local room, wake = math.huge, nil
+  if limit.running then
+    local slots, held = limit_key(':running', 'set', limit), 0
+    -- A slot is held while its job is RUNNING; one whose job is not (a slot left by a
+    -- bug or by hand) is dropped here.
+    for _, other in ipairs(redis.call('SMEMBERS', slots)) do
+      if redis.call('ZSCORE', RUNNING, other) then
+        held = held + 1
+      else
+        redis.call('SREM', slots, other)
+      end
+    end
+    room = limit.running - held
+    wake = now + lease
+  end
+  if limit.rate then
+    local starts = limit_key(':starts', 'zset', limit)
+    redis.call('ZREMRANGEBYSCORE', starts, '-inf', now - limit.per)
+    room = math.min(room, limit.rate - redis.call('ZCARD', starts))
+    local oldest = redis.call('ZRANGE', starts, 0, 0, 'WITHSCORES')[2]
+    local frees = number(oldest, now) + limit.per
+    wake = wake and math.min(wake, frees) or frees
+  end
+  return math.max(room, 0), wake or now + lease
+end
+
+-- Count a start of job `id` under `limit` (the claim, once it took the job).
+local function take_limit(id, limit, now)
+  if limit.running then
+    redis.call('SADD', limit_key(':running', 'set', limit), id)
+  end
+  if limit.rate then
+    local starts = limit_key(':starts', 'zset', limit)
+    redis.call('ZADD', starts, now, id .. '@' .. now)
+    redis.call('PEXPIRE', starts, limit.per)
+  end
+end
+
+-- Ask the tick to look at a limit's parked jobs at `wake` (ms), unless it will sooner;
+-- wake the schedulers when that is now the first time they must look.
+local function look_again(key, wake)
+  local current = tonumber(redis.pcall('ZSCORE', LIMITS, key))
+  if current and current <= wake then
+    return
+  end
+  redis.pcall('ZADD', LIMITS, wake, key)
+  if redis.pcall('ZRANGE', LIMITS, 0, 0)[1] == key then
+    leave_wake_token(SCHEDULER_WAKE)
+  end
+end
+
+-- Park a READY job over its limit, taken off its queue at `score`: it keeps its place
+-- (the parked set is ordered by queue score) and waits for room.
+local function park(id, limit, score, wake)
+  redis.call('ZADD', limit_key(':parked', 'zset', limit), score, id)
+  redis.call('HSET', JOB .. id, 'parked', limit.key)
+  look_again(limit.key, wake)
+end
+
+-- Put up to `count` of a limit's parked jobs back on their queues, at their places.
+-- Returns how many went back.
+local function unpark(key, count, now, ttl)
+  local parked, back = LIMIT .. key .. ':parked', 0
+  while back < count do
+    local popped = redis.pcall('ZPOPMIN', parked)
+    if popped.err or not popped[1] then
+      break
+    end
+    local id = popped[1]
+    local f = is_job(id) and redis.call('HMGET', JOB .. id, 'status', 'parked')
+    if f and f[1] == 'READY' and f[2] then
+      redis.call('HDEL', JOB .. id, 'parked')
+      requeue(id, now, ttl)
+      back = back + 1
+    end
+  end
+  return back
+end
+
+-- A job leaves the RUNNING set (finished, given back, recovered): its slot under its
+-- limit, if it held one, frees, and one parked job of the limit goes back to its queue.
+local function free_slot(id, key, now, ttl)
+  if type(key) == 'string' and key ~= ''
+      and redis.pcall('SREM', LIMIT .. key .. ':running', id) == 1 then
+    unpark(key, 1, now, ttl)
+  end
+end
+
 -- Finish a RUNNING job, fenced: only the owner recorded at claim time may finish it.
 -- status is SUCCESSFUL or FAILED; RETRY (to the delayed set, due `retry_in` ms from
 -- now); or RELEASE (back to its queue, unfinished, its attempt forgotten: the worker
@@ -419,11 +626,13 @@ end
 local function finish_job(id, owner, status, now, result, error, ttl, retry_in)
   local job = JOB .. id
   -- pcall: a key of another type answers an error, which is no owner.
-  if redis.pcall('HGET', job, 'owner') ~= owner then
+  local f = redis.pcall('HMGET', job, 'owner', 'limit')
+  if f.err or f[1] ~= owner then
     return 0
   end
   redis.call('ZREM', RUNNING, id)
   redis.call('HDEL', job, 'owner')
+  free_slot(id, f[2], now, ttl)
   if status == 'RETRY' then
     append_error(job, error)
     local queue = redis.call('HGET', job, 'queue')

@@ -6,8 +6,9 @@
 -- batch (its size is then final, and it may complete), ARGV[4] result TTL (s),
 -- ARGV[5] E, then E ids: the jobs waited for that are not among the jobs of the whole
 -- batch (every call of a batch gets them all, so that a missing one refuses every
--- call, not only the one naming it), then 6 values per job: id, payload (JSON envelope), queue name, priority, due time
--- (ms, or 0 for now), after: '' (it waits for nothing), the id of a job it runs after
+-- call, not only the one naming it), then 7 values per job: id, payload (JSON envelope), queue name, priority, due time
+-- (ms, or 0 for now), options ('' or JSON, common.lua's job_options: its limits
+-- are kept; a unique key is not, the caller refuses one), after: '' (it waits for nothing), the id of a job it runs after
 -- (stored earlier in this call or batch, or already in Redis), or '*' (the group's
 -- callback: it waits for every member to end). With a group id, every job but the
 -- callback is a member.
@@ -26,8 +27,8 @@ for i = 6, first_job - 1 do
   end
 end
 local here = {}
-for at = first_job, #ARGV, 6 do
-  local after = ARGV[at + 5]
+for at = first_job, #ARGV, 7 do
+  local after = ARGV[at + 6]
   if after ~= '' and after ~= '*' and not here[after] and not is_job(after) then
     return {1, after}
   end
@@ -56,9 +57,9 @@ local function wake_later(queue)
   end
 end
 
-for at = first_job, #ARGV, 6 do
+for at = first_job, #ARGV, 7 do
   local id, payload, queue, priority = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
-  local due, after = tonumber(ARGV[at + 4]), ARGV[at + 5]
+  local due, options, after = tonumber(ARGV[at + 4]), job_options(ARGV[at + 5]), ARGV[at + 6]
   local job = JOB .. id
   if redis.call('EXISTS', job) == 1 then
     enqueued[#enqueued + 1] = 0
@@ -80,11 +81,12 @@ for at = first_job, #ARGV, 6 do
       redis.call('HSET', job, 'payload', payload, 'queue', queue, 'priority', priority,
                  'enqueued_at', now, 'status', 'READY', 'waiting', 1, 'due', due,
                  'after', after == '*' and ('group:' .. gid) or after)
+      store_limits(job, options)
       if before == 'FAILED' then
         pending[#pending + 1] = {id, dependency_error(after, after), after}
       end
     else
-      wake_later(store_job(id, payload, queue, priority, due, now))
+      wake_later(store_job(id, payload, queue, priority, due, now, options))
       if after ~= '' then
         redis.call('HSET', job, 'after', after)
       end
@@ -92,7 +94,8 @@ for at = first_job, #ARGV, 6 do
     if gid ~= '' and after ~= '*' then
       redis.call('HSET', job, 'group', gid)
       redis.call('RPUSH', members, id)
-      redis.call('HINCRBY', group, 'size', 1)
+      -- Read as a number and written back: a size spoilt by hand must not stop the call.
+      redis.call('HSET', group, 'size', number(redis.call('HGET', group, 'size'), 0) + 1)
     end
     if record_queues then
       redis.call('SADD', KNOWN_QUEUES, queue)

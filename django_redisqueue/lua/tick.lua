@@ -1,5 +1,6 @@
--- The scheduler's step: promote due delayed jobs to their queues, and recover RUNNING
--- jobs whose lease has passed (their worker died or stalled). Atomic, so any number
+-- The scheduler's step: promote due delayed jobs to their queues, recover RUNNING
+-- jobs whose lease has passed (their worker died or stalled), and unpark jobs held by
+-- their limits when their limit's look is due. Atomic, so any number
 -- of schedulers may run: each due job is promoted, and each lost job recovered, once.
 -- ARGV[1] scheduler id, ARGV[2] most jobs to move per kind, ARGV[3] how many times a
 -- job may be recovered before it fails, ARGV[4] result TTL (s), ARGV[5] error JSON
@@ -10,7 +11,7 @@
 -- way (CLIENT PAUSE, a busy script, a stalled network), and so were the heartbeats
 -- of live workers: it leaves expired leases alone, ARGV[8] the workers' liveness
 -- window (ms): when it recovers leases, it also drops the broadcast cursors of workers
--- silent that long (trim_broadcasts), then the names of the queues whose delayed jobs
+-- silent that long (trim_broadcasts); it is also the lease, which limits use, then the names of the queues whose delayed jobs
 -- to promote
 -- Returns {promoted, recovered, failed, next, now, held}: next is the time (ms) of
 -- the next due job or lease deadline, -1 if there is none, or 0 if a batch was full
@@ -67,6 +68,7 @@ if recover then
     local job = JOB .. id
     if is_job(id) then
       redis.call('HDEL', job, 'owner')
+      free_slot(id, redis.call('HGET', job, 'limit'), now, ttl)
       local lost = math.floor(math.max(number(redis.call('HGET', job, 'lost'), 0), 0)) + 1
       redis.call('HSET', job, 'lost', lost)
       if lost > lost_limit then
@@ -81,11 +83,33 @@ if recover then
   consider(redis.call('ZRANGE', RUNNING, 0, 0, 'WITHSCORES')[2])
 end
 
+-- Limits whose parked jobs are due a look: as many as there is room for go back to
+-- their queues (the rest wait for the next look, or for a finish to unpark them).
+local window = tonumber(ARGV[8])
+local looks = redis.pcall('ZRANGEBYSCORE', LIMITS, '-inf', now, 'LIMIT', 0, batch)
+if not looks.err then
+  for _, key in ipairs(looks) do
+    redis.call('ZREM', LIMITS, key)
+    local parked = LIMIT .. key .. ':parked'
+    local first = redis.pcall('ZRANGE', parked, 0, 0)
+    if not first.err and first[1] then
+      local f = is_job(first[1]) and redis.call('HMGET', JOB .. first[1], 'max_running', 'rate')
+      local limit = limits_of(key, f and f[1], f and f[2])
+      local room, wake = limit_room(limit, now, window)
+      unpark(key, math.min(room, batch), now, ttl)
+      if redis.call('ZCARD', parked) > 0 then
+        look_again(key, wake)
+      end
+    end
+  end
+  full = full or #looks == batch
+  consider(redis.call('ZRANGE', LIMITS, 0, 0, 'WITHSCORES')[2])
+end
+
 -- Dead workers' cursors go, and with them the messages only they had not read; held
 -- like the recovery, as the heartbeats that prove a worker alive were held too. Every
 -- live worker has a cursor, so more cursors than live workers means a dead one: the
 -- full pass over the cursors runs only then.
-local window = tonumber(ARGV[8])
 if recover and redis.call('ZCARD', BROADCAST .. 'cursors')
     > redis.call('ZCOUNT', WORKERS, now - window, '+inf') then
   trim_broadcasts(now, window)

@@ -1,0 +1,270 @@
+"""Concurrency and rate limits: at most K of a limit key's jobs RUNNING at once, at most
+N starts per period, enforced in the claim; a job over its limit is parked and the
+jobs behind it run. Fake workers through the broker for exact steps, then real
+``runworker`` processes that try to break the limit under load."""
+
+import itertools
+import time
+
+import pytest
+
+from django_redisqueue import task
+from django_redisqueue.base import parse_rate_limit
+from django_redisqueue.broker import Outcome
+from django_redisqueue.workflows import group
+from tests import tasks
+from tests.conftest import run_worker_here, wait_until
+
+QUEUES = ["high", "default", "low"]
+KEY = "tests.tasks.limited_two"
+P = "{drq:default}"
+
+
+@pytest.fixture
+def broker(backend):
+    return backend.broker
+
+
+def claim(broker, worker="w1", queues=QUEUES):
+    return broker.claim(queues, worker)[1]
+
+
+def finish(broker, claimed, status="SUCCESSFUL"):
+    assert broker.finish(Outcome(claimed.job_id, claimed.owner, status, result="1"))
+
+
+def label(claimed) -> str:
+    return claimed.fields["payload"].split('"args":[')[1].split(",")[0].strip('"')
+
+
+def parked(r, key=KEY) -> list[str]:
+    return r.zrange(f"{P}:limit:{key}:parked", 0, -1)
+
+
+def test_a_job_over_its_limit_is_parked_and_the_jobs_behind_it_run(r, broker, backend):
+    limited = [tasks.limited_two.enqueue(f"L{i}", 0).id for i in range(3)]
+    free = tasks.free_job.enqueue("F").id
+
+    first, second = claim(broker, "w1"), claim(broker, "w2")
+    assert [first.job_id, second.job_id] == limited[:2]
+    third = claim(broker, "w3")
+    assert third.job_id == free  # L2 is over the limit: parked, and F behind it runs
+    assert parked(r) == [limited[2]]
+    assert r.hget(f"{P}:job:{limited[2]}", "parked") == KEY
+    assert backend.get_result(limited[2]).status == "READY"
+    assert r.zcard(f"{P}:queue:default") == 0
+    assert claim(broker, "w4") is None  # nothing else: L2 waits, no worker spins on it
+
+    finish(broker, first)  # a slot frees: L2 goes back to its queue, at its place
+    assert parked(r) == [] and r.hget(f"{P}:job:{limited[2]}", "parked") is None
+    assert r.zrange(f"{P}:queue:default", 0, -1) == [limited[2]]
+    assert claim(broker, "w1").job_id == limited[2]
+    assert r.smembers(f"{P}:limit:{KEY}:running") == {second.job_id, limited[2]}
+
+
+def test_a_limited_job_at_the_head_of_a_strict_priority_queue_holds_back_nothing(r, broker):
+    """docs/protocol.md, "Limits": a parked job leaves its queue, so the jobs behind
+    it, in its queue and in the queues after it, run while it waits."""
+    busy = [tasks.limited_two.using(queue_name="high").enqueue(f"B{i}", 0) for i in range(2)]
+    held = [claim(broker, f"w{i}") for i in range(2)]
+    assert [c.job_id for c in held] == [b.id for b in busy]
+    head = tasks.limited_two.using(queue_name="high", priority=50).enqueue("head", 0).id
+    behind = tasks.free_job.using(queue_name="high").enqueue("behind").id
+    lower = tasks.free_job.using(queue_name="low").enqueue("lower").id
+
+    assert claim(broker, "w3").job_id == behind
+    assert claim(broker, "w4").job_id == lower
+    assert parked(r) == [head]
+    finish(broker, held[0], "FAILED")  # any end frees the slot
+    assert claim(broker, "w3").job_id == head  # back at the head of its queue
+
+
+def test_every_way_a_job_leaves_running_frees_its_slot(r, broker, backend):
+    """RETRY, RELEASE, a recovered lease, a lease lost for good, and abandon each
+    unpark one job: none strands a parked job."""
+    ids = [tasks.limited_two.enqueue(f"L{i}", 0).id for i in range(6)]
+    a, b = claim(broker, "w1"), claim(broker, "w2")
+    assert claim(broker, "w3") is None and len(parked(r)) == 4
+
+    broker.finish(Outcome(a.job_id, a.owner, "RETRY", error="{}", retry_in_ms=3_600_000))
+    assert len(parked(r)) == 3  # L2 back on its queue
+    c = claim(broker, "w1")
+    broker.finish(Outcome(c.job_id, c.owner, "RELEASE"))
+    assert len(parked(r)) == 2  # L3 back; L2 given back too
+    c = claim(broker, "w1")
+    r.zadd(f"{P}:running", {b.job_id: 0, c.job_id: 0})  # both leases pass
+    tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
+    assert tick.recovered == 2 and parked(r) == []  # two slots: L4 and L5 unparked
+    held = [claim(broker, "w5"), claim(broker, "w5")]
+    assert claim(broker, "w6") is None and parked(r) == ids[3:]
+    assert sorted(broker.abandon("w5")) == sorted(h.job_id for h in held)
+    assert parked(r) == ids[5:]  # two slots given back: two unparked
+    assert r.scard(f"{P}:limit:{KEY}:running") == 0
+
+
+def test_a_parked_job_can_be_cancelled(r, broker, backend):
+    results = [tasks.limited_two.enqueue(f"L{i}", 0) for i in range(3)]
+    claim(broker, "w1"), claim(broker, "w2"), claim(broker, "w3")
+    results[2].cancel()
+    assert results[2].status == "FAILED" and parked(r) == []
+    assert r.hget(f"{P}:job:{results[2].id}", "parked") is None
+
+
+def test_a_rate_limit_parks_until_its_window_frees_a_start(r, broker, backend):
+    ids = [tasks.rate_limited.enqueue(f"R{i}").id for i in range(12)]
+    started = [claim(broker, "w1") for _ in range(10)]
+    assert [c.job_id for c in started] == ids[:10]
+    assert claim(broker, "w1") is None  # 10 starts in this second: the rest park
+    key = "tests.tasks.rate_limited"
+    assert parked(r, key) == ids[10:]
+    look = r.zscore(f"{P}:limits", key)
+    first_start = int(r.hget(f"{P}:job:{ids[0]}", "last_attempted_at"))
+    assert look == first_start + 1000  # when the first start leaves the window
+
+    tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
+    assert 0 <= tick.next_in <= 1.0  # the scheduler sleeps until that look
+    assert parked(r, key) == ids[10:]  # not due yet: nothing moved
+
+    # Time passes for the first start alone (its score moves back a second).
+    starts = f"{P}:limit:{key}:starts"
+    oldest, second = r.zrange(starts, 0, 1, withscores=True)
+    r.zadd(starts, {oldest[0]: oldest[1] - 1000})
+    r.zadd(f"{P}:limits", {key: 0})
+    broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
+    # One start left the window: one job back; the next look is when the next leaves.
+    assert parked(r, key) == ids[11:] and r.zcard(f"{P}:queue:default") == 1
+    assert r.zscore(f"{P}:limits", key) == second[1] + 1000
+    assert claim(broker).job_id == ids[10]
+
+
+def test_spoilt_limit_keys_never_stop_a_claim(r, broker):
+    tasks.limited_two.enqueue("L0", 0)
+    tasks.rate_limited.enqueue("R0")
+    for part in ("running", "parked"):
+        r.set(f"{P}:limit:{KEY}:{part}", "garbage")
+    r.set(f"{P}:limit:tests.tasks.rate_limited:starts", "garbage")
+    r.set(f"{P}:limits", "garbage")
+    assert claim(broker).job_id and claim(broker).job_id
+    r.hset(
+        f"{P}:job:x1",
+        mapping={
+            "status": "READY",
+            "queue": "default",
+            "limit": "k",
+            "max_running": "-3",
+            "rate": "9/0",
+        },
+    )
+    r.zadd(f"{P}:queue:default", {"x1": 1})
+    assert claim(broker).job_id == "x1"  # a garbage limit reads as at least one slot
+
+
+def test_a_groups_members_share_their_limit(r, backend):
+    result = group([tasks.limited_two.job(f"G{i}", 0.02) for i in range(6)]).enqueue()
+    run_worker_here(backend)
+    assert result.wait(timeout=10) == [f"G{i}" for i in range(6)]
+    assert int(r.get(tasks.LIMITED_MOST)) <= 2
+
+
+@pytest.mark.parametrize(
+    ("rate", "parsed"),
+    [
+        ("100/m", (100, 60_000)),
+        ("10/s", (10, 1000)),
+        ("5/10s", (5, 10_000)),
+        ("1/d", (1, 86_400_000)),
+    ],
+)
+def test_rate_limits_read_as_people_write_them(rate, parsed):
+    assert parse_rate_limit(rate) == parsed
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"rate_limit": "0/m"},
+        {"rate_limit": "10/0s"},
+        {"rate_limit": "10 per minute"},
+        {"rate_limit": 10},
+        {"concurrency_limit": 0},
+        {"concurrency_limit": True},
+        {"concurrency_limit": 1.5},
+        {"limit_key": "k"},  # a key without a limit
+        {"limit_key": "", "concurrency_limit": 1},
+        {"limit_key": "k" * 201, "concurrency_limit": 1},
+    ],
+)
+def test_a_wrong_limit_is_refused_where_it_is_written(options):
+    with pytest.raises(ValueError):
+        task(**options)(tasks.free_job.func)
+
+
+def test_a_limit_key_given_per_call_limits_each_key_apart(r, broker):
+    for customer in ("a", "b"):
+        for i in range(2):
+            tasks.limited_two.using(limit_key=f"customer:{customer}").enqueue(i, 0)
+    # Two keys, two slots each: all four start.
+    assert all(claim(broker, f"w{i}") for i in range(4))
+    assert r.scard(f"{P}:limit:customer:a:running") == 2
+
+
+# Real workers
+
+
+def test_four_workers_of_four_processes_never_run_more_than_the_limit(r, procs, report):
+    """4 x ``runworker --concurrency 4`` on 40 jobs limited to 2 at once, 50 ms each,
+    among 400 free jobs: the limited jobs' own count of themselves, and a sampler of
+    the RUNNING set, never see more than 2; the free jobs do not wait for them."""
+    backend_keys = f"{P}:running"
+    limited = [tasks.limited_two.enqueue(f"L{i}", 0.05) for i in range(40)]
+    free = [tasks.free_job.enqueue(f"F{i}") for i in range(400)]
+    workers = [procs.start("runworker", "--concurrency", "4") for _ in range(4)]
+    most_sampled, samples = 0, 0
+    free_done_at = limited_done_at = None
+    started = time.monotonic()
+    deadline = started + 60
+    while limited_done_at is None and time.monotonic() < deadline:
+        running = r.zrange(backend_keys, 0, -1)
+        if running:
+            pipe = r.pipeline(transaction=False)
+            for job_id in running:
+                pipe.hget(f"{P}:job:{job_id}", "limit")
+            most_sampled = max(most_sampled, sum(1 for k in pipe.execute() if k == KEY))
+            samples += 1
+        if free_done_at is None and r.llen(tasks.FREE_DONE) == len(free):
+            free_done_at = time.monotonic() - started
+        if r.llen(tasks.LIMITED_DONE) == len(limited):
+            limited_done_at = time.monotonic() - started
+    assert limited_done_at is not None, "the limited jobs did not all run"
+    wait_until(lambda: r.llen(tasks.FREE_DONE) == len(free), message="the free jobs")
+    most_counted = int(r.get(tasks.LIMITED_MOST))
+    report(
+        f"limits: 4 workers x 4 processes, 40 jobs limited to 2 + 400 free: most running "
+        f"{most_counted} (tasks' count), {most_sampled} (RUNNING set, {samples} samples); "
+        f"free jobs done in {free_done_at:.2f} s, limited in {limited_done_at:.2f} s"
+    )
+    assert most_counted == 2 and most_sampled <= 2
+    assert free_done_at is not None and free_done_at < limited_done_at
+    assert sorted(r.lrange(tasks.LIMITED_DONE, 0, -1)) == sorted(f"L{i}" for i in range(40))
+    for worker in workers:
+        procs.stop(worker)
+
+
+def test_a_rate_limit_holds_in_every_window_of_its_period(r, procs, backend, report):
+    """35 jobs at "10/s" on 2 workers (and a scheduler for the parked ones): in no
+    1-second window do more than 10 start, by Redis's clock, and all run."""
+    results = [tasks.rate_limited.enqueue(f"R{i}") for i in range(35)]
+    procs.start("runscheduler")
+    workers = [procs.start("runworker", "--concurrency", "2") for _ in range(1)]
+    wait_until(lambda: r.llen(tasks.LIMITED_DONE) == 35, timeout=30, message="all 35")
+    starts = sorted(int(r.hget(f"{P}:job:{result.id}", "last_attempted_at")) for result in results)
+    most = max(sum(1 for t in starts if start <= t < start + 1000) for start in starts)
+    report(
+        f"rate limit 10/s: 35 jobs started over {(starts[-1] - starts[0]) / 1000:.2f} s; "
+        f"most starts in any 1 s window: {most}"
+    )
+    assert most <= 10
+    assert starts[-1] - starts[0] >= 3000  # 35 starts need three windows past the first
+    for worker in workers:
+        procs.stop(worker)
+    assert list(itertools.chain(r.keys(f"{P}:limit:*:parked"))) == []
