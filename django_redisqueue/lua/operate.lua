@@ -47,6 +47,11 @@ for _, id in ipairs(ids) do
       redis.call('HDEL', job, 'finished_at', 'result', 'waiters')
       -- A waiter's token from the failure would end every later wait() at once.
       redis.call('DEL', job .. ':done')
+      -- A unique job takes its key again, unless another job holds it now.
+      local unique = redis.call('HGET', job, 'unique')
+      if unique and not unique_holder(unique) then
+        hold_unique(id, {unique = unique})
+      end
       push_ready(id, queue, redis.call('HGET', job, 'priority'))
       changed = changed + 1
     end
@@ -62,10 +67,10 @@ for _, id in ipairs(ids) do
     end
   elseif action == 'empty' then
     if redis.call('ZREM', QUEUE .. queue, id) == 1 then
-      -- A group member or a job others wait for ends first, so that its group still
+      -- A group member, a unique job, or a job others wait for ends first, so that its group still
       -- completes and the jobs waiting for it fail instead of waiting for ever.
-      local links = redis.pcall('HMGET', job, 'group', 'then')
-      if not links.err and (links[1] or links[2]) then
+      local links = redis.pcall('HMGET', job, 'group', 'then', 'unique')
+      if not links.err and (links[1] or links[2] or links[3]) then
         redis.call('HSET', job, 'cancelled', 1)
         record_outcome(id, 'FAILED', clock_ms(), '', DELETED, ttl)
       end
