@@ -9,6 +9,8 @@ limit), ``run_after`` and ``delay`` are accepted (the job still runs at once) an
 each job runs once. Groups, chains, ``depends_on`` and broadcasts run at once too: a
 group's callback after its members, with their values; a chain stops at the first
 failure (the rest end FAILED with ``DependencyFailed``); a broadcast runs once, here.
+Unique keys and limits are accepted and checked, and have nothing to do: every job has
+ended before the next is enqueued.
 """
 
 from __future__ import annotations

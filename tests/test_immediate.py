@@ -86,3 +86,11 @@ def test_enqueue_on_commit_runs_the_job_once_committed():
     assert rolled_back.status == TaskResultStatus.READY
     with pytest.raises(TaskResultDoesNotExist):
         rolled_back.refresh()
+
+
+def test_unique_and_limited_tasks_run_at_once_each_time(r):
+    first = tasks.unique_report.enqueue("monday")
+    again = tasks.unique_report.enqueue("monday")
+    assert first.id != again.id and again.return_value == "monday"
+    assert tasks.rate_limited.enqueue("a").status == TaskResultStatus.SUCCESSFUL
+    assert r.keys("{drq*") == []
