@@ -36,13 +36,13 @@ MEMBER_READ_BATCH = 1000
 JOB_FIELDS = (
     "payload", "queue", "priority", "status", "attempts", "lost", "owner", "workers",
     "enqueued_at", "started_at", "last_attempted_at", "finished_at", "errors", "result",
-    "cancelled", "group", "after", "waiting",
+    "cancelled", "group", "after", "waiting", "unique", "limit", "max_running", "rate", "parked",
 )  # fmt: skip
 # What the overview reads of each running job: no payloads, results or tracebacks.
 RUNNING_FIELDS = ("queue", "owner", "status")
 # What the group pages read of a group's members and callback: no results or tracebacks.
-MEMBER_FIELDS = ("payload", "queue", "status", "cancelled", "waiting")
-STATUS_FIELDS = ("status", "cancelled", "waiting")
+MEMBER_FIELDS = ("payload", "queue", "status", "cancelled", "waiting", "parked")
+STATUS_FIELDS = ("status", "cancelled", "waiting", "parked")
 
 
 class Dashboard:

@@ -46,6 +46,8 @@ def status_label(fields: Mapping[str, str]) -> str:
     status = printable(fields.get("status", ""))
     if fields.get("waiting"):
         return f"{status} (waiting)"
+    if fields.get("parked"):
+        return f"{status} (parked)"
     if fields.get("cancelled"):
         return f"{status} (cancelled)"
     return status
@@ -132,6 +134,30 @@ class JobRow:
     def waiting(self) -> bool:
         """READY but held until the job or group it runs after ends."""
         return bool(self.fields.get("waiting"))
+
+    @property
+    def parked(self) -> bool:
+        """READY but held over its limit until a slot or a start frees."""
+        return bool(self.fields.get("parked"))
+
+    @property
+    def unique_key(self) -> str:
+        """The unique key it holds until it ends ('' if none)."""
+        return printable(self.fields.get("unique", ""))
+
+    @property
+    def limits(self) -> str:
+        """Its limits in words: "partner:7: at most 2 running, 100 starts per 60 s"."""
+        key = self.fields.get("limit")
+        if not key:
+            return ""
+        parts = []
+        if running := _whole(self.fields.get("max_running")):
+            parts.append(f"at most {running} running")
+        starts, _, per_ms = self.fields.get("rate", "").partition("/")
+        if (rate := _whole(starts)) and (per := _whole(per_ms)):
+            parts.append(f"{rate} starts per {per / 1000:g} s")
+        return printable(f"{key}: {', '.join(parts) or 'no limit readable'}")
 
     @property
     def attempts(self) -> int:
@@ -372,3 +398,12 @@ class BroadcastRow:
                     WorkerRun(printable(name[len(RAN_PREFIX) :]), printable(status), from_ms(at))
                 )
         return sorted(runs, key=lambda run: run.worker)
+
+
+def _whole(value: str | None) -> int | None:
+    """A positive whole number read from Redis, or None."""
+    try:
+        number = int(value or "")
+    except ValueError:
+        return None
+    return number if number > 0 else None

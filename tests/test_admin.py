@@ -266,6 +266,18 @@ def test_job_lookup_and_time_zone(manager, backend):
     assert tokyo.strftime("%Y-%m-%d %H:%M") in page
 
 
+def test_a_parked_job_shows_its_limit_and_a_unique_job_its_key(manager, backend):
+    jobs = [tasks.limited_two.using(limit_key="partner:<7>").enqueue(i, 0) for i in range(3)]
+    for worker in ("w1", "w2", "w3"):
+        backend.broker.claim(["default"], worker)
+    page = unescape(manager.get(BASE + f"job/{jobs[2].id}/").text)
+    assert "READY (parked: over its limit" in page
+    assert "partner:<7>: at most 2 running" in page  # escaped in the page, as text
+    unique = tasks.unique_report.enqueue("<b>")
+    page = manager.get(BASE + f"job/{unique.id}/").text
+    assert "Unique key" in page and "<b>" not in page
+
+
 def test_pages_stay_bounded_with_many_jobs(manager, backend):
     for i in range(120):
         tasks.add.enqueue(i, i)
