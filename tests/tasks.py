@@ -345,6 +345,12 @@ def ledger_at(url, i, sleep_ms):
     client_at(url).rpush("test:ledger", i)
 
 
+@task(concurrency_limit=1, rate_limit="100/s")
+def ledger_at_limited(url, i, sleep_ms):
+    """``ledger_at``, one at a time: parked and unparked while Redis fails."""
+    ledger_at.call(url, i, sleep_ms)
+
+
 # Unique jobs and limits: tasks that leave their starts and overlaps in ledgers, for
 # tests/test_unique.py and tests/test_limits.py.
 

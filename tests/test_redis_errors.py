@@ -6,7 +6,8 @@ and ``runscheduler`` processes on the ``leased`` backend: 1 s leases), then make
 Redis refuse or stall commands for longer than a lease: out of memory, read-only (a
 replica of a master that never answers), its scripts flushed, every connection dropped,
 clients paused past redis-py's 5 s socket timeout, busy in a long script. Once while
-the system is idle, once while it is busy: a backlog, delayed jobs, and jobs longer
+the system is idle, once while it is busy: a backlog (with jobs limited to one at a
+time among it, parked and unparked across the error), delayed jobs, and jobs longer
 than a lease, so that the heartbeat must renew their leases across the error.
 
 Jobs record each run in a ledger kept on the suite's own Redis, which no error touches
@@ -48,6 +49,7 @@ SPAN_MS = 3000  # the long jobs running as the error starts: they outlast a HOLD
 DELAYED, DELAYED_JOBS = 2000, 10
 PROBE = 3000
 AFTER, AFTER_JOBS = 4000, 20
+LIMITED, LIMITED_JOBS = 5000, 20  # one at a time: parked and unparked across the error
 
 FILLER, FILLER_BYTES = "test:filler", 1024 * 1024
 # Spins for ARGV[1] ms without writing; Redis answers BUSY to everyone else meanwhile.
@@ -230,8 +232,10 @@ class System:
         for n in range(1, WORKERS + 1):
             self.processes[f"worker {n}"] = self.procs.start("runworker", *LEASED)
 
-    def enqueue(self, number: int, sleep_ms: int, delay: float = 0) -> None:
-        task = tasks.ledger_at.using(backend="leased", **({"delay": delay} if delay else {}))
+    def enqueue(self, number: int, sleep_ms: int, delay: float = 0, limited: bool = False) -> None:
+        task = (tasks.ledger_at_limited if limited else tasks.ledger_at).using(
+            backend="leased", **({"delay": delay} if delay else {})
+        )
         self.jobs[number] = task.enqueue(self.ledger_url, number, sleep_ms).id
 
     def enqueue_busy_load(self) -> None:
@@ -241,6 +245,8 @@ class System:
             self.enqueue(LONG + k, SPAN_MS if k < WORKERS else LONG_MS)
         for i in range(BACKLOG):
             self.enqueue(i, SHORT_MS)
+            if i % (BACKLOG // LIMITED_JOBS) == 0:
+                self.enqueue(LIMITED + i * LIMITED_JOBS // BACKLOG, SHORT_MS * 10, limited=True)
         for k in range(DELAYED_JOBS):
             self.enqueue(DELAYED + k, SHORT_MS, delay=0.5 + k * HOLD / DELAYED_JOBS)
 
