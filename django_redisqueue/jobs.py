@@ -310,7 +310,8 @@ def from_seconds(value: float | None) -> datetime | None:
     return datetime.fromtimestamp(value, tz=UTC)
 
 
-def _whole(value: Any) -> int:
+def whole_number(value: Any) -> int:
+    """A count read from Redis: a whole number >= 0, 0 for anything else."""
     try:
         return max(0, int(value))
     except (TypeError, ValueError):
@@ -379,11 +380,11 @@ class JobRecord:
 
     @property
     def attempts(self) -> int:
-        return _whole(self.fields.get("attempts"))
+        return whole_number(self.fields.get("attempts"))
 
     @property
     def lost(self) -> int:
-        return _whole(self.fields.get("lost"))
+        return whole_number(self.fields.get("lost"))
 
     @property
     def worker_ids(self) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Generic, TypeVar
 
 from .broker import AFTER_GROUP_PREFIX, GroupState, now_ms
 from .exceptions import InvalidPayload
-from .jobs import Envelope, JobRecord, from_ms, to_json
+from .jobs import Envelope, JobRecord, from_ms, to_json, whole_number
 
 PAGE_SIZE = 50
 PREVIEW_CHARS = 80
@@ -152,10 +152,10 @@ class JobRow:
         if not key:
             return ""
         parts = []
-        if running := _whole(self.fields.get("max_running")):
+        if running := whole_number(self.fields.get("max_running")):
             parts.append(f"at most {running} running")
         starts, _, per_ms = self.fields.get("rate", "").partition("/")
-        if (rate := _whole(starts)) and (per := _whole(per_ms)):
+        if (rate := whole_number(starts)) and (per := whole_number(per_ms)):
             parts.append(f"{rate} starts per {per / 1000:g} s")
         return printable(f"{key}: {', '.join(parts) or 'no limit readable'}")
 
@@ -398,12 +398,3 @@ class BroadcastRow:
                     WorkerRun(printable(name[len(RAN_PREFIX) :]), printable(status), from_ms(at))
                 )
         return sorted(runs, key=lambda run: run.worker)
-
-
-def _whole(value: str | None) -> int | None:
-    """A positive whole number read from Redis, or None."""
-    try:
-        number = int(value or "")
-    except ValueError:
-        return None
-    return number if number > 0 else None
