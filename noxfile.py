@@ -78,8 +78,11 @@ def tests(session: nox.Session) -> None:
     session.install("-e", f".[{extras}]", f"django~={django}.0")
     session.run("python", "-m", "django", "--version")
     newest = session.python == MATRIX[-1][0]
-    # The failover tests (Sentinel and Cluster chaos) take minutes: on the newest pair.
-    session.run("pytest", *(() if newest else ("-m", "not failover")), *session.posargs)
+    # The failover tests (Sentinel and Cluster chaos) and the long ones take minutes: on
+    # the newest pair.
+    session.run(
+        "pytest", *(() if newest else ("-m", "not failover and not long")), *session.posargs
+    )
     if newest and not session.posargs:
         # The core, scheduler and admin tests again, on a Redis Cluster of 3 masters and
         # 3 replicas (tests/topology.py).

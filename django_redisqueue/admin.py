@@ -26,6 +26,7 @@ from .compat import TaskResultDoesNotExist, task_backends
 from .dashboard import Dashboard as DashboardData
 from .exceptions import NotCancellable
 from .models import Dashboard
+from .periodic import PeriodicTaskError, run_now, schedules_of
 
 VIEW = "django_redisqueue.view_dashboard"
 MANAGE = "django_redisqueue.manage_queues"
@@ -41,6 +42,7 @@ class Action:
     destructive: bool
     needs_job: bool = False  # acts on one job only
     needs_group: bool = False  # acts on one group, of no one queue
+    needs_schedule: bool = False  # acts on one periodic schedule, of no one queue
 
 
 ACTIONS = {
@@ -52,6 +54,9 @@ ACTIONS = {
     "resume": Action("Resume the queue", destructive=False),
     "empty": Action("Delete every waiting job of the queue", destructive=True),
     "cancel_group": Action("Cancel the group", destructive=True, needs_group=True),
+    "pause_schedule": Action("Pause", destructive=False, needs_schedule=True),
+    "resume_schedule": Action("Resume", destructive=False, needs_schedule=True),
+    "run_schedule": Action("Run now", destructive=False, needs_schedule=True),
 }
 
 
@@ -125,6 +130,7 @@ class DashboardAdmin(admin.ModelAdmin):
             view(self.groups_view, "<str:alias>/groups/", "groups"),
             view(self.group_view, "<str:alias>/group/<drq_job_id:group_id>/", "group"),
             view(self.broadcasts_view, "<str:alias>/broadcasts/", "broadcasts"),
+            view(self.schedules_view, "<str:alias>/schedules/", "schedules"),
             view(self.confirm_view, "<str:alias>/confirm/<str:action>/", "confirm"),
             view(self.action_view, "<str:alias>/act/<str:action>/", "act"),
         ]
@@ -305,6 +311,11 @@ class DashboardAdmin(admin.ModelAdmin):
         page = DashboardData(backend).broadcasts(self._page_number(request))
         return self._render(request, "broadcasts.html", alias, "Broadcasts", page=page)
 
+    def schedules_view(self, request: HttpRequest, alias: str) -> HttpResponse:
+        backend = self._backend(request, alias)
+        rows = DashboardData(backend).schedules()
+        return self._render(request, "schedules.html", alias, "Periodic jobs", rows=rows)
+
     # Actions
 
     def confirm_view(self, request: HttpRequest, alias: str, action: str) -> HttpResponse:
@@ -315,8 +326,8 @@ class DashboardAdmin(admin.ModelAdmin):
         if not allowed(request, MANAGE):
             raise PermissionDenied
         spec = ACTIONS.get(action)
-        if spec is None:
-            raise Http404(f"No action {action!r}")
+        if spec is None or spec.needs_schedule:  # a schedule's actions ask nothing first
+            raise Http404(f"No action {action!r} to confirm")
         queue = self._action_queue(backend, spec, request.GET)
         job_id = request.GET.get("job_id", "")
         group_id = request.GET.get("group_id", "") if spec.needs_group else ""
@@ -357,6 +368,8 @@ class DashboardAdmin(admin.ModelAdmin):
             messages.error(request, f"{spec.label}: not confirmed, nothing done.")
         elif spec.needs_group:
             self._cancel_group(request, backend, group_id)
+        elif spec.needs_schedule:
+            self._act_on_schedule(request, backend, action, request.POST.get("schedule", ""))
         else:
             self._apply(request, backend, action, queue, job_id)
         return HttpResponseRedirect(self._next_url(request, alias, request.POST.get("next", "")))
@@ -364,8 +377,35 @@ class DashboardAdmin(admin.ModelAdmin):
     def _action_queue(
         self, backend: RedisQueueBackend, spec: Action, data: Mapping[str, str]
     ) -> str:
-        """The queue an action acts on ('' for a group's, which spans queues)."""
-        return "" if spec.needs_group else self._queue(backend, data.get("queue", ""))
+        """The queue an action acts on ('' for a group's or a schedule's)."""
+        if spec.needs_group or spec.needs_schedule:
+            return ""
+        return self._queue(backend, data.get("queue", ""))
+
+    def _act_on_schedule(
+        self, request: HttpRequest, backend: RedisQueueBackend, action: str, name: str
+    ) -> None:
+        """Pause, resume or run now a schedule of the settings (any other name: 404)."""
+        schedule = next((s for s in schedules_of(backend) if s.name == name), None)
+        if schedule is None:
+            raise Http404(f"No periodic job {name!r} in backend {backend.alias!r}")
+        if action == "run_schedule":
+            try:
+                job_id = run_now(backend, schedule)
+            except PeriodicTaskError as exc:
+                messages.error(request, str(exc))
+                return
+            messages.success(request, f"Periodic job {name}: job {job_id} queued to run now.")
+            return
+        paused = action == "pause_schedule"
+        backend.broker.periodic_pause(name, paused=paused)
+        messages.success(
+            request,
+            f"Periodic job {name} paused: its occurrences pass without a job."
+            if paused
+            else f"Periodic job {name} resumed: from its next occurrence, the paused "
+            "time is not caught up.",
+        )
 
     def _cancel_group(
         self, request: HttpRequest, backend: RedisQueueBackend, group_id: str

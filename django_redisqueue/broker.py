@@ -183,6 +183,16 @@ class Tick:
     held: bool = False  # it ran past recover_until_ms, so it recovered no lease
 
 
+@dataclass(frozen=True, slots=True)
+class PeriodicReply:
+    """What a periodic step did for one schedule (lua/periodic.lua, mode 'run')."""
+
+    status: str  # ok, stale (compute again from ``last``), new, paused, invalid
+    last: int  # the schedule's last occurrence (ms), as Redis now holds it
+    enqueued: int  # jobs stored
+    last_job: str  # the id of the last job stored ('' if none)
+
+
 class MissingJob(LookupError):
     """A job named to run after (``depends_on``) does not exist, or has expired."""
 
@@ -679,6 +689,101 @@ class Broker:
             else None
             for fields in self._execute(pipe, raise_on_error=False)
         ]
+
+    # Periodic (docs/protocol.md, "Periodic jobs"; lua/periodic.lua)
+
+    def periodic_sync(
+        self, schedules: Sequence[tuple[str, str, int]]
+    ) -> tuple[list[int | None], list[str]]:
+        """Register schedules given as (name, spec JSON, next occurrence ms), and delete
+        the state of every other one. Returns each schedule's ``last`` (None for a name
+        refused) and the names whose state was deleted."""
+        args: list[Any] = ["sync", len(schedules)]
+        for name, spec, next_ms in schedules:
+            args += [name, spec, next_ms]
+        lasts, removed = self._run("periodic", *args, acked=True)
+        return [int(last) if int(last) >= 0 else None for last in lasts], [
+            text(name) or "" for name in removed
+        ]
+
+    def periodic_run(
+        self,
+        name: str,
+        *,
+        expected_last: int | None,
+        now_ms: int,
+        next_ms: int,
+        skipped: int,
+        queue: str,
+        priority: int,
+        payload: str,
+        jobs: Sequence[tuple[int, str]],
+        record_queues: bool = False,
+        options: str = "",
+    ) -> PeriodicReply:
+        """Enqueue a schedule's occurrences ``jobs`` (occurrence ms, job id), oldest
+        first, if its ``last`` is still ``expected_last``; each once, whoever calls."""
+        args: list[Any] = [
+            "run",
+            name,
+            "" if expected_last is None else expected_last,
+            now_ms,
+            next_ms,
+            skipped,
+            queue,
+            priority,
+            payload,
+            int(record_queues),
+            options,
+        ]
+        for at, job_id in jobs:
+            args += [at, job_id]
+        status, last, stored, last_job = self._run("periodic", *args, acked=True)
+        return PeriodicReply(text(status) or "", int(last), int(stored), text(last_job) or "")
+
+    def periodic_pause(self, name: str, paused: bool = True) -> None:
+        """Pause a schedule (its occurrences pass without a job), or resume it (from
+        now: the paused time is not caught up)."""
+        self._run("periodic", "pause" if paused else "resume", name, acked=True)
+
+    def periodic_run_now(
+        self, name: str, job: NewJob, *, record_queues: bool = False
+    ) -> int | None:
+        """Enqueue ``job`` for schedule ``name`` at once, recorded as its last job (its
+        ``last`` occurrence unchanged); its enqueue time (ms), None if the id is taken."""
+        at = self._run(
+            "periodic",
+            "run_now",
+            name,
+            job.job_id,
+            job.payload,
+            job.queue,
+            job.priority,
+            int(record_queues),
+            job.options,
+            acked=True,
+        )
+        return int(at) or None
+
+    def periodic_states(self, names: Sequence[str]) -> tuple[list[str], list[dict[str, str]]]:
+        """The names registered in Redis, and the state of each of ``names`` ({} for
+        none, or a key that is not a hash), in one round trip."""
+        pipe = self._pipeline(transaction=False)
+        pipe.smembers(self.keys.periodic)
+        for name in names:
+            pipe.hgetall(self.keys.periodic_schedule(name))
+        registered, *states = self._execute(pipe, raise_on_error=False)
+        if not isinstance(registered, set | list):  # a key of another type, spoilt by hand
+            registered = []
+        return (
+            sorted(text(n) or "" for n in registered),
+            [
+                {text(k) or "": text(v) or "" for k, v in state.items()}
+                if isinstance(state, dict)
+                else {}
+                for state in states
+            ],
+        )
 
     # Operators
 

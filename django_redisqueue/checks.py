@@ -10,8 +10,10 @@
 | ``django_redisqueue.E006`` | an option has a wrong value |
 | ``django_redisqueue.E007`` | ``CONNECTION`` is not a django-redis ``CACHES`` alias |
 | ``django_redisqueue.E008`` | ``SENTINELS``, ``SERVICE_NAME``, ``CLUSTER``, ``*_KWARGS`` clash |
+| ``django_redisqueue.E009`` | a ``PERIODIC`` schedule is wrong (name, cron, every, args...) |
 | ``django_redisqueue.W001`` | Redis does not answer (``--deploy`` only) |
 | ``django_redisqueue.W002`` | another app's ``runworker`` or ``runscheduler`` wins |
+| ``django_redisqueue.W003`` | a ``PERIODIC`` schedule's task cannot be used (import, backend) |
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def our_backends() -> Iterator[tuple[str, dict[str, Any]]]:
 def check_settings(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """Every problem with the settings of every RedisQueueBackend (E001 to E008)."""
+    """Every problem with the settings of every RedisQueueBackend (E001 to E009)."""
     return [
         checks.Error(problem.msg, hint=problem.hint, id=f"{APP}.{problem.code}")
         for alias, params in our_backends()
@@ -135,8 +137,48 @@ def check_commands(
     return messages
 
 
+def check_periodic_tasks(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W003: each PERIODIC schedule's task can be imported, is a task, and is one its
+    backend accepts and its workers know (an installed app's ``tasks`` module)."""
+    from .backend import RedisQueueBackend
+    from .compat import task_backends
+    from .periodic import PeriodicTaskError, resolve_task, schedules_of
+    from .registry import registry
+
+    messages: list[checks.CheckMessage] = []
+    for alias, params in our_backends():
+        if validate(alias, params):
+            continue  # the settings errors say what to fix first
+        backend = cast(RedisQueueBackend, task_backends[alias])
+        for schedule in schedules_of(backend):
+            try:
+                resolve_task(backend, schedule)
+            except PeriodicTaskError as exc:
+                problem = str(exc)
+            else:
+                if registry.get(schedule.task_path) is not None:
+                    continue
+                problem = (
+                    f"Periodic job {schedule.name!r}: task {schedule.task_path!r} is in no "
+                    "installed app's tasks module, so workers will not run it."
+                )
+            messages.append(
+                checks.Warning(
+                    f"TASKS[{alias!r}]['OPTIONS']['PERIODIC']: {problem}",
+                    hint="Name a function decorated with @task in an installed app's "
+                    "tasks.py, by its dotted path. Until then the scheduler logs this "
+                    "error and enqueues nothing for this schedule.",
+                    id=f"{APP}.W003",
+                )
+            )
+    return messages
+
+
 def register() -> None:
     """Register the checks; called from ``RedisQueueConfig.ready()``."""
     checks.register(check_settings)
+    checks.register(check_periodic_tasks)
     checks.register(check_commands)
     checks.register(check_redis, deploy=True)

@@ -41,6 +41,7 @@ class Options:
     cluster_nodes: tuple[tuple[str, int], ...] = ()  # a cluster's startup nodes
     replica_acks: int = 0  # replicas that must have a write before it counts as done
     replica_acks_timeout: float = 1.0  # seconds to wait for them
+    periodic: Mapping[str, Mapping[str, Any]] | None = None  # name -> schedule (periodic.py)
 
     @property
     def redis_url(self) -> str:
@@ -64,6 +65,7 @@ OPTION_NAMES = {
     "CLUSTER_NODES": "cluster_nodes",
     "REPLICA_ACKS": "replica_acks",
     "REPLICA_ACKS_TIMEOUT": "replica_acks_timeout",
+    "PERIODIC": "periodic",
 }
 
 # Whole-number options and their least value.
@@ -186,6 +188,8 @@ def _value_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
     elif raw.get("CONNECTION") is not None:
         problems += _connection_problems(where, raw["CONNECTION"])
     problems += _topology_problems(where, raw)
+    if raw.get("PERIODIC") is not None:
+        problems += _periodic_problems(f"{where}['PERIODIC']", raw["PERIODIC"])
     return problems
 
 
@@ -249,6 +253,138 @@ def _topology_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
             )
         )
     return problems
+
+
+# Periodic jobs (periodic.py): PERIODIC is {name: {"task": "app.tasks.f", "cron": "0 3 * * *"
+# or "every": seconds, "args": [...], "kwargs": {...}, "catch_up": "latest" or "all"}}.
+PERIODIC_FIELDS = ("task", "cron", "every", "args", "kwargs", "catch_up")
+
+
+def _periodic_problems(where: str, periodic: Any) -> list[Problem]:
+    """E009: what is wrong with PERIODIC. Whether each task can be imported is checked
+    at use, and by the W003 system check."""
+    if not isinstance(periodic, Mapping):
+        return [
+            Problem(
+                "E009",
+                f"{where} is {periodic!r}.",
+                "Make it a dict: schedule name -> {'task': 'app.tasks.f', 'cron': '0 3 * * *'}.",
+            )
+        ]
+    problems = []
+    for name, spec in periodic.items():
+        if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name):
+            problems.append(
+                Problem(
+                    "E009",
+                    f"{where} has an invalid schedule name {name!r}.",
+                    "Use 1 to 64 letters, digits, '_', '.' or '-': it is part of Redis keys "
+                    "and job ids.",
+                )
+            )
+        elif not isinstance(spec, Mapping):
+            problems.append(
+                Problem(
+                    "E009",
+                    f"{where}[{name!r}] is {spec!r}.",
+                    "Make it a dict, e.g. {'task': 'app.tasks.f', 'every': 60}.",
+                )
+            )
+        else:
+            problems += [
+                Problem("E009", f"{where}[{name!r}] {msg}", hint)
+                for msg, hint in _schedule_problems(spec)
+            ]
+    return problems
+
+
+def _schedule_problems(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What is wrong with one schedule, as (message, hint) pairs."""
+    from datetime import timedelta
+
+    from .jobs import ensure_json_arguments
+
+    problems = []
+    unknown = sorted(map(str, set(spec) - set(PERIODIC_FIELDS)))
+    if unknown:
+        problems.append(
+            (f"has unknown key(s) {', '.join(unknown)}.", f"Known: {', '.join(PERIODIC_FIELDS)}.")
+        )
+    task = spec.get("task")
+    if not isinstance(task, str) or not task:
+        problems.append(
+            (f"names task {task!r}.", "Give the task's dotted path, e.g. 'shop.tasks.cleanup'.")
+        )
+    if ("cron" in spec) == ("every" in spec):
+        problems.append(
+            (
+                "needs exactly one of 'cron' and 'every'.",
+                "Use 'cron': '0 3 * * *' (minute hour day month weekday, in TIME_ZONE) or "
+                "'every': seconds (a number or a timedelta).",
+            )
+        )
+    elif "cron" in spec:
+        problems += _cron_problems(spec["cron"])
+    else:
+        every = spec["every"]
+        seconds = every.total_seconds() if isinstance(every, timedelta) else every
+        if (
+            not isinstance(seconds, int | float)
+            or isinstance(seconds, bool)
+            or not seconds >= 0.001
+            or seconds == float("inf")
+        ):
+            problems.append(
+                (
+                    f"has 'every' {every!r}.",
+                    "Use a number of seconds (at least 0.001) or a timedelta.",
+                )
+            )
+    args, kwargs = spec.get("args", []), spec.get("kwargs", {})
+    if not isinstance(args, list | tuple):
+        problems.append((f"has 'args' {args!r}.", "Use a list of JSON values."))
+    elif not isinstance(kwargs, Mapping) or not all(isinstance(key, str) for key in kwargs):
+        problems.append((f"has 'kwargs' {kwargs!r}.", "Use a dict of JSON values, by name."))
+    else:
+        try:
+            ensure_json_arguments(str(task), args, kwargs)
+        except (TypeError, ValueError) as exc:
+            problems.append((f"has arguments that JSON cannot carry: {exc}", "Pass JSON values."))
+    if spec.get("catch_up", "latest") not in ("latest", "all"):
+        problems.append(
+            (
+                f"has 'catch_up' {spec['catch_up']!r}.",
+                "Use 'latest' (one job for the missed occurrences) or 'all' (one each).",
+            )
+        )
+    return problems
+
+
+def _cron_problems(cron: Any) -> list[tuple[str, str]]:
+    try:
+        from cronsim import CronSim, CronSimError
+    except ImportError:
+        return [
+            (
+                "has a 'cron' schedule, which needs cronsim.",
+                "pip install 'django-redisqueue[cron]', or use 'every'.",
+            )
+        ]
+    from datetime import UTC, datetime
+
+    try:
+        if not isinstance(cron, str):
+            raise CronSimError("not a string")
+        CronSim(cron, datetime.now(UTC))
+    except CronSimError as exc:
+        return [
+            (
+                f"has 'cron' {cron!r}, which cron cannot read ({exc}).",
+                "Use five fields: minute hour day-of-month month day-of-week, "
+                "e.g. '*/15 * * * *' or '0 3 * * mon-fri'.",
+            )
+        ]
+    return []
 
 
 def _addresses(value: Any) -> bool:

@@ -11,6 +11,7 @@ from django.utils.timezone import localtime
 
 from .backend import RedisQueueBackend
 from .jobs import STATUSES, from_ms
+from .periodic import schedules_of
 from .rows import (
     BroadcastRow,
     GroupDetail,
@@ -18,6 +19,7 @@ from .rows import (
     JobRow,
     Page,
     Row,
+    ScheduleRow,
     page_number,
     status_label,
 )
@@ -152,6 +154,29 @@ class Dashboard:
             BroadcastRow.build(number, score, fields, max_bytes)
             for (number, score), fields in zip(scored, messages, strict=True)
         ]
+
+    def schedules(self) -> list[ScheduleRow]:
+        """The periodic schedules of the settings, in their order, then any other one
+        Redis still holds (until a scheduler's sync deletes it), with their last jobs."""
+        declared = {schedule.name: schedule for schedule in schedules_of(self.backend)}
+        registered, states = self.broker.periodic_states(list(declared))
+        left = [name for name in registered if name not in declared]
+        if left:
+            states += self.broker.periodic_states(left)[1]
+        now = self.broker.clock_ms()
+        rows = [
+            ScheduleRow(name, declared.get(name), state, now_ms=now)
+            for name, state in zip([*declared, *left], states, strict=True)
+        ]
+        jobs = {
+            job.id: job
+            for job in self._rows(
+                [(r.last_job_id, 0.0) for r in rows if r.last_job_id], STATUS_FIELDS
+            )
+        }
+        for row in rows:
+            row.last_job = jobs.get(row.last_job_id)
+        return rows
 
     def running(self, fields: tuple[str, ...] = JOB_FIELDS) -> list[JobRow]:
         return self._rows(self.broker.page(self.keys.running, 0, RUNNING_READ_LIMIT), fields)

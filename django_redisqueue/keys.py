@@ -79,6 +79,18 @@ key                           type    contents (written by)
                                       dashboard; trimmed to the result TTL
 ``{P}:broadcast:wake:<wid>``  list    wake-up token for an idle worker when a
                                       message is sent; at most one; 60 s TTL
+``{P}:periodic``              set     names of the periodic schedules registered
+                                      (periodic.lua: sync adds and removes them)
+``{P}:periodic:<name>``       hash    a schedule: ``last`` (ms of the last
+                                      occurrence enqueued, or passed while
+                                      paused), ``last_job`` (its job id, or the
+                                      "run now" job's), ``last_at`` (ms, when
+                                      that job was stored), ``next`` (ms of the
+                                      next occurrence, for the dashboard),
+                                      ``paused`` (1), ``spec`` (the definition,
+                                      JSON), ``skipped`` (occurrences missed and
+                                      not enqueued). No TTL: sync deletes it when
+                                      the schedule leaves settings (periodic.lua)
 ``{P}:unique:<key>``          string  the id of the job holding a unique key: no
                                       TTL while held until the job ends (the job's
                                       ``unique`` field names it; store_outcome
@@ -217,6 +229,13 @@ class KeySchema:
     @property
     def limit_prefix(self) -> str:
         return f"{self.prefix}:limit:"
+
+    @property
+    def periodic(self) -> str:
+        return f"{self.prefix}:periodic"
+
+    def periodic_schedule(self, name: str) -> str:
+        return f"{self.prefix}:periodic:{name}"
 
     @property
     def script_keys(self) -> list[str]:

@@ -11,7 +11,16 @@ from typing import Generic, TypeVar
 
 from .broker import AFTER_GROUP_PREFIX, GroupState, now_ms
 from .exceptions import InvalidPayload
-from .jobs import Envelope, JobRecord, from_ms, to_json, whole_number
+from .jobs import (
+    MAX_TIMESTAMP,
+    Envelope,
+    JobRecord,
+    from_json,
+    from_ms,
+    to_json,
+    whole_number,
+)
+from .periodic import Schedule
 
 PAGE_SIZE = 50
 PREVIEW_CHARS = 80
@@ -398,3 +407,101 @@ class BroadcastRow:
                     WorkerRun(printable(name[len(RAN_PREFIX) :]), printable(status), from_ms(at))
                 )
         return sorted(runs, key=lambda run: run.worker)
+
+
+@dataclass
+class ScheduleRow:
+    """A periodic schedule as the dashboard lists it: its definition in settings (None
+    for one left in Redis by settings of before, until a scheduler's sync deletes it),
+    its state in Redis (read leniently: {} for none), and its last job."""
+
+    name: str
+    schedule: Schedule | None
+    state: Mapping[str, str]
+    last_job: JobRow | None = None
+    now_ms: int = 0
+
+    @property
+    def declared(self) -> bool:
+        return self.schedule is not None
+
+    @property
+    def registered(self) -> bool:
+        """Whether a scheduler has registered it (it keeps its state in Redis)."""
+        return bool(self.state)
+
+    def _spec(self) -> dict[str, object]:
+        try:
+            spec = from_json(self.state.get("spec", ""))
+        except (ValueError, RecursionError):
+            return {}
+        return spec if isinstance(spec, dict) else {}
+
+    @property
+    def task(self) -> str:
+        if self.schedule is not None:
+            return self.schedule.task_path
+        return printable(str(self._spec().get("task", "?")))
+
+    @property
+    def expression(self) -> str:
+        if self.schedule is not None:
+            return self.schedule.expression
+        spec = self._spec()
+        return printable(str(spec.get("cron") or f"every {spec.get('every', '?')}s"))
+
+    @property
+    def words(self) -> str:
+        return self.schedule.words if self.schedule is not None else ""
+
+    @property
+    def catch_up(self) -> str:
+        return self.schedule.catch_up if self.schedule is not None else ""
+
+    @property
+    def paused(self) -> bool:
+        return bool(self.state.get("paused"))
+
+    @property
+    def last_ms(self) -> int | None:
+        return _ms(self.state.get("last"))
+
+    @property
+    def next_run(self) -> datetime | None:
+        """The next occurrence: from the settings (after the last one, or now), else
+        as Redis holds it."""
+        if self.schedule is not None:
+            try:
+                return from_ms(self.schedule.next_after(max(self.now_ms, self.last_ms or 0)))
+            except Exception:  # cronsim missing here, or a cron it refuses: say nothing
+                return None
+        return from_ms(_ms(self.state.get("next")))
+
+    @property
+    def last_run(self) -> datetime | None:
+        """When its last job was stored (an occurrence's, or a "run now")."""
+        return from_ms(_ms(self.state.get("last_at")))
+
+    @property
+    def last_job_id(self) -> str:
+        return self.state.get("last_job", "")
+
+    @property
+    def outcome(self) -> str:
+        """The status of the last job ("expired" once its record is gone)."""
+        if not self.last_job_id or self.last_job is None:
+            return ""
+        return status_label(self.last_job.fields)
+
+    @property
+    def skipped(self) -> int:
+        return _ms(self.state.get("skipped")) or 0
+
+
+def _ms(value: str | None) -> int | None:
+    """A whole number of ms read from Redis, or None for anything else."""
+    try:
+        number = int(value or "")
+    except ValueError:
+        return None
+    return number if 0 <= number <= MAX_TIMESTAMP * 1000 else None

@@ -1,4 +1,5 @@
-"""The scheduler loop: promote delayed jobs when due, recover jobs of lost workers.
+"""The scheduler loop: promote delayed jobs when due, recover jobs of lost workers, and
+enqueue the occurrences of periodic jobs (``periodic.py``).
 
 Each step is one atomic script (``lua/tick.lua``), so any number of schedulers may run
 side by side. Between steps the scheduler sleeps until the next due job or lease
@@ -23,6 +24,7 @@ from .backend import RedisQueueBackend
 from .broker import REDIS_ERRORS, Reconnector
 from .exceptions import WorkerLost
 from .jobs import error_info, to_json
+from .periodic import PeriodicStep
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ class Scheduler:
         self.scheduler_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self.stopping = False
         self.waiting = False
+        # Also without schedules: its sync deletes the state of schedules removed.
+        self.periodic = PeriodicStep(backend)
         # After a Redis error, leases are not recovered until a lease has passed since
         # Redis answered again (a monotonic time): workers whose heartbeats failed alike
         # get that long to renew them. Counted from the first reply, not from the error,
@@ -95,6 +99,7 @@ class Scheduler:
                     recover_until_ms=self._recover_until_ms(),
                 )
                 self.last_step = (tick.now_ms, time.monotonic())
+                periodic_in = self._periodic_step(tick.now_ms)
                 if tick.held:
                     logger.warning(
                         "Scheduler %s: Redis held a step; no lease is recovered for the "
@@ -118,14 +123,22 @@ class Scheduler:
                     tick.recovered,
                     tick.failed,
                 )
-            if tick.next_in == 0:
+            next_in = _sooner(tick.next_in, periodic_in)
+            if next_in == 0:
                 continue  # a batch was full
             if self.burst:
                 break
             try:
-                self.sleep(tick.next_in)
+                self.sleep(next_in)
             except REDIS_ERRORS as exc:
                 self._failed(backoff, exc)
+
+    def _periodic_step(self, now_ms: int) -> float | None:
+        """Sync the schedules when due, enqueue the occurrences due at ``now_ms``;
+        return the seconds until the next one (None: no schedule)."""
+        if self.periodic.due_for_sync(time.monotonic()):
+            self.periodic.sync(now_ms, time.monotonic())
+        return self.periodic.step(now_ms)
 
     def _recover_until_ms(self) -> int:
         """The latest time by Redis's clock at which the next step may recover leases:
@@ -174,3 +187,10 @@ class Scheduler:
         if self.waiting:
             # Nothing is half done while waiting: end the wait rather than sit it out.
             raise _Interrupted
+
+
+def _sooner(a: float | None, b: float | None) -> float | None:
+    """The smaller of two waits, None standing for no wait at all."""
+    if a is None or b is None:
+        return b if a is None else a
+    return min(a, b)

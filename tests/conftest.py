@@ -57,7 +57,7 @@ def use_redis(url: str, *, cluster: bool = False) -> Iterator[None]:
     from django.conf import settings
 
     tasks = {alias: dict(conf) for alias, conf in settings.TASKS.items()}
-    for alias in ("default", "leased", "anyqueue"):
+    for alias in ("default", "leased", "anyqueue", "periodic"):
         options = {k: v for k, v in tasks[alias]["OPTIONS"].items() if k != "CLUSTER"}
         tasks[alias]["OPTIONS"] = {**options, "URL": url, **({"CLUSTER": True} if cluster else {})}
     caches = {"default": {**settings.CACHES["default"], "LOCATION": url}}

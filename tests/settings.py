@@ -101,6 +101,14 @@ TASKS = {
     },
 }
 
+# Periodic jobs (tests/test_periodic.py): the schedules of the schedulers a test starts
+# travel as JSON; the tests in this process build their own with override_settings.
+TASKS["periodic"] = {
+    "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
+    "QUEUES": ["high", "default", "low"],
+    "OPTIONS": {**REDIS, "PERIODIC": json.loads(os.environ.get("REDISQUEUE_TEST_PERIODIC", "{}"))},
+}
+
 # The failover tests' backend (tests/test_failover.py): its OPTIONS, naming a Sentinel
 # group or a cluster they started, travel as JSON to the workers they start.
 if os.environ.get("REDISQUEUE_TEST_FAILOVER"):

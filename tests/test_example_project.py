@@ -126,6 +126,34 @@ def test_a_log_is_analysed_by_a_group_of_chunk_jobs_and_summarised_by_its_callba
         assert "1 failed" in browser.get(f"/logs/{lossy_id}/")
 
 
+def test_the_nightly_purge_is_a_periodic_job(tmp_path):
+    """The example's PERIODIC purge-old-logs: a scheduler registers it; once a night
+    passed (its ``last`` set back a day), the next scheduler step enqueues the purge,
+    which deletes the runs older than a week and keeps the others."""
+    database = tmp_path / "db.sqlite3"
+    with RedisServer() as server, closing(sqlite3.connect(database)) as db:
+        env = {**_env(), "REDIS_URL": server.url, "DEMO_DATABASE": str(database)}
+        run = {"env": env, "capture_output": True, "text": True, "timeout": 60}
+        subprocess.run(_manage("migrate", "--noinput", "-v0"), check=True, **run)
+        with db:
+            for name, age in (("old", "-8 days"), ("recent", "-1 days")):
+                db.execute(
+                    "INSERT INTO shop_logrun (name, lines, group_id, created_at) "
+                    "VALUES (?, 0, '', datetime('now', ?))",
+                    [name, age],
+                )
+        assert subprocess.run(_manage("runscheduler", "--burst"), **run).returncode == 0
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        state = "{drq:default}:periodic:purge-old-logs"
+        client.hset(state, "last", int(client.hget(state, "last")) - 86_400_000)
+        scheduler = subprocess.run(_manage("runscheduler", "--burst"), **run)
+        assert "Periodic job 'purge-old-logs': enqueued 1" in scheduler.stdout + scheduler.stderr
+        worker = subprocess.run(_manage("runworker", "--burst"), **run)
+        assert worker.returncode == 0, worker.stdout + worker.stderr
+        assert db.execute("SELECT name FROM shop_logrun").fetchall() == [("recent",)]
+        assert client.hget(state, "last_job").startswith("periodic:purge-old-logs:")
+
+
 @contextmanager
 def _example_site(database):
     """The example project's web server on a fresh ``database`` and a Redis of its own;

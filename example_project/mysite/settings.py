@@ -69,6 +69,16 @@ TASKS = {
     "default": {
         "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
         "QUEUES": ["high", "default", "low"],  # the order is the priority order
-        "OPTIONS": {"CONNECTION": "default"},  # reuse the django-redis cache's connection
+        "OPTIONS": {
+            "CONNECTION": "default",  # reuse the django-redis cache's connection
+            # Periodic jobs: runscheduler enqueues each run once, however many run.
+            "PERIODIC": {
+                "purge-old-logs": {
+                    "task": "shop.tasks.purge_old_logs",
+                    "cron": "30 3 * * *",  # every night at 03:30, TIME_ZONE
+                    "kwargs": {"days": 7},
+                },
+            },
+        },
     }
 }

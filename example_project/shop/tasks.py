@@ -1,6 +1,7 @@
 """The example project's background tasks, at three priorities."""
 
 import random
+from datetime import timedelta
 
 from django.contrib.auth.models import User
 from django.core.mail import send_mail
@@ -81,3 +82,12 @@ def summarise_log(chunk_counts: list[dict | None], run_id: int) -> int:
     )
     LogChunk.objects.filter(run_id=run_id).delete()
     return summary["lines"]
+
+
+@task(queue_name="low")
+def purge_old_logs(days: int) -> int:
+    """Periodic (settings.TASKS["default"]["OPTIONS"]["PERIODIC"]): delete the log runs
+    older than ``days``, their chunks with them; return how many runs went."""
+    cutoff = timezone.now() - timedelta(days=days)
+    _, by_model = LogRun.objects.filter(created_at__lt=cutoff).delete()
+    return by_model.get(LogRun._meta.label, 0)

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
+from django.utils.timezone import localtime
 
 from django_redisqueue.dashboard import Dashboard
 from django_redisqueue.management.commands.runworker import get_backend
+from django_redisqueue.rows import ScheduleRow
 
 COLUMNS = ("ready", "running", "delayed", "failed", "finished")
 
 
 class Command(BaseCommand):
-    help = "Print each queue's ready, running, delayed, failed and finished (last hour) jobs."
+    help = (
+        "Print each queue's ready, running, delayed, failed and finished (last hour) jobs, "
+        "and the periodic jobs."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--backend", default="default", help="TASKS alias (default: default)")
@@ -28,6 +34,7 @@ class Command(BaseCommand):
             for w in overview["workers"]
         ]
         schedulers = [s["id"] for s in overview["schedulers"]]
+        periodic = [_schedule(row) for row in Dashboard(backend).schedules()]
         if options["json"]:
             self.stdout.write(
                 json.dumps(
@@ -36,6 +43,7 @@ class Command(BaseCommand):
                         "queues": overview["counts"],
                         "workers": workers,
                         "schedulers": schedulers,
+                        "periodic": periodic,
                     },
                     indent=2,
                 )
@@ -51,3 +59,42 @@ class Command(BaseCommand):
             f"{len(workers)} worker(s) alive, {len(schedulers)} scheduler(s) alive; "
             "finished = in the last hour"
         )
+        if periodic:
+            width = max(len(p["name"]) for p in periodic) + 2
+            expression = max(len(p["schedule"]) for p in periodic) + 2
+            self.stdout.write("")
+            for p in periodic:
+                self.stdout.write(
+                    p["name"].ljust(width)
+                    + p["schedule"].ljust(expression)
+                    + (f"next {p['next']}" if p["next"] else "next -").ljust(32)
+                    + f"last {p['last_run'] or 'never'}"
+                    + (f" ({p['outcome']})" if p["outcome"] else "")
+                    + f"  {p['state']}"
+                )
+
+
+def _schedule(row: ScheduleRow) -> dict[str, Any]:
+    """A periodic schedule as queuestats prints it (times in the project's zone)."""
+    state = "active"
+    if not row.declared:
+        state = "no longer in settings"
+    elif not row.registered:
+        state = "not registered yet"
+    elif row.paused:
+        state = "paused"
+    return {
+        "name": row.name,
+        "task": row.task,
+        "schedule": row.expression,
+        "words": row.words,
+        "next": _time(row.next_run) if row.declared and not row.paused else None,
+        "last_run": _time(row.last_run),
+        "last_job": row.last_job_id or None,
+        "outcome": row.outcome or None,
+        "state": state,
+    }
+
+
+def _time(moment: datetime | None) -> str | None:
+    return localtime(moment).isoformat(timespec="seconds") if moment else None

@@ -1,0 +1,173 @@
+-- Periodic jobs (docs/protocol.md, "Periodic jobs"): each occurrence of a schedule is
+-- enqueued once, however many schedulers call. The scheduler computes the occurrences
+-- (cron or interval, in Python); this script compare-and-sets the schedule's `last`
+-- occurrence and stores their jobs, in one atomic step.
+-- KEYS[1] the prefix (common.lua). Keys: PERIODIC, the set of the schedules' names,
+-- and PERIODIC .. ':' .. name, a schedule's hash: `last` (ms of the last occurrence
+-- enqueued, or passed while paused), `last_job`, `last_at` (ms, when it was stored),
+-- `next` (ms of the next occurrence, for the dashboard), `paused` (1), `spec` (JSON),
+-- `skipped` (missed occurrences not enqueued, catch-up "latest").
+-- ARGV[1] the mode:
+--   'sync' n, then n x (name, spec, next): register the schedules (a new one, or one
+--     whose `last` is no number, starts now: its first job is its next occurrence),
+--     store spec and next, and delete the state of every other schedule.
+--     Returns {{last per name, in order}, {names deleted}}.
+--   'run' name, expected last ('' if unknown), now (ms, Redis's clock at the caller's
+--     step), next, skipped, queue, priority, payload, record queues ('1' or '0'),
+--     options ('' or JSON: common.lua's job_options; the jobs keep their limits), then
+--     pairs (occurrence ms, job id), oldest first. Only if `last` equals the expected
+--     one: stores a job for each occurrence after `last` (a job id taken is never
+--     overwritten: its occurrence counts as enqueued) and moves `last` to it.
+--     Returns {status, last, jobs stored, last job id}; status is 'ok', 'stale' (`last`
+--     is not the expected one: nothing done; compute again from the `last` returned),
+--     'new' (no state: it starts at `now`) or 'paused' (the occurrences up to `now`
+--     pass without a job).
+--   'pause' name; 'resume' name (`last` becomes now: the paused time is not caught
+--     up). Return 1.
+--   'run_now' name, job id, payload, queue, priority, record queues, options: a job of the
+--     schedule's task at once, recorded as `last_job` (`last` unchanged). Returns the
+--     enqueue time (ms), or 0 when the id is taken.
+-- Any name is refused that is not a valid schedule name: returns {'invalid'} or 0.
+local PERIODIC = P .. 'periodic'
+
+-- The schedules' set, or, when the key holds another type (spoilt by hand), nothing:
+-- it is deleted, as it is an index that sync rebuilds.
+local function names_key()
+  local kind = redis.call('TYPE', PERIODIC)['ok']
+  if kind ~= 'set' and kind ~= 'none' then
+    redis.call('DEL', PERIODIC)
+  end
+  return PERIODIC
+end
+
+-- A schedule's hash; a key of another type holds no state and is deleted.
+local function state_key(name)
+  local key = PERIODIC .. ':' .. name
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= 'hash' and kind ~= 'none' then
+    redis.call('DEL', key)
+  end
+  return key
+end
+
+-- A schedule's `last`: a whole number of ms not after Redis's clock, or nil (none, or
+-- spoilt: garbage, or from the future, which would stop the schedule until then).
+local function read_last(key, clock)
+  local last = number(redis.call('HGET', key, 'last'), nil)
+  if last == nil or last > clock then
+    return nil
+  end
+  return math.floor(last)
+end
+
+-- Ms as an exact decimal text (Lua prints large numbers with 14 digits).
+local function ms(value)
+  return string.format('%.0f', value)
+end
+
+local mode = ARGV[1]
+local clock = clock_ms()
+
+if mode == 'sync' then
+  local names = names_key()
+  local lasts, given = {}, {}
+  local n = tonumber(ARGV[2]) or 0
+  for i = 0, n - 1 do
+    local name, spec, next_at = ARGV[3 + 3 * i], ARGV[4 + 3 * i], ARGV[5 + 3 * i]
+    if valid_queue(name) then
+      local key = state_key(name)
+      local last = read_last(key, clock)
+      if last == nil then
+        last = clock
+      end
+      redis.call('HSET', key, 'last', ms(last), 'spec', spec, 'next', next_at)
+      redis.call('SADD', names, name)
+      given[name] = true
+      lasts[#lasts + 1] = last
+    else
+      lasts[#lasts + 1] = -1
+    end
+  end
+  local removed = {}
+  for _, name in ipairs(redis.call('SMEMBERS', names)) do
+    if not given[name] then
+      redis.call('DEL', PERIODIC .. ':' .. name)
+      redis.call('SREM', names, name)
+      removed[#removed + 1] = name
+    end
+  end
+  return {lasts, removed}
+end
+
+local name = ARGV[2]
+if not valid_queue(name) then
+  return mode == 'run' and {'invalid', 0, 0, ''} or 0
+end
+local key = state_key(name)
+redis.call('SADD', names_key(), name)
+
+if mode == 'pause' then
+  redis.call('HSET', key, 'paused', 1)
+  return 1
+elseif mode == 'resume' then
+  redis.call('HDEL', key, 'paused')
+  redis.call('HSET', key, 'last', ms(clock))
+  return 1
+elseif mode == 'run_now' then
+  local id, payload, queue, priority = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+  if redis.call('EXISTS', JOB .. id) == 1 then
+    return 0
+  end
+  if store_job(id, payload, queue, priority, 0, clock, job_options(ARGV[8])) then
+    leave_wake_token(WAKE .. queue)
+  end
+  if ARGV[7] == '1' then
+    redis.call('SADD', KNOWN_QUEUES, queue)
+  end
+  redis.call('HSET', key, 'last_job', id, 'last_at', clock)
+  return clock
+elseif mode ~= 'run' then
+  return redis.error_reply('unknown mode ' .. tostring(mode))
+end
+
+local expected, now, next_at = number(ARGV[3], nil), number(ARGV[4], clock), ARGV[5]
+local skipped, queue, priority, payload = number(ARGV[6], 0), ARGV[7], ARGV[8], ARGV[9]
+local last = read_last(key, clock)
+if last == nil then
+  last = math.min(math.floor(now), clock)
+  redis.call('HSET', key, 'last', ms(last), 'next', next_at)
+  return {'new', last, 0, ''}
+end
+if expected == nil or math.floor(expected) ~= last then
+  return {'stale', last, 0, ''}
+end
+if redis.call('HGET', key, 'paused') then
+  last = math.max(last, math.min(math.floor(now), clock))
+  redis.call('HSET', key, 'last', ms(last), 'next', next_at)
+  return {'paused', last, 0, ''}
+end
+local options = job_options(ARGV[11])
+local stored, last_job = 0, ''
+for i = 12, #ARGV - 1, 2 do
+  local at, id = number(ARGV[i], nil), ARGV[i + 1]
+  if at and at > last and at <= clock then
+    -- A job with this id exists (another scheduler stored it before `last` was lost
+    -- or set back): never overwritten, the occurrence counts as enqueued.
+    if redis.call('EXISTS', JOB .. id) == 0 then
+      store_job(id, payload, queue, priority, 0, clock, options)
+      stored, last_job = stored + 1, id
+    end
+    last = math.floor(at)
+  end
+end
+redis.call('HSET', key, 'last', ms(last), 'next', next_at)
+if stored > 0 then
+  leave_wake_token(WAKE .. queue)
+  if ARGV[10] == '1' then
+    redis.call('SADD', KNOWN_QUEUES, queue)
+  end
+  -- Read as a number and written back: a field spoilt by hand must not stop the step.
+  local total = number(redis.call('HGET', key, 'skipped'), 0) + math.max(skipped, 0)
+  redis.call('HSET', key, 'last_job', last_job, 'last_at', clock, 'skipped', ms(total))
+end
+return {'ok', last, stored, last_job}

@@ -1,0 +1,396 @@
+"""Periodic jobs: schedules declared in ``OPTIONS["PERIODIC"]``, their occurrences, and
+the scheduler's step that enqueues each occurrence once.
+
+An occurrence is an instant in ms since the epoch (UTC). A cron schedule's
+occurrences are read by ``cronsim`` (Debian cron's rules, DST included) in the
+project's ``TIME_ZONE``; an interval's are the whole multiples of the interval since
+the epoch, so every scheduler finds the same ones without talking to the others.
+The scheduler computes the occurrences due, and ``lua/periodic.lua`` enqueues them
+atomically, compare-and-setting the schedule's ``last`` occurrence: see
+docs/protocol.md, "Periodic jobs".
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, tzinfo
+from typing import TYPE_CHECKING, Any
+
+from django.utils.module_loading import import_string
+from django.utils.timezone import get_default_timezone
+
+from .broker import REDIS_ERRORS, Broker
+from .compat import Task
+from .jobs import to_json
+from .registry import registry
+
+if TYPE_CHECKING:
+    from .backend import RedisQueueBackend
+    from .base import RedisTaskResult
+
+logger = logging.getLogger(__name__)
+
+CATCH_UP = ("latest", "all")
+# Most occurrences one step enqueues for a schedule that catches up "all"; a full
+# batch makes the scheduler step again at once.
+BATCH = 100
+# Most missed occurrences "all" replays: older ones are counted as skipped (a `last`
+# written by hand far in the past must not flood the queues).
+MAX_BACKLOG = 10_000
+# Occurrences counted one by one at most (a skipped count above it reads "at least").
+COUNT_LIMIT = 10_000
+# Windows (ms) looked through, the smallest first, for the latest occurrences of a
+# cron schedule that missed many: counting from a far `last` would take long.
+TAIL_WINDOWS = (3_600_000, 86_400_000, 7 * 86_400_000, 32 * 86_400_000, 367 * 86_400_000)
+# After three calls that found `last` moved by another scheduler, wait this long (ms).
+RACED_WAIT_MS = 100
+# Seconds between two syncs of the schedules with Redis (register, spec, clean up).
+SYNC_EVERY = 60.0
+
+
+class PeriodicTaskError(LookupError):
+    """A schedule's task cannot be used: not importable, not a task, or refused by its
+    backend."""
+
+
+def job_id(name: str, occurrence_ms: int) -> str:
+    """The id of the job of a schedule's occurrence: the same in every scheduler."""
+    return f"periodic:{name}:{occurrence_ms}"
+
+
+def interval_words(every_ms: int) -> str:
+    """An interval in words: "every 30 seconds", "every 5 minutes", "every hour"."""
+    for unit, ms in (("day", 86_400_000), ("hour", 3_600_000), ("minute", 60_000)):
+        if every_ms % ms == 0:
+            count = every_ms // ms
+            return f"every {unit}" if count == 1 else f"every {count} {unit}s"
+    seconds = every_ms / 1000
+    if seconds == 1:
+        return "every second"
+    return f"every {seconds:g} seconds"
+
+
+def cron_words(expression: str) -> str:
+    """A cron expression in words (cron-descriptor), or the expression if it cannot."""
+    try:
+        from cron_descriptor import get_description
+
+        return str(get_description(expression))
+    except Exception:  # not installed, or an expression it does not read: show it as is
+        return expression
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One entry of ``PERIODIC``, checked by ``conf.validate``."""
+
+    name: str
+    task_path: str
+    cron: str | None = None
+    every_ms: int | None = None
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    catch_up: str = "latest"
+
+    @classmethod
+    def parse(cls, name: str, raw: Mapping[str, Any]) -> Schedule:
+        every = raw.get("every")
+        if isinstance(every, timedelta):
+            every = every.total_seconds()
+        return cls(
+            name=name,
+            task_path=raw["task"],
+            cron=raw.get("cron"),
+            every_ms=None if every is None else round(every * 1000),
+            args=tuple(raw.get("args") or ()),
+            kwargs=dict(raw.get("kwargs") or {}),
+            catch_up=raw.get("catch_up", "latest"),
+        )
+
+    @property
+    def expression(self) -> str:
+        """The cron expression, or the interval as "every 30s"."""
+        return self.cron if self.cron is not None else f"every {(self.every_ms or 0) / 1000:g}s"
+
+    @property
+    def words(self) -> str:
+        return (
+            cron_words(self.cron) if self.cron is not None else interval_words(self.every_ms or 1)
+        )
+
+    def spec(self) -> str:
+        """The definition as JSON, stored for the dashboard."""
+        data: dict[str, Any] = {"task": self.task_path}
+        if self.cron is not None:
+            data["cron"] = self.cron
+        else:
+            data["every"] = (self.every_ms or 0) / 1000
+        if self.args:
+            data["args"] = list(self.args)
+        if self.kwargs:
+            data["kwargs"] = dict(self.kwargs)
+        data["catch_up"] = self.catch_up
+        return to_json(data)
+
+    # Occurrences
+
+    def after(self, after_ms: int, tz: tzinfo | None = None) -> Iterator[int]:
+        """The occurrences after ``after_ms``, strictly increasing, for ever."""
+        if self.every_ms is not None:
+            at = (after_ms // self.every_ms + 1) * self.every_ms
+            while True:
+                yield at
+                at += self.every_ms
+        yield from self._cron_after(after_ms, tz or get_default_timezone())
+
+    def _cron_after(self, after_ms: int, tz: tzinfo) -> Iterator[int]:
+        from cronsim import CronSim
+
+        start = datetime.fromtimestamp(after_ms / 1000, tz)
+        latest = after_ms
+        for moment in CronSim(self.cron or "", start):
+            at = int(moment.timestamp() * 1000)
+            # cronsim reads the start as a wall-clock time: in the hour a fall-back
+            # repeats it may answer an instant before the start. Instants only go up.
+            if at > latest:
+                latest = at
+                yield at
+
+    def next_after(self, after_ms: int, tz: tzinfo | None = None) -> int:
+        return next(self.after(after_ms, tz))
+
+    def scan(
+        self, after_ms: int, until_ms: int, limit: int, tz: tzinfo | None = None
+    ) -> list[int]:
+        """The first ``limit`` occurrences in (after, until]."""
+        found: list[int] = []
+        if limit <= 0:
+            return found
+        for at in self.after(after_ms, tz):
+            if at > until_ms:
+                break
+            found.append(at)
+            if len(found) >= limit:
+                break
+        return found
+
+    def count(
+        self, after_ms: int, until_ms: int, tz: tzinfo | None = None, limit: int = COUNT_LIMIT
+    ) -> int:
+        """How many occurrences lie in (after, until]; at most ``limit`` are counted,
+        except for an interval, counted exactly."""
+        if until_ms <= after_ms:
+            return 0
+        if self.every_ms is not None:
+            return max(until_ms // self.every_ms - after_ms // self.every_ms, 0)
+        return len(self.scan(after_ms, until_ms, limit, tz))
+
+    def tail(self, after_ms: int, until_ms: int, n: int, tz: tzinfo | None = None) -> list[int]:
+        """The last ``n`` occurrences in (after, until], oldest first."""
+        if self.every_ms is not None:
+            last = until_ms // self.every_ms * self.every_ms
+            first = max(after_ms // self.every_ms + 1, last // self.every_ms - n + 1)
+            return list(range(first * self.every_ms, last + 1, self.every_ms))
+        for window in (*TAIL_WINDOWS, None):
+            start = after_ms if window is None else max(after_ms, until_ms - window)
+            found: deque[int] = deque(maxlen=n)
+            for at in self.after(start, tz):
+                if at > until_ms:
+                    break
+                found.append(at)
+            if len(found) >= n or start == after_ms:
+                return list(found)
+        return []  # pragma: no cover: the last window starts at after_ms
+
+    def due(self, last_ms: int, now_ms: int, tz: tzinfo | None = None) -> Due:
+        """What to enqueue now, the schedule's last occurrence being ``last_ms``."""
+        tz = tz or get_default_timezone()
+        if self.catch_up == "latest":
+            latest = self.tail(last_ms, now_ms, 1, tz)
+            skipped = self.count(last_ms, latest[0], tz) - 1 if latest else 0
+            return Due(latest, skipped, self.next_after(max(now_ms, last_ms), tz))
+        occurrences = self.scan(last_ms, now_ms, BATCH, tz)
+        skipped = 0
+        backlog_at_most = MAX_BACKLOG + 1
+        if (
+            len(occurrences) == BATCH
+            and self.count(last_ms, now_ms, tz, backlog_at_most) > MAX_BACKLOG
+        ):
+            backlog = self.tail(last_ms, now_ms, MAX_BACKLOG, tz)
+            skipped = self.count(last_ms, backlog[0], tz) - 1
+            occurrences = backlog[:BATCH]
+        more = len(occurrences) == BATCH and occurrences[-1] < now_ms
+        next_ms = self.next_after(occurrences[-1] if more else max(now_ms, last_ms), tz)
+        return Due(occurrences, skipped, next_ms)
+
+
+@dataclass(frozen=True)
+class Due:
+    """Occurrences to enqueue (oldest first), how many older ones are skipped, and the
+    next occurrence after them (ms; at or before now while a backlog remains)."""
+
+    occurrences: list[int]
+    skipped: int
+    next_ms: int
+
+
+def parse_schedules(raw: Mapping[str, Mapping[str, Any]] | None) -> list[Schedule]:
+    """``PERIODIC`` (already validated) as schedules, in settings order."""
+    return [Schedule.parse(name, spec) for name, spec in (raw or {}).items()]
+
+
+def resolve_task(backend: RedisQueueBackend, schedule: Schedule) -> Task:
+    """The task a schedule names, for ``backend``; raise PeriodicTaskError saying why
+    it cannot be used. Registered tasks (installed apps' ``tasks`` modules) first:
+    the worker runs no other."""
+    task = registry.get(schedule.task_path)
+    if task is None:
+        try:
+            task = import_string(schedule.task_path)
+        except ImportError as exc:
+            raise PeriodicTaskError(
+                f"Periodic job {schedule.name!r}: task {schedule.task_path!r} cannot be "
+                f"imported ({exc})."
+            ) from None
+        if not isinstance(task, Task):
+            raise PeriodicTaskError(
+                f"Periodic job {schedule.name!r}: {schedule.task_path!r} is not a task "
+                "(decorate the function with @task)."
+            )
+    try:
+        if task.backend != backend.alias:
+            task = task.using(backend=backend.alias)
+        backend.validate_once(task)
+    except Exception as exc:  # InvalidTask and the like: the backend refuses it
+        raise PeriodicTaskError(
+            f"Periodic job {schedule.name!r}: backend {backend.alias!r} refuses task "
+            f"{schedule.task_path!r}: {exc}"
+        ) from None
+    return task
+
+
+def schedules_of(backend: RedisQueueBackend) -> list[Schedule]:
+    return parse_schedules(backend.config.periodic)
+
+
+class PeriodicStep:
+    """The scheduler's part for periodic jobs: sync the schedules with Redis, then at
+    each step enqueue the occurrences due. Remembers each schedule's ``last`` as Redis
+    answered it, so that a step with nothing due sends Redis nothing."""
+
+    def __init__(self, backend: RedisQueueBackend) -> None:
+        self.backend = backend
+        self.schedules = schedules_of(backend)
+        self.last: dict[str, int | None] = {}  # as Redis said; None: unknown
+        self.next: dict[str, int] = {}  # next occurrence to look at (ms)
+        self.tasks: dict[str, Task] = {}
+        self.synced_at: float | None = None
+
+    @property
+    def broker(self) -> Broker:
+        return self.backend.broker
+
+    def due_for_sync(self, monotonic_now: float) -> bool:
+        return self.synced_at is None or monotonic_now - self.synced_at >= SYNC_EVERY
+
+    def sync(self, now_ms: int, monotonic_now: float) -> None:
+        """Register the schedules, store their specs, and delete the state of schedules
+        no longer in settings."""
+        tz = get_default_timezone()
+        entries = [(s.name, s.spec(), s.next_after(now_ms, tz)) for s in self.schedules]
+        lasts, removed = self.broker.periodic_sync(entries)
+        for schedule, last in zip(self.schedules, lasts, strict=True):
+            self.last[schedule.name] = last
+            self.next.pop(schedule.name, None)
+        for name in removed:
+            logger.info("Periodic job %r is no longer in settings: its state is deleted", name)
+        self.synced_at = monotonic_now
+
+    def step(self, now_ms: int) -> float | None:
+        """Enqueue what is due at ``now_ms`` (Redis's clock); return the seconds until
+        the next occurrence (0: step again at once; None: no schedule)."""
+        tz = get_default_timezone()
+        soonest: int | None = None
+        for schedule in self.schedules:
+            try:
+                next_ms = self._step_one(schedule, now_ms, tz)
+            except REDIS_ERRORS:
+                raise
+            except Exception as exc:
+                # One schedule's fault (its task, its arguments) must not stop the others.
+                if isinstance(exc, PeriodicTaskError):
+                    logger.error("%s Nothing is enqueued for it.", exc)
+                else:
+                    logger.exception("Periodic job %r: %s", schedule.name, exc)
+                next_ms = now_ms + int(SYNC_EVERY * 1000)
+                self.next[schedule.name] = next_ms
+            soonest = next_ms if soonest is None else min(soonest, next_ms)
+        if soonest is None:
+            return None
+        return max(soonest - now_ms, 0) / 1000
+
+    def _step_one(self, schedule: Schedule, now_ms: int, tz: tzinfo) -> int:
+        """One schedule's step; returns its next occurrence (ms)."""
+        known = self.next.get(schedule.name)
+        if known is not None and known > now_ms:
+            return known
+        for _ in range(3):  # another scheduler may move `last` between our read and call
+            last = self.last.get(schedule.name)
+            due = schedule.due(last, now_ms, tz) if last is not None else Due([], 0, 0)
+            task, prepared = self._job(schedule) if due.occurrences else (None, None)
+            reply = self.broker.periodic_run(
+                schedule.name,
+                expected_last=last,
+                now_ms=now_ms,
+                next_ms=due.next_ms or schedule.next_after(now_ms, tz),
+                skipped=due.skipped,
+                queue=task.queue_name if task else "",
+                priority=task.priority if task else 0,
+                payload=prepared._payload if prepared else "",
+                jobs=[(at, job_id(schedule.name, at)) for at in due.occurrences],
+                record_queues=not self.backend.queue_names,
+                options=prepared._options if prepared else "",
+            )
+            self.last[schedule.name] = reply.last
+            if reply.status == "stale":
+                continue
+            if reply.enqueued:
+                logger.info(
+                    "Periodic job %r: enqueued %d occurrence(s), the last at %s (job %s)%s",
+                    schedule.name,
+                    reply.enqueued,
+                    datetime.fromtimestamp(reply.last / 1000, tz).isoformat(),
+                    reply.last_job,
+                    f"; skipped {due.skipped} missed" if due.skipped else "",
+                )
+            if reply.status == "ok" and due.occurrences and due.next_ms <= now_ms:
+                return now_ms  # a backlog remains: step again at once
+            next_ms = schedule.next_after(max(now_ms, reply.last), tz)
+            self.next[schedule.name] = next_ms
+            return next_ms
+        return now_ms + RACED_WAIT_MS  # raced three times: try again shortly
+
+    def _job(self, schedule: Schedule) -> tuple[Task, RedisTaskResult]:
+        """The schedule's task and a job of it, prepared as any enqueue's (the envelope,
+        checked and size-limited; its limits): every occurrence's job has its payload."""
+        task = self.tasks.get(schedule.name)
+        if task is None:
+            task = resolve_task(self.backend, schedule)
+            self.tasks[schedule.name] = task
+        return task, self.backend.prepare_valid(task, schedule.args, schedule.kwargs)
+
+
+def run_now(backend: RedisQueueBackend, schedule: Schedule) -> str:
+    """Enqueue a job of the schedule's task at once (not an occurrence: ``last`` stays)
+    and record it as the schedule's last job; return its id."""
+    from .backend import _new_job
+
+    task = resolve_task(backend, schedule)
+    result = backend.prepare_valid(task, schedule.args, schedule.kwargs)
+    backend.broker.periodic_run_now(
+        schedule.name, _new_job(result), record_queues=not backend.queue_names
+    )
+    return result.id

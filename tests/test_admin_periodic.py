@@ -1,0 +1,125 @@
+"""The dashboard's periodic jobs page: what it shows, pause / resume / run now (POST,
+CSRF, the manage permission), unknown names, and ``queuestats``."""
+
+import json
+import re
+from html import unescape
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+
+from tests.test_admin import user
+from tests.test_periodic import P, periodic, state, stepper
+
+pytestmark = pytest.mark.django_db
+
+PAGE = "/admin/django_redisqueue/dashboard/periodic/schedules/"
+ACT = "/admin/django_redisqueue/dashboard/periodic/act/"
+SCHEDULES = {
+    "nightly": {"task": "tests.tasks.record", "cron": "0 3 * * *", "args": ["night"]},
+    "beat": {"task": "tests.tasks.noop", "every": 30, "catch_up": "all"},
+}
+
+
+@pytest.fixture
+def backend():
+    with periodic(SCHEDULES, "Europe/Berlin") as backend:
+        yield backend
+
+
+@pytest.fixture
+def viewer():
+    return user("viewer", "view_dashboard", is_staff=True)
+
+
+@pytest.fixture
+def manager():
+    return user("manager", "view_dashboard", "manage_queues", is_staff=True)
+
+
+def rows(page):
+    body = re.search(r'id="drq-schedules".*?<tbody>(.*?)</tbody>', page, re.S)[1]
+    return [
+        " ".join(unescape(re.sub(r"<[^>]+>", " ", row)).split())
+        for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)
+    ]
+
+
+def test_the_page_shows_each_schedule(backend, viewer, r):
+    first = rows(viewer.get(PAGE).text)
+    assert "not registered yet" in first[0]
+    stepper(backend)
+    page = viewer.get(PAGE).text
+    nightly, beat = rows(page)
+    assert nightly.startswith("nightly tests.tasks.record 0 3 * * * At 03:00 AM")
+    assert re.search(r"\d{4}-\d\d-\d\d 03:00:00 in ", nightly)  # in Berlin time
+    assert "never" in nightly and "active" in nightly
+    assert beat.startswith("beat tests.tasks.noop every 30s every 30 seconds")
+    assert "catches up every missed run" in beat
+    assert "Pause" not in page  # a viewer has no actions
+    assert 'href="/admin/django_redisqueue/dashboard/periodic/schedules/"' in page
+
+
+def test_pause_resume_and_run_now(backend, manager, r):
+    stepper(backend)
+    response = manager.post(
+        ACT + "pause_schedule/", {"schedule": "nightly", "next": PAGE}, follow=True
+    )
+    assert "Periodic job nightly paused" in response.text
+    assert r.hget(state("nightly"), "paused") == "1"
+    assert "paused" in rows(response.text)[0] and "Resume" in response.text
+    manager.post(ACT + "resume_schedule/", {"schedule": "nightly"})
+    assert r.hget(state("nightly"), "paused") is None
+    response = manager.post(
+        ACT + "run_schedule/", {"schedule": "nightly", "next": PAGE}, follow=True
+    )
+    job_id = r.hget(state("nightly"), "last_job")
+    assert f"job {job_id} queued to run now" in response.text
+    assert r.zrange(f"{P}:queue:default", 0, -1) == [job_id]
+    assert "READY" in rows(response.text)[0]
+    assert f'href="/admin/django_redisqueue/dashboard/periodic/job/{job_id}/"' in response.text
+
+
+def test_actions_need_the_manage_permission_post_and_csrf(backend, viewer, r):
+    stepper(backend)
+    assert viewer.post(ACT + "pause_schedule/", {"schedule": "nightly"}).status_code == 403
+    assert Client().post(ACT + "pause_schedule/", {"schedule": "nightly"}).status_code == 302
+    manager = user("manager", "view_dashboard", "manage_queues", is_staff=True)
+    assert manager.get(ACT + "pause_schedule/?schedule=nightly").status_code == 405
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(User.objects.get(username="manager"))
+    assert strict.post(ACT + "run_schedule/", {"schedule": "nightly"}).status_code == 403
+    assert r.hget(state("nightly"), "paused") is None
+    assert r.zcard(f"{P}:queue:default") == 0
+
+
+@pytest.mark.parametrize("name", ["", "nope", "<script>alert(1)</script>", "a/b", "beat\n"])
+def test_unknown_names_are_404_and_never_reflected(backend, manager, r, name):
+    for action in ("pause_schedule", "resume_schedule", "run_schedule"):
+        response = manager.post(ACT + f"{action}/", {"schedule": name})
+        assert response.status_code == 404
+        assert "<script>" not in response.text
+    assert manager.get(PAGE.replace("schedules/", "confirm/run_schedule/")).status_code == 404
+    assert not r.keys(f"{P}:periodic*")
+
+
+def test_a_schedule_left_in_redis_shows_escaped(backend, viewer, r):
+    stepper(backend)
+    r.sadd(f"{P}:periodic", "<script>x</script>")
+    r.hset(state("<script>x</script>"), mapping={"spec": '{"task": "<b>t</b>"}', "last": "x"})
+    page = viewer.get(PAGE).text
+    assert "<script>x" not in page and "&lt;script&gt;x" in page
+    assert "no longer in settings" in rows(page)[2]
+
+
+def test_queuestats_lists_the_schedules(backend, r, capsys):
+    stepper(backend)
+    call_command("queuestats", "--backend", "periodic")
+    out = capsys.readouterr().out
+    assert re.search(r"nightly\s+0 3 \* \* \*\s+next \d{4}-", out)
+    call_command("queuestats", "--backend", "periodic", "--json")
+    data = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in data["periodic"]] == ["nightly", "beat"]
+    assert data["periodic"][1]["words"] == "every 30 seconds"

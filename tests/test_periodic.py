@@ -1,0 +1,528 @@
+"""Periodic jobs: occurrences (cron with DST, intervals), each enqueued exactly once
+however many schedulers run, catch-up, pause and resume, run now, schedules removed
+from settings, and spoilt Redis state.
+
+The tests in this process build a backend with ``override_settings``; those that run
+real ``runscheduler`` processes pass the schedules in REDISQUEUE_TEST_PERIODIC (read
+by tests/settings.py for the ``periodic`` backend).
+"""
+
+import json
+import logging
+import re
+import threading
+from collections import Counter
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+from hypothesis import given
+from hypothesis import strategies as st
+
+from django_redisqueue.compat import task_backends
+from django_redisqueue.dashboard import Dashboard
+from django_redisqueue.periodic import (
+    BATCH,
+    MAX_BACKLOG,
+    PeriodicStep,
+    Schedule,
+    job_id,
+    run_now,
+    schedules_of,
+)
+from django_redisqueue.scheduler import Scheduler
+from tests import tasks
+from tests.conftest import manage, wait_until
+from tests.test_fuzz import TRIED, counted, fuzz
+
+P = "{drq:periodic}"
+QUEUE = f"{P}:queue:default"
+BERLIN = ZoneInfo("Europe/Berlin")
+NEW_YORK = ZoneInfo("America/New_York")
+EVERY_SECOND = {"task": "tests.tasks.noop", "every": 1}
+
+
+def state(name: str) -> str:
+    return f"{P}:periodic:{name}"
+
+
+@contextmanager
+def periodic(schedules: dict, time_zone: str = "UTC"):
+    """The ``periodic`` backend with these schedules, in this process."""
+    conf = dict(settings.TASKS["periodic"])
+    conf["OPTIONS"] = {**conf["OPTIONS"], "PERIODIC": schedules}
+    with override_settings(TASKS={**settings.TASKS, "periodic": conf}, TIME_ZONE=time_zone):
+        yield task_backends["periodic"]
+
+
+def ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def local(at_ms: int, tz: ZoneInfo) -> str:
+    return datetime.fromtimestamp(at_ms / 1000, tz).strftime("%Y-%m-%d %H:%M%z")
+
+
+def occurrences_in(r, name: str) -> list[int]:
+    """The occurrences whose jobs Redis holds (from the deterministic job ids)."""
+    ids = r.zrange(QUEUE, 0, -1)
+    return sorted(int(i.rsplit(":", 1)[1]) for i in ids if i.startswith(f"periodic:{name}:"))
+
+
+def stepper(backend) -> PeriodicStep:
+    step = PeriodicStep(backend)
+    step.sync(backend.broker.clock_ms(), 0.0)
+    return step
+
+
+# Occurrences, without Redis
+
+
+def test_interval_occurrences_are_whole_multiples_of_the_interval():
+    schedule = Schedule("s", "t", every_ms=30_000)
+    assert schedule.scan(10_000, 100_000, 10) == [30_000, 60_000, 90_000]
+    assert schedule.next_after(30_000) == 60_000
+    assert schedule.count(10_000, 100_000) == 3
+    assert schedule.tail(10_000, 100_000, 2) == [60_000, 90_000]
+    assert Schedule.parse("s", {"task": "t", "every": timedelta(minutes=5)}).every_ms == 300_000
+
+
+@pytest.mark.parametrize(
+    ("tz", "spring", "fall"),
+    [
+        (
+            BERLIN,
+            ["2024-03-30 02:30+0100", "2024-03-31 03:00+0200", "2024-04-01 02:30+0200"],
+            ["2024-10-26 02:30+0200", "2024-10-27 02:30+0200", "2024-10-28 02:30+0100"],
+        ),
+        (
+            NEW_YORK,
+            ["2024-03-09 02:30-0500", "2024-03-10 03:00-0400", "2024-03-11 02:30-0400"],
+            ["2024-11-02 02:30-0400", "2024-11-03 02:30-0500", "2024-11-04 02:30-0500"],
+        ),
+    ],
+)
+def test_a_daily_cron_in_the_hour_dst_skips_runs_at_its_end_and_once_in_the_repeated(
+    tz, spring, fall
+):
+    """Debian cron's rules: a fixed time the clocks skip runs when they resume; one the
+    clocks repeat runs once. (New York repeats 01:00-02:00: 02:30 is not repeated.)"""
+    schedule = Schedule("s", "t", cron="30 2 * * *")
+    for expected in (spring, fall):
+        start = ms(datetime.fromisoformat(expected[0][:10] + "T00:00").replace(tzinfo=tz))
+        found = schedule.scan(start, start + 3 * 86_400_000, 10, tz)
+        assert [local(at, tz) for at in found] == expected
+
+
+def test_a_cron_in_the_repeated_hour_runs_in_both_and_times_only_go_up():
+    schedule = Schedule("s", "t", cron="*/30 * * * *")
+    start = ms(datetime(2024, 10, 27, 1, 45, tzinfo=BERLIN))
+    found = schedule.scan(start, start + 3 * 3_600_000, 20, BERLIN)
+    assert found == sorted(set(found))
+    assert [local(at, BERLIN)[11:] for at in found[:5]] == [
+        "02:00+0200", "02:30+0200", "02:00+0100", "02:30+0100", "03:00+0100",
+    ]  # fmt: skip
+    # Starting inside the repeated hour (the second time round) goes on from there.
+    second = ms(datetime(2024, 10, 27, 2, 15, tzinfo=BERLIN, fold=1))
+    assert local(schedule.next_after(second, BERLIN), BERLIN)[11:] == "02:30+0100"
+    daily = Schedule("s", "t", cron="30 2 * * *")
+    assert local(daily.next_after(second, BERLIN), BERLIN) == "2024-10-28 02:30+0100"
+
+
+def test_catch_up_latest_is_one_occurrence_and_all_is_batches_with_a_bound():
+    latest = Schedule("s", "t", every_ms=1000)
+    due = latest.due(0, 10_500)
+    assert (due.occurrences, due.skipped, due.next_ms) == ([10_000], 9, 11_000)
+    every = Schedule("s", "t", every_ms=1000, catch_up="all")
+    due = every.due(0, 10_500)
+    assert (due.occurrences, due.skipped, due.next_ms) == (
+        list(range(1000, 10_001, 1000)),
+        0,
+        11_000,
+    )
+    due = every.due(0, 1000 * (BATCH + 5))
+    assert len(due.occurrences) == BATCH and due.next_ms == (BATCH + 1) * 1000
+    far = every.due(0, 1000 * (MAX_BACKLOG + 500))
+    assert far.occurrences[0] == 501_000 and far.skipped == 500
+    minutely = Schedule("s", "t", cron="* * * * *", catch_up="all")
+    far = minutely.due(0, 60_000 * (MAX_BACKLOG + 500))
+    assert far.occurrences[0] == 60_000 * 501 and far.skipped == 500
+    cron = Schedule("s", "t", cron="0 * * * *", catch_up="latest")
+    year = 365 * 86_400_000
+    due = cron.due(0, year + 1_800_000)
+    assert due.occurrences == [year] and due.skipped > 8000
+
+
+# The script: exactly once
+
+
+def test_many_callers_on_the_same_occurrence_enqueue_it_once(r):
+    with periodic({"beat": EVERY_SECOND}) as backend:
+        broker = backend.broker
+        [last], _ = broker.periodic_sync([("beat", "{}", 0)])
+        now = broker.clock_ms()
+        payload = backend.prepare(tasks.noop, (), {})._payload
+        occurrence = last // 1000 * 1000 - 1000
+        r.hset(state("beat"), "last", occurrence - 1000)
+        replies, barrier = [], threading.Barrier(16)
+
+        def call():
+            barrier.wait()
+            replies.append(
+                broker.periodic_run(
+                    "beat",
+                    expected_last=occurrence - 1000,
+                    now_ms=now,
+                    next_ms=now + 1000,
+                    skipped=0,
+                    queue="default",
+                    priority=0,
+                    payload=payload,
+                    jobs=[(occurrence, job_id("beat", occurrence))],
+                )
+            )
+
+        threads = [threading.Thread(target=call) for _ in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert Counter(reply.status for reply in replies) == {"ok": 1, "stale": 15}
+    assert sum(reply.enqueued for reply in replies) == 1
+    assert r.zrange(QUEUE, 0, -1) == [job_id("beat", occurrence)]
+    assert int(r.hget(state("beat"), "last")) == occurrence
+
+
+def test_concurrent_steppers_enqueue_each_occurrence_once(r):
+    with periodic({"beat": {**EVERY_SECOND, "catch_up": "all"}}) as backend:
+        steppers = [stepper(backend) for _ in range(6)]
+        last = int(r.hget(state("beat"), "last"))
+        r.hset(state("beat"), "last", last - 250_000)  # down for 250 s
+        now = backend.broker.clock_ms()
+        barrier = threading.Barrier(len(steppers))
+
+        def run(step):
+            barrier.wait()
+            while step.step(now) == 0:
+                pass
+
+        threads = [threading.Thread(target=run, args=(s,)) for s in steppers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    found = occurrences_in(r, "beat")
+    assert found == list(range(found[0], now // 1000 * 1000 + 1, 1000))
+    assert len(found) >= 250
+    assert int(r.get(f"{P}:seq")) == len(found)  # one store per occurrence
+
+
+def test_a_job_id_taken_is_never_overwritten(r):
+    with periodic({"beat": {**EVERY_SECOND, "catch_up": "all"}}) as backend:
+        step = stepper(backend)
+        last = int(r.hget(state("beat"), "last")) // 1000 * 1000
+        taken = job_id("beat", last)
+        r.hset(f"{P}:job:{taken}", mapping={"status": "SUCCESSFUL", "payload": "mine"})
+        r.hset(state("beat"), "last", last - 2000)  # set back (a clock, a hand)
+        step.last.clear()
+        step.step(backend.broker.clock_ms())
+    assert r.hget(f"{P}:job:{taken}", "payload") == "mine"
+    assert job_id("beat", last - 1000) in r.zrange(QUEUE, 0, -1)
+    assert taken not in r.zrange(QUEUE, 0, -1)
+
+
+def test_a_new_schedule_starts_now_and_replays_nothing(r):
+    with periodic({"beat": {**EVERY_SECOND, "catch_up": "all"}}) as backend:
+        clock = backend.broker.clock_ms()
+        step = stepper(backend)
+        assert int(r.hget(state("beat"), "last")) >= clock
+        assert step.step(clock) > 0
+    assert r.zcard(QUEUE) == 0
+    assert r.smembers(f"{P}:periodic") == {"beat"}
+    assert json.loads(r.hget(state("beat"), "spec"))["task"] == "tests.tasks.noop"
+
+
+def test_dst_through_redis(r):
+    """A daily 02:30 in Berlin across both changes of 2024, stepped every 10 minutes."""
+    with periodic(
+        {"night": {"task": "tests.tasks.noop", "cron": "30 2 * * *"}}, "Europe/Berlin"
+    ) as backend:
+        for day in (datetime(2024, 3, 29, 12), datetime(2024, 10, 25, 12)):
+            start = ms(day.replace(tzinfo=BERLIN))
+            step = stepper(backend)
+            r.hset(state("night"), "last", start)
+            step.last.clear()
+            for now in range(start, start + 4 * 86_400_000, 600_000):
+                step.step(now)
+    assert [local(at, BERLIN) for at in occurrences_in(r, "night")] == [
+        "2024-03-30 02:30+0100", "2024-03-31 03:00+0200", "2024-04-01 02:30+0200",
+        "2024-04-02 02:30+0200",
+        "2024-10-26 02:30+0200", "2024-10-27 02:30+0200", "2024-10-28 02:30+0100",
+        "2024-10-29 02:30+0100",
+    ]  # fmt: skip
+
+
+# Catch-up, pause, resume, run now, removal
+
+
+def test_catch_up_after_the_scheduler_was_stopped(r, monkeypatch):
+    """A scheduler registers two schedules and stops; 3 occurrences later another one
+    runs: "latest" gets one job (the others counted as skipped), "all" one each."""
+    monkeypatch.setenv(
+        "REDISQUEUE_TEST_PERIODIC",
+        json.dumps(
+            {
+                "latest": {"task": "tests.tasks.noop", "every": 1},
+                "all": {"task": "tests.tasks.noop", "every": 1, "catch_up": "all"},
+            }
+        ),
+    )
+    burst = ("runscheduler", "--burst", "--backend", "periodic")
+    assert manage(*burst).returncode == 0
+    start = int(r.hget(state("all"), "last"))
+    assert r.zcard(QUEUE) == 0
+    wait_until(lambda: r.time()[0] * 1000 >= start + 3500, 10, "three occurrences to pass")
+    out = manage(*burst)
+    assert out.returncode == 0, out.stderr
+    latest, every = occurrences_in(r, "latest"), occurrences_in(r, "all")
+    assert len(latest) == 1
+    assert int(r.hget(state("latest"), "skipped")) == len(every) - 1 >= 2
+    assert every == list(range(start // 1000 * 1000 + 1000, latest[0] + 1, 1000))
+    assert latest[0] == every[-1]
+
+
+def test_a_paused_schedule_enqueues_nothing_and_resumes_without_replay(r):
+    with periodic({"beat": {**EVERY_SECOND, "catch_up": "all"}}) as backend:
+        broker, step = backend.broker, stepper(backend)
+        broker.periodic_pause("beat")
+        last = int(r.hget(state("beat"), "last"))
+        r.hset(state("beat"), "last", last - 5000)
+        step.last.clear()
+        now = broker.clock_ms()
+        step.step(now)
+        assert r.zcard(QUEUE) == 0
+        assert int(r.hget(state("beat"), "last")) == now  # the occurrences passed
+        r.hset(state("beat"), "last", now - 5000)  # as if paused 5 s more
+        broker.periodic_pause("beat", paused=False)
+        resumed = int(r.hget(state("beat"), "last"))
+        assert resumed >= now and r.hget(state("beat"), "paused") is None
+        step.next.clear()
+        step.step(broker.clock_ms())
+        assert r.zcard(QUEUE) == 0  # the 5 s paused are not replayed
+        clock = wait_until(
+            lambda: (t := broker.clock_ms()) >= resumed // 1000 * 1000 + 1000 and t, 5, "a tick"
+        )
+        step.step(clock)
+    assert occurrences_in(r, "beat") == [resumed // 1000 * 1000 + 1000]
+
+
+def test_run_now_enqueues_a_job_and_records_it_without_moving_last(r):
+    with periodic(
+        {"beat": {"task": "tests.tasks.record", "every": 3600, "args": ["x"]}}
+    ) as backend:
+        stepper(backend)
+        last = r.hget(state("beat"), "last")
+        job = run_now(backend, schedules_of(backend)[0])
+        assert backend.get_result(job).args == ["x"]
+    assert r.zrange(QUEUE, 0, -1) == [job]
+    assert r.hget(state("beat"), "last_job") == job
+    assert r.hget(state("beat"), "last") == last
+
+
+def test_removed_schedules_stop_and_their_state_is_deleted(r, caplog):
+    with periodic({"kept": EVERY_SECOND, "gone": EVERY_SECOND}) as backend:
+        stepper(backend)
+    assert r.smembers(f"{P}:periodic") == {"kept", "gone"}
+    with periodic({"kept": EVERY_SECOND}) as backend, caplog.at_level(logging.INFO):
+        step = stepper(backend)
+        r.hset(state("kept"), "last", int(r.hget(state("kept"), "last")) - 3000)
+        step.last.clear()
+        step.step(backend.broker.clock_ms())
+    assert r.smembers(f"{P}:periodic") == {"kept"}
+    assert not r.exists(state("gone"))
+    assert occurrences_in(r, "gone") == [] and len(occurrences_in(r, "kept")) == 1
+    assert "'gone' is no longer in settings" in caplog.text
+    with periodic({}) as backend:
+        Scheduler(backend, burst=True).run()  # no schedule left: its sync still cleans up
+    assert not r.exists(f"{P}:periodic") and not r.exists(state("kept"))
+
+
+def test_a_task_that_cannot_be_imported_is_logged_and_others_run(r, caplog):
+    schedules = {"broken": {"task": "tests.tasks.nope", "every": 1}, "fine": EVERY_SECOND}
+    with periodic(schedules) as backend, caplog.at_level(logging.ERROR):
+        step = stepper(backend)
+        for name in schedules:
+            r.hset(state(name), "last", int(r.hget(state(name), "last")) - 2000)
+        step.last.clear()
+        assert step.step(backend.broker.clock_ms()) is not None
+    assert "tests.tasks.nope' cannot be imported" in caplog.text
+    assert len(occurrences_in(r, "fine")) == 1 and occurrences_in(r, "broken") == []
+
+
+def test_the_scheduler_loop_enqueues_each_occurrence(r):
+    with periodic(
+        {"fast": {"task": "tests.tasks.noop", "every": 0.1, "catch_up": "all"}}
+    ) as backend:
+        scheduler = Scheduler(backend)
+        thread = threading.Thread(target=scheduler.run)
+        thread.start()
+        try:
+            wait_until(lambda: len(occurrences_in(r, "fast")) >= 10, 30, "10 occurrences")
+        finally:
+            scheduler.stop()
+            r.rpush(f"{P}:scheduler:wake", 1)
+            thread.join(timeout=30)
+    found = occurrences_in(r, "fast")
+    assert found == list(range(found[0], found[-1] + 1, 100))
+
+
+# Spoilt state
+
+
+SPOILT = ["abc", "", "1e400", "-inf", "nan", "99999999999999999999", "1.5", "-5", "0x10"]
+
+
+@pytest.mark.parametrize("value", SPOILT)
+def test_a_spoilt_last_never_stops_the_schedules(r, value):
+    with periodic({"a": EVERY_SECOND, "b": {**EVERY_SECOND, "catch_up": "all"}}) as backend:
+        step = stepper(backend)
+        r.hset(state("a"), mapping={"last": value, "skipped": value, "last_at": value})
+        r.delete(state("b"))
+        r.set(state("b"), "not a hash")
+        step.last.clear()
+        now = backend.broker.clock_ms()
+        step.step(now)  # a: starts again (or catches up "latest"); b: starts again
+        assert r.type(state("b")) == "hash"
+        r.hset(state("b"), "last", int(r.hget(state("b"), "last")) - 3000)
+        step.last.clear()
+        step.next.clear()
+        step.step(backend.broker.clock_ms())
+        assert Dashboard(backend).schedules()[0].name == "a"
+    assert len(occurrences_in(r, "b")) == 3
+    assert int(r.hget(state("a"), "last")) <= now + 1000
+
+
+def test_a_spoilt_set_of_names_is_rebuilt(r):
+    r.set(f"{P}:periodic", "spoilt")
+    with periodic({"a": EVERY_SECOND}) as backend:
+        stepper(backend)
+    assert r.smembers(f"{P}:periodic") == {"a"}
+
+
+FIELDS = ["last", "last_job", "last_at", "next", "paused", "spec", "skipped"]
+values = st.one_of(
+    st.sampled_from([*SPOILT, "1", "0", "<script>x</script>", '{"task": 1}', "[]", "periodic:"]),
+    st.text(max_size=20),
+    st.integers(min_value=-(2**70), max_value=2**70).map(str),
+)
+
+
+def test_fuzz_what_the_script_and_dashboard_read(r, report):
+    """Whatever a schedule's key and the set of names hold: no script raises, the
+    dashboard reads them, and the schedule runs again afterwards."""
+
+    @fuzz(60)
+    @given(
+        fields=st.dictionaries(st.sampled_from(FIELDS), values, max_size=7),
+        kind=st.sampled_from(["hash", "string", "list", "set", "zset", "none"]),
+        names_kind=st.sampled_from(["set", "string", "none"]),
+    )
+    def check(fields, kind, names_kind):
+        TRIED["periodic state"] += 1
+        r.flushall()
+        key = state("a")
+        if kind == "hash" and fields:
+            r.hset(key, mapping=fields)
+        elif kind == "string":
+            r.set(key, "x")
+        elif kind == "list":
+            r.rpush(key, "x")
+        elif kind == "set":
+            r.sadd(key, "x")
+        elif kind == "zset":
+            r.zadd(key, {"x": 1})
+        if names_kind == "string":
+            r.set(f"{P}:periodic", "x")
+        elif names_kind == "set":
+            r.sadd(f"{P}:periodic", "a", "<script>", "b")
+        with periodic({"a": {**EVERY_SECOND, "catch_up": "all"}}) as backend:
+            Dashboard(backend).schedules()
+            step = PeriodicStep(backend)
+            now = backend.broker.clock_ms()
+            step.step(now)
+            step.sync(now, 0.0)
+            backend.broker.periodic_pause("a", paused=False)
+            run_now(backend, schedules_of(backend)[0])
+            rows = Dashboard(backend).schedules()
+            assert [row.name for row in rows] == ["a"]
+            r.hset(key, "last", now - 3000)
+            step.last.clear()
+            step.next.clear()
+            step.step(now)
+        assert len(occurrences_in(r, "a")) >= 2
+
+    with counted("periodic state", report):
+        check()
+
+
+# Exactly once, with real schedulers
+
+
+@pytest.mark.long
+def test_three_schedulers_for_two_minutes_enqueue_each_occurrence_once(
+    r, procs, report, monkeypatch
+):
+    """Three ``runscheduler`` on an every-second schedule that catches up "all"; at
+    half time one is SIGKILLed and started again. Ledger: the jobs Redis holds (one
+    per occurrence, by its deterministic id) and the arrival counter, which every job
+    stored takes one number of: stores = occurrences means no occurrence was stored
+    twice, and consecutive occurrences that none was missed."""
+    monkeypatch.setenv(
+        "REDISQUEUE_TEST_PERIODIC",
+        json.dumps({"beat": {"task": "tests.tasks.noop", "every": 1, "catch_up": "all"}}),
+    )
+    command = ("runscheduler", "--backend", "periodic")
+    schedulers = [procs.start(*command) for _ in range(3)]
+    wait_until(lambda: r.exists(state("beat")), 60, "the schedule to be registered")
+    registered = int(r.hget(state("beat"), "last"))
+    wait_until(lambda: len(occurrences_in(r, "beat")) >= 60, 120, "60 occurrences")
+    procs.kill(schedulers[0])
+    schedulers[0] = procs.start(*command)
+    wait_until(lambda: len(occurrences_in(r, "beat")) >= 120, 120, "120 occurrences")
+    outputs = procs.stop_all()
+    found = occurrences_in(r, "beat")
+    stores = int(r.get(f"{P}:seq"))
+    per_scheduler = [
+        sum(map(int, re.findall(r"enqueued (\d+) occurrence", out))) for out in outputs
+    ]
+    missed = (found[-1] - found[0]) // 1000 + 1 - len(found)
+    duplicates = stores - len(found)
+    report(
+        f"periodic exactly once: 3 schedulers (one SIGKILLed and restarted), "
+        f"{len(found)} occurrences, duplicates {duplicates}, missed {missed}, "
+        f"enqueued per scheduler since its last start {per_scheduler}"
+    )
+    assert found[0] == registered // 1000 * 1000 + 1000  # nothing before registration
+    assert missed == 0 and duplicates == 0
+    assert sum(per_scheduler) <= len(found)
+
+
+# Settings
+
+
+def test_system_checks_report_wrong_schedules_and_tasks_that_cannot_be_used():
+    from django_redisqueue.checks import check_periodic_tasks, check_settings
+
+    wrong = {"a b": EVERY_SECOND, "x": {"task": "t", "cron": "61 * * * *", "every": 1}}
+    with periodic(wrong):
+        errors = [e for e in check_settings() if e.id == "django_redisqueue.E009"]
+    assert len(errors) == 2
+    assert "invalid schedule name 'a b'" in errors[0].msg
+    assert "exactly one of 'cron' and 'every'" in errors[1].msg
+    with periodic({"gone": {"task": "tests.tasks.nope", "every": 1}, "ok": EVERY_SECOND}):
+        warnings = check_periodic_tasks()
+    assert [w.id for w in warnings] == ["django_redisqueue.W003"]
+    assert "'tests.tasks.nope' cannot be imported" in warnings[0].msg
