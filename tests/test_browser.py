@@ -163,3 +163,32 @@ def test_a_manager_follows_a_group_and_cancels_it(browser, live_server, backend)
     page.wait_for_selector(".messagelist")
     assert "4 job(s) that had not started" in page.locator(".messagelist").inner_text()
     assert backend.get_result(result.callback_id).status == TaskResultStatus.FAILED
+
+
+def test_a_manager_pauses_a_schedule_and_runs_it_now(browser, live_server):
+    from tests.test_admin_periodic import SCHEDULES
+    from tests.test_periodic import periodic, stepper
+
+    manager = User.objects.create_user("manager", password="pw", is_staff=True)
+    for codename in ("view_dashboard", "manage_queues"):
+        manager.user_permissions.add(Permission.objects.get(codename=codename))
+    schedules = "/admin/django_redisqueue/dashboard/periodic/schedules/"
+    with periodic(SCHEDULES, "Europe/Berlin") as backend:
+        stepper(backend)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        for scheme in ("light", "dark"):
+            page = log_in(browser, live_server, scheme)
+            page.goto(live_server.url + schedules)
+            page.screenshot(path=SHOTS / f"schedules-{scheme}.png", full_page=True)
+            page.close()
+
+        page = log_in(browser, live_server, "light")
+        page.goto(live_server.url + schedules)
+        row = page.locator("#drq-schedules tr", has_text="nightly")
+        assert "At 03:00 AM" in row.inner_text()
+        row.locator("text=Pause").click()
+        page.wait_for_selector(".messagelist")
+        assert "paused" in page.locator("#drq-schedules tr", has_text="nightly").inner_text()
+        page.locator("#drq-schedules tr", has_text="nightly").locator("text=Run now").click()
+        page.wait_for_selector(".messagelist")
+        assert backend.broker.queue_length("default") == 1
