@@ -378,12 +378,13 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
                 f"Redis did not answer or refused it ({type(exc).__name__}: {exc})."
             ) from exc
         taken = []
+        holders: dict[str, RedisTaskResult | None] = {}
         for result, enqueued_at in zip(results, enqueued, strict=True):
             if enqueued_at is None:
                 taken.append(result)
                 continue
             if isinstance(enqueued_at, str):
-                self._adopt(result, enqueued_at)
+                self._adopt(result, enqueued_at, holders)
                 continue
             object.__setattr__(result, "enqueued_at", from_seconds(enqueued_at / 1000))
             task_enqueued.send(type(self), task_result=result)
@@ -393,30 +394,27 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
                 f"{', '.join(r.id for r in taken)} is taken."
             )
 
-    def _adopt(self, result: RedisTaskResult, holder: str) -> None:
+    def _adopt(
+        self,
+        result: RedisTaskResult,
+        holder: str,
+        holders: dict[str, RedisTaskResult | None],
+    ) -> None:
         """Make ``result`` (a unique job not stored) the result of ``holder``, the job
-        holding its unique key: the caller gets that job, as the enqueue promises."""
-        try:
-            held = self.get_result(holder)
-        except TaskResultDoesNotExist:
-            # It ended and its result expired since the enqueue looked: keep its id.
-            object.__setattr__(result, "id", holder)
-            return
-        for name in (
-            "id",
-            "status",
-            "enqueued_at",
-            "started_at",
-            "finished_at",
-            "last_attempted_at",
-            "args",
-            "kwargs",
-            "errors",
-            "worker_ids",
-        ):
-            object.__setattr__(result, name, getattr(held, name))
-        if hasattr(held, "_return_value"):
-            object.__setattr__(result, "_return_value", held._return_value)
+        holding its unique key: the caller gets that job, as the enqueue promises.
+        ``holders``: the holders read so far in this batch (one read per holder)."""
+        if holder not in holders:
+            try:
+                holders[holder] = self.get_result(holder)
+            except TaskResultDoesNotExist:
+                holders[holder] = None  # ended and expired since: its id is all there is
+        held = holders[holder]
+        object.__setattr__(result, "id", holder)
+        if held is not None:
+            for name in ("status", "enqueued_at", "started_at", "finished_at",
+                         "last_attempted_at", "args", "kwargs", "errors", "worker_ids",
+                         "_return_value"):  # fmt: skip
+                object.__setattr__(result, name, getattr(held, name))
 
     # Fan-out (workflows.py)
 

@@ -42,6 +42,9 @@ MAX_RETRY_DELAY = 3600.0
 # A rate limit: "100/m", "10/s", "5/10s", "1000/h", "20000/d".
 RATE_LIMIT_RE = re.compile(r"(\d+)/(\d*)([smhd])")
 RATE_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+# A rate limit keeps one entry per start within its period: bounded, as is the period.
+MAX_RATE_STARTS = 100_000
+MAX_RATE_PERIOD_MS = 366 * 86_400_000
 # A unique or limit key: what it names is up to the caller; Redis takes any text, the
 # bound keeps keys small.
 MAX_KEY_LENGTH = 200
@@ -51,12 +54,15 @@ def parse_rate_limit(rate: str) -> tuple[int, int]:
     """``"100/m"`` as (100 starts, per 60,000 ms); ``"5/10s"``: 5 per 10 s. Raises
     ValueError for anything else."""
     match = RATE_LIMIT_RE.fullmatch(rate) if isinstance(rate, str) else None
-    if not match or int(match[1]) < 1 or match[2] in ("0", "00"):
+    starts = int(match[1]) if match else 0
+    period = int(match[2] or 1) * RATE_UNITS_MS[match[3]] if match else 0
+    if not 1 <= starts <= MAX_RATE_STARTS or not 1 <= period <= MAX_RATE_PERIOD_MS:
         raise ValueError(
             f"rate_limit must be '<starts>/<period>' such as '100/m', '10/s' or '5/10s' "
-            f"(at least 1 start; period s, m, h or d), not {rate!r:.80}."
+            f"(1 to {MAX_RATE_STARTS:,} starts; a period of s, m, h or d, at most 366 days), "
+            f"not {rate!r:.80}."
         )
-    return int(match[1]), int(match[2] or 1) * RATE_UNITS_MS[match[3]]
+    return starts, period
 
 
 def arguments_digest(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -66,6 +72,13 @@ def arguments_digest(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
 
 
 def _check_key(name: str, value: object) -> None:
+    if isinstance(value, str) and not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:  # a lone surrogate: Redis's JSON could not read it
+            raise ValueError(
+                f"{name} must be text that UTF-8 can carry, not {value!r:.80}."
+            ) from None
     if not isinstance(value, str) or not 0 < len(value) <= MAX_KEY_LENGTH:
         raise ValueError(
             f"{name} must be text of 1 to {MAX_KEY_LENGTH} characters, not {value!r:.80}."

@@ -193,6 +193,17 @@ class PeriodicReply:
     last_job: str  # the id of the last job stored ('' if none)
 
 
+@dataclass(frozen=True, slots=True)
+class LimitState:
+    """A limit key holding jobs back: its jobs running and parked, and when the
+    scheduler looks at its parked jobs again (ms)."""
+
+    key: str
+    running: int
+    parked: int
+    next_look_ms: int
+
+
 class MissingJob(LookupError):
     """A job named to run after (``depends_on``) does not exist, or has expired."""
 
@@ -449,7 +460,7 @@ class Broker:
 
     def abandon(self, worker_id: str) -> list[str]:
         """Give back, uncounted, every job ``worker_id`` owns; return their ids."""
-        given_back = self._run("abandon", worker_id, self.result_ttl, acked=True)
+        given_back = self._run("abandon", worker_id, self.result_ttl, self.lease_ms, acked=True)
         return [text(job_id) or "" for job_id in given_back]
 
     def wait_for_work(
@@ -748,9 +759,10 @@ class Broker:
 
     def periodic_run_now(
         self, name: str, job: NewJob, *, record_queues: bool = False
-    ) -> int | None:
+    ) -> int | str | None:
         """Enqueue ``job`` for schedule ``name`` at once, recorded as its last job (its
-        ``last`` occurrence unchanged); its enqueue time (ms), None if the id is taken."""
+        ``last`` occurrence unchanged); its enqueue time (ms), None if the id is taken,
+        or, for a unique task whose key a job holds, that job's id (nothing stored)."""
         at = self._run(
             "periodic",
             "run_now",
@@ -763,7 +775,7 @@ class Broker:
             job.options,
             acked=True,
         )
-        return int(at) or None
+        return text(at[0]) if isinstance(at, list) else int(at) or None
 
     def periodic_states(self, names: Sequence[str]) -> tuple[list[str], list[dict[str, str]]]:
         """The names registered in Redis, and the state of each of ``names`` ({} for
@@ -857,6 +869,20 @@ class Broker:
         return [
             (minute, _counts(counts))
             for minute, counts in zip(span, self._execute(pipe, raise_on_error=False), strict=True)
+        ]
+
+    def limits(self, most: int = 100) -> list[LimitState]:
+        """The limit keys holding jobs back (those with a look due in ``{P}:limits``),
+        soonest look first, with their running and parked jobs: two round trips."""
+        looks = self.page(self.keys.limits, 0, most)
+        pipe = self._pipeline(transaction=False)
+        for key, _ in looks:
+            pipe.scard(self.keys.limit(key, "running"))
+            pipe.zcard(self.keys.limit(key, "parked"))
+        counts = self._execute(pipe, raise_on_error=False)
+        return [
+            LimitState(key, _count(counts[2 * i]), _count(counts[2 * i + 1]), int(at))
+            for i, (key, at) in enumerate(looks)
         ]
 
     def alive(self, key: str, limit: int = 200) -> list[tuple[str, float]]:
@@ -953,6 +979,11 @@ def _whole(value: str | None) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
+
+
+def _count(reply: Any) -> int:
+    """A count read in a pipeline: 0 for an error (a key of another type)."""
+    return reply if isinstance(reply, int) else 0
 
 
 def _counts(counts: Any) -> dict[str, int]:

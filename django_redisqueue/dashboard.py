@@ -17,6 +17,7 @@ from .rows import (
     GroupDetail,
     GroupRow,
     JobRow,
+    LimitRow,
     Page,
     Row,
     ScheduleRow,
@@ -234,6 +235,10 @@ class Dashboard:
             "workers": [w for w in workers if w["alive"]],
             "schedulers": [s for s in schedulers if s["alive"]],
             "chart": chart(minutes),
+            "limits": [
+                LimitRow(limit.key, limit.running, limit.parked, from_ms(limit.next_look_ms))
+                for limit in self.broker.limits()
+            ],
         }
 
 

@@ -92,9 +92,9 @@ key                           type    contents (written by)
                                       not enqueued). No TTL: sync deletes it when
                                       the schedule leaves settings (periodic.lua)
 ``{P}:unique:<key>``          string  the id of the job holding a unique key: no
-                                      TTL while held until the job ends (the job's
-                                      ``unique`` field names it; store_outcome
-                                      deletes it), or the ``unique_for`` window
+                                      TTL until the job ends (its ``unique`` field
+                                      names the key); then deleted, or kept for
+                                      the rest of its ``unique_until`` (store_outcome)
 ``{P}:limit:<key>:running``   set     ids of the RUNNING jobs holding a slot of a
                                       concurrency limit (claim adds; a finish, a
                                       give-back or a recovery removes)
@@ -116,7 +116,8 @@ the id of the job it runs after, or ``group:<gid>`` for a group's callback),
 comma-separated).
 
 Job hash fields of unique jobs and limits: ``unique`` (the unique key it holds until
-it ends), ``limit`` (its limit key), ``max_running``, ``rate`` (``<starts>/<ms>``),
+it ends), ``unique_until`` (ms: with ``unique_for``, the key is kept until then),
+``limit`` (its limit key), ``max_running``, ``rate`` (``<starts>/<ms>``),
 ``parked`` (the limit key, while parked: READY but in no queue and no delayed set).
 
 Every Lua script gets one key (``script_keys``): the prefix with its hash tag and a

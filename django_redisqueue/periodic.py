@@ -385,12 +385,18 @@ class PeriodicStep:
 
 def run_now(backend: RedisQueueBackend, schedule: Schedule) -> str:
     """Enqueue a job of the schedule's task at once (not an occurrence: ``last`` stays)
-    and record it as the schedule's last job; return its id."""
+    and record it as the schedule's last job; return its id. Raises PeriodicTaskError
+    when the task is unique and the job holding its key has not ended."""
     from .backend import _new_job
 
     task = resolve_task(backend, schedule)
     result = backend.prepare_valid(task, schedule.args, schedule.kwargs)
-    backend.broker.periodic_run_now(
+    stored = backend.broker.periodic_run_now(
         schedule.name, _new_job(result), record_queues=not backend.queue_names
     )
+    if isinstance(stored, str):
+        raise PeriodicTaskError(
+            f"Periodic job {schedule.name!r}: not run now, as its task is unique and job "
+            f"{stored}, which holds its key, has not ended."
+        )
     return result.id

@@ -55,7 +55,7 @@ def status_label(fields: Mapping[str, str]) -> str:
     status = printable(fields.get("status", ""))
     if fields.get("waiting"):
         return f"{status} (waiting)"
-    if fields.get("parked"):
+    if fields.get("parked") and status == "READY":
         return f"{status} (parked)"
     if fields.get("cancelled"):
         return f"{status} (cancelled)"
@@ -147,7 +147,7 @@ class JobRow:
     @property
     def parked(self) -> bool:
         """READY but held over its limit until a slot or a start frees."""
-        return bool(self.fields.get("parked"))
+        return bool(self.fields.get("parked")) and self.fields.get("status") == "READY"
 
     @property
     def unique_key(self) -> str:
@@ -407,6 +407,20 @@ class BroadcastRow:
                     WorkerRun(printable(name[len(RAN_PREFIX) :]), printable(status), from_ms(at))
                 )
         return sorted(runs, key=lambda run: run.worker)
+
+
+@dataclass
+class LimitRow:
+    """A limit key holding jobs back, as the overview lists it."""
+
+    key: str
+    running: int
+    parked: int
+    next_look: datetime | None
+
+    @property
+    def name(self) -> str:
+        return printable(self.key)
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The queue dashboard in the admin: pages, actions, permissions, CSRF, escaping."""
 
+import io
 import re
 from html import unescape
 from html.parser import HTMLParser
@@ -7,6 +8,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
 from django.test import Client, override_settings
 
 from django_redisqueue.broker import now_ms
@@ -276,6 +278,20 @@ def test_a_parked_job_shows_its_limit_and_a_unique_job_its_key(manager, backend)
     unique = tasks.unique_report.enqueue("<b>")
     page = manager.get(BASE + f"job/{unique.id}/").text
     assert "Unique key" in page and "<b>" not in page
+
+
+def test_the_overview_and_queuestats_show_the_limits_holding_jobs_back(manager, backend):
+    for i in range(4):
+        tasks.limited_two.using(limit_key="partner:<7>").enqueue(i, 0)
+    for worker in ("w1", "w2", "w3"):
+        backend.broker.claim(["default"], worker)
+    page = manager.get(BASE).text
+    limits = re.search(r'id="drq-limits".*?<tbody>(.*?)</tbody>', page, re.S)[1]
+    cells = re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", limits, re.S)
+    assert cells[:3] == ["<code>partner:&lt;7&gt;</code>", "2", "2"]
+    out = io.StringIO()
+    call_command("queuestats", stdout=out)
+    assert "limit partner:<7>: 2 running, 2 parked" in out.getvalue()
 
 
 def test_pages_stay_bounded_with_many_jobs(manager, backend):

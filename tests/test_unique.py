@@ -101,6 +101,23 @@ def test_unique_for_holds_the_key_for_its_window_even_after_the_job_ended(r, bac
     assert tasks.rebuild_once_an_hour.enqueue().id != first.id
 
 
+def test_unique_for_holds_while_the_job_runs_even_past_its_window(r, backend):
+    first = tasks.free_job.using(unique_key="short").enqueue("a")
+    r.hset(f"{P}:job:{first.id}", "unique_until", 1)  # its window passed long ago
+    claimed = backend.broker.claim(["default"], "w1")[1]
+    assert tasks.free_job.using(unique_key="short").enqueue("b").id == first.id
+    backend.broker.finish(Outcome(claimed.job_id, claimed.owner, "SUCCESSFUL", result="1"))
+    assert holder(r, "short") is None  # ended, and its window is over: free
+
+
+def test_a_window_ends_with_its_jobs_record(r, backend):
+    first = tasks.rebuild_once_an_hour.enqueue()
+    run_worker_here(backend)
+    r.delete(f"{P}:job:{first.id}")  # the result expired (RESULT_TTL) or was deleted
+    again = tasks.rebuild_once_an_hour.enqueue()
+    assert again.id != first.id and again.status == "READY"
+
+
 def test_a_key_given_per_call_is_shared_by_whatever_uses_it(r):
     first = tasks.free_job.using(unique_key="report:42").enqueue("a")
     assert tasks.free_job.using(unique_key="report:42").enqueue("b").id == first.id
@@ -173,6 +190,7 @@ def test_eight_processes_enqueueing_one_key_at_once_make_one_job(r, report):
         {"unique_for": 10},  # a window without a key
         {"unique": True, "unique_for": 0},
         {"unique": True, "unique_for": True},
+        {"unique": "k\ud800"},  # a lone surrogate: no JSON reader of Redis's takes it
     ],
 )
 def test_a_wrong_unique_option_is_refused_where_it_is_written(options):
@@ -191,3 +209,24 @@ def test_what_cannot_keep_a_unique_key_refuses_it(r):
     with pytest.raises(ValueError, match="unique"):
         broadcast(tasks.unique_report.job("a"))
     assert r.zcard(f"{P}:queue:default") == 1  # the parent alone
+
+
+def test_a_unique_periodic_task_never_overlaps_itself(r):
+    """A schedule's runs are skipped while the job holding the task's key has not
+    ended, and "run now" says so instead of queueing a second job."""
+    from django_redisqueue.periodic import PeriodicTaskError, run_now, schedules_of
+    from tests.test_periodic import periodic, stepper
+
+    schedule = {"report": {"task": "tests.tasks.unique_report", "every": 1, "args": ["p"]}}
+    with periodic(schedule) as backend:
+        step = stepper(backend)
+        holder = tasks.unique_report.using(backend="periodic").enqueue("p")
+        state = "{drq:periodic}:periodic:report"
+        step.last["report"] = int(r.hget(state, "last")) - 5000  # five runs are due
+        r.hset(state, "last", step.last["report"])
+        step.next.clear()
+        step.step(backend.broker.clock_ms())
+        assert r.zrange("{drq:periodic}:queue:default", 0, -1) == [holder.id]
+        assert int(r.hget(state, "skipped")) >= 1  # catch-up "latest": one run, skipped
+        with pytest.raises(PeriodicTaskError, match=holder.id):
+            run_now(backend, schedules_of(backend)[0])

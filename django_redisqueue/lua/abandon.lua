@@ -2,7 +2,7 @@
 -- calls this when the reply to a claim was lost: the claim may have run, and the job
 -- it took would otherwise wait for its lease and count as lost though it never ran.
 -- The worker holds no other job then (its last outcome was stored first).
--- ARGV[1] worker id, ARGV[2] result TTL (s)
+-- ARGV[1] worker id, ARGV[2] result TTL (s), ARGV[3] lease (ms), which limits use
 -- Returns the ids given back.
 local prefix = ARGV[1] .. '/'
 local now, ttl = clock_ms(), tonumber(ARGV[2])
@@ -14,7 +14,7 @@ for _, id in ipairs(redis.call('ZRANGE', RUNNING, 0, -1)) do
     if owner and string.sub(owner, 1, #prefix) == prefix then
       redis.call('ZREM', RUNNING, id)
       redis.call('HDEL', job, 'owner')
-      free_slot(id, redis.call('HGET', job, 'limit'), now, ttl)
+      free_slot(id, redis.call('HGET', job, 'limit'), now, tonumber(ARGV[3]), ttl)
       forget_attempt(job)
       requeue(id, now, ttl)
       given[#given + 1] = id

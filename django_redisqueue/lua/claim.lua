@@ -20,7 +20,7 @@ local stored = {}
 for i = 0, outcomes - 1 do
   local at = 6 + i * 6
   stored[#stored + 1] = finish_job(ARGV[at], ARGV[at + 1], ARGV[at + 2], now,
-                                   ARGV[at + 3], ARGV[at + 4], ttl, ARGV[at + 5])
+                                   ARGV[at + 3], ARGV[at + 4], ttl, ARGV[at + 5], lease)
 end
 local first_queue = 6 + outcomes * 6
 

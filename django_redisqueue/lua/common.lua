@@ -127,36 +127,33 @@ local function job_options(json)
   return options
 end
 
--- The job that holds a unique key, when the key is held: within its ``unique_ms``
--- window, or by a job that has not ended. nil when the key is free (never taken, run
--- out, or its job ended or is gone).
+-- The job that holds a unique key, when the key is held: by a job that has not ended
+-- (the key has no TTL then), or, after it ended, for the rest of its ``unique_ms``
+-- window (a TTL). nil when the key is free: never taken, run out, or its job ended
+-- or is gone (a window cannot outlive the job's record).
 local function unique_holder(key)
   local unique = UNIQUE .. key
   local holder = redis.pcall('GET', unique)
-  if type(holder) ~= 'string' then
+  if type(holder) ~= 'string' or not is_job(holder) then
     return nil
   end
-  if redis.call('PTTL', unique) > 0 then
-    return holder
-  end
-  if is_job(holder) and not final(redis.call('HGET', JOB .. holder, 'status')) then
+  if redis.call('PTTL', unique) > 0 or not final(redis.call('HGET', JOB .. holder, 'status')) then
     return holder
   end
   return nil
 end
 
--- Take a unique key for a new job. Without ``unique_ms`` it is held until the job
--- ends (store_outcome gives it back: the job's ``unique`` field names it).
-local function hold_unique(id, options)
+-- Take a unique key for a new job until it ends (store_outcome lets it go, or keeps
+-- it for the rest of the ``unique_ms`` window from the enqueue: ``unique_until``).
+local function hold_unique(id, options, now)
   local unique = UNIQUE .. options.unique
-  local ms = number(options.unique_ms, 0)
   -- A key of another type (spoilt by hand) is replaced: it held no job.
   redis.call('DEL', unique)
+  redis.call('SET', unique, id)
+  redis.call('HSET', JOB .. id, 'unique', options.unique)
+  local ms = number(options.unique_ms, 0)
   if ms > 0 then
-    redis.call('SET', unique, id, 'PX', math.floor(ms))
-  else
-    redis.call('SET', unique, id)
-    redis.call('HSET', JOB .. id, 'unique', options.unique)
+    redis.call('HSET', JOB .. id, 'unique_until', string.format('%.0f', now + ms))
   end
 end
 
@@ -168,8 +165,8 @@ local function store_limits(job, options)
     if options.max_running then
       redis.call('HSET', job, 'max_running', options.max_running)
     end
-    if options.rate then
-      redis.call('HSET', job, 'rate', options.rate .. '/' .. options.per)
+    if options.rate and options.per then
+      redis.call('HSET', job, 'rate', string.format('%.0f/%.0f', options.rate, options.per))
     end
   end
 end
@@ -318,7 +315,7 @@ end
 local function store_outcome(id, status, now, result, error, ttl, pending, root)
   local job = JOB .. id
   local fields = redis.call('HMGET', job, 'queue', 'cancelled', 'waiters', 'group', 'then',
-                            'waiting', 'unique')
+                            'waiting', 'unique', 'unique_until')
   local queue = fields[1] or ''
   if result ~= '' then
     redis.call('HSET', job, 'status', status, 'finished_at', now, 'result', result)
@@ -328,10 +325,15 @@ local function store_outcome(id, status, now, result, error, ttl, pending, root)
   if fields[6] then
     redis.call('HDEL', job, 'waiting')
   end
-  -- A unique key held while the job had not ended is free again (unless another job
-  -- holds it now: the key outlived this job's hold, and was taken).
+  -- The job's unique key is free again, or held for the rest of its window (unless
+  -- another job holds it now).
   if fields[7] and redis.pcall('GET', UNIQUE .. fields[7]) == id then
-    redis.call('DEL', UNIQUE .. fields[7])
+    local window_left = number(fields[8], 0) - now
+    if window_left > 0 then
+      redis.call('PEXPIRE', UNIQUE .. fields[7], math.floor(window_left))
+    else
+      redis.call('DEL', UNIQUE .. fields[7])
+    end
   end
   -- The minute's counts get their TTL with their first count: one EXPIRE a minute,
   -- not one per job.
@@ -491,15 +493,18 @@ local function forget_attempt(job)
   end
 end
 
--- Limits (docs/protocol.md, "Limits"): jobs that share a limit key may have at most
--- ``max_running`` RUNNING at once and start at most ``rate`` times in any ``per`` ms.
--- The claim checks them; a job over its limit is parked (in no queue, READY, its
--- ``parked`` field naming the key) and comes back to its place in its queue when room
--- frees: a finish, a give-back or a recovery of a job of the key unparks one; the tick
--- looks again at the time the key's entry in LIMITS gives (when its rate window
--- frees a start, or a lease later as a safety net).
+-- Limits (docs/protocol.md, "Unique jobs and limits"): jobs that share a limit key
+-- may have at most ``max_running`` RUNNING at once and start at most ``rate`` times in
+-- any ``per`` ms, each by its own fields (jobs of one key may differ: two tasks, or a
+-- deploy that changed a limit). The claim checks them; a job over its limit is parked
+-- (in no queue, READY, its ``parked`` field naming the key) and comes back to its
+-- place in its queue when it has room: a finish, a give-back or a recovery of a job
+-- of the key looks through the first parked jobs, and the tick looks at all of them
+-- at the time the key's entry in LIMITS gives (when a rate window frees a start, or a
+-- lease later as a safety net).
 
--- A job's limits from its hash fields (key, max_running, rate), or nil for none.
+-- A job's limits from its hash fields (key, max_running, rate), or nil for none. What
+-- garbage a field holds reads as no limit of that kind, never as a stricter one.
 local function limits_of(key, max_running, rate)
   if type(key) ~= 'string' or key == '' then
     return nil
@@ -507,24 +512,27 @@ local function limits_of(key, max_running, rate)
   local starts, per = string.match(type(rate) == 'string' and rate or '', '^(%d+)/(%d+)$')
   local limit = {key = key, running = number(max_running, nil),
                  rate = tonumber(starts), per = tonumber(per)}
-  if limit.running and limit.running < 1 then
-    limit.running = 1
+  if limit.running then
+    limit.running = math.max(math.floor(limit.running), 1)
   end
-  if not limit.per or limit.per < 1 then
+  if not limit.per or limit.per < 1 or not limit.rate or limit.rate < 1 then
     limit.rate = nil
   end
   return limit
 end
 
--- A set or sorted set of a limit, or nil when the key holds another type (spoilt by
--- hand): it is deleted, as it holds nothing a limit can read.
-local function limit_key(suffix, kind, limit)
-  local key = LIMIT .. limit.key .. suffix
+-- A key of a limit (or LIMITS itself) as the type it must be: one that holds another
+-- type (spoilt by hand) is deleted, as it holds nothing a limit can read.
+local function typed(key, kind)
   local found = redis.call('TYPE', key)['ok']
   if found ~= kind and found ~= 'none' then
     redis.call('DEL', key)
   end
   return key
+end
+
+local function limit_key(suffix, kind, limit)
+  return typed(LIMIT .. limit.key .. suffix, kind)
 end
 
 -- How many jobs under `limit` may start now, and the time (ms) to look again at its
@@ -572,12 +580,13 @@ end
 -- Ask the tick to look at a limit's parked jobs at `wake` (ms), unless it will sooner;
 -- wake the schedulers when that is now the first time they must look.
 local function look_again(key, wake)
-  local current = tonumber(redis.pcall('ZSCORE', LIMITS, key))
+  local limits = typed(LIMITS, 'zset')
+  local current = tonumber(redis.call('ZSCORE', limits, key))
   if current and current <= wake then
     return
   end
-  redis.pcall('ZADD', LIMITS, wake, key)
-  if redis.pcall('ZRANGE', LIMITS, 0, 0)[1] == key then
+  redis.call('ZADD', limits, wake, key)
+  if redis.call('ZRANGE', limits, 0, 0)[1] == key then
     leave_wake_token(SCHEDULER_WAKE)
   end
 end
@@ -590,32 +599,57 @@ local function park(id, limit, score, wake)
   look_again(limit.key, wake)
 end
 
--- Put up to `count` of a limit's parked jobs back on their queues, at their places.
--- Returns how many went back.
-local function unpark(key, count, now, ttl)
-  local parked, back = LIMIT .. key .. ':parked', 0
-  while back < count do
-    local popped = redis.pcall('ZPOPMIN', parked)
-    if popped.err or not popped[1] then
-      break
+-- Put back on their queues, at their places, the first `most` parked jobs of a limit
+-- key that have room by their own limits (counting those put back before them: they
+-- will start). One in a paused queue takes no room: it cannot start. Then, if jobs stay
+-- parked, ask for a look when the first of their limits may have room. Returns how
+-- many went back.
+local function unpark(key, most, now, lease, ttl)
+  local parked = typed(LIMIT .. key .. ':parked', 'zset')
+  local rooms, wake, back = {}, nil, 0
+  for _, id in ipairs(redis.call('ZRANGE', parked, 0, most - 1)) do
+    local f = is_job(id) and redis.call('HMGET', JOB .. id, 'status', 'parked', 'max_running',
+                                        'rate', 'queue')
+    if not (f and f[1] == 'READY' and f[2]) then
+      redis.call('ZREM', parked, id) -- ended, or gone: not parked any more
+    else
+      local kind = (f[3] or '') .. '|' .. (f[4] or '')
+      local room = rooms[kind]
+      if room == nil then
+        local limit = limits_of(key, f[3], f[4])
+        room = limit and {limit_room(limit, now, lease)} or {math.huge, now + lease}
+        rooms[kind] = room
+      end
+      if room[1] > 0 then
+        redis.call('ZREM', parked, id)
+        redis.call('HDEL', JOB .. id, 'parked')
+        requeue(id, now, ttl)
+        back = back + 1
+        if redis.call('SISMEMBER', PAUSED, f[5] or '') == 0 then
+          room[1] = room[1] - 1
+        end
+      else -- it stays parked: look again when its limit may have room
+        wake = wake and math.min(wake, room[2]) or room[2]
+      end
     end
-    local id = popped[1]
-    local f = is_job(id) and redis.call('HMGET', JOB .. id, 'status', 'parked')
-    if f and f[1] == 'READY' and f[2] then
-      redis.call('HDEL', JOB .. id, 'parked')
-      requeue(id, now, ttl)
-      back = back + 1
-    end
+  end
+  if redis.call('ZCARD', parked) > 0 then
+    -- Parked jobs past the first `most` were not looked at: look again soon.
+    look_again(key, wake or now + lease)
   end
   return back
 end
 
+-- Most parked jobs a finish looks through (the tick looks through a batch).
+local FREED_LOOKS_AT = 20
+
 -- A job leaves the RUNNING set (finished, given back, recovered): its slot under its
--- limit, if it held one, frees, and one parked job of the limit goes back to its queue.
-local function free_slot(id, key, now, ttl)
+-- limit, if it held one, frees, and the parked jobs of the limit that now have room go
+-- back to their queues.
+local function free_slot(id, key, now, lease, ttl)
   if type(key) == 'string' and key ~= ''
       and redis.pcall('SREM', LIMIT .. key .. ':running', id) == 1 then
-    unpark(key, 1, now, ttl)
+    unpark(key, FREED_LOOKS_AT, now, lease, ttl)
   end
 end
 
@@ -623,7 +657,8 @@ end
 -- status is SUCCESSFUL or FAILED; RETRY (to the delayed set, due `retry_in` ms from
 -- now); or RELEASE (back to its queue, unfinished, its attempt forgotten: the worker
 -- was stopped in the middle). Returns 1 when stored, 0 when the caller is not the owner.
-local function finish_job(id, owner, status, now, result, error, ttl, retry_in)
+-- `lease` (ms) is the workers' lease, which the job's limit uses (free_slot).
+local function finish_job(id, owner, status, now, result, error, ttl, retry_in, lease)
   local job = JOB .. id
   -- pcall: a key of another type answers an error, which is no owner.
   local f = redis.pcall('HMGET', job, 'owner', 'limit')
@@ -632,7 +667,7 @@ local function finish_job(id, owner, status, now, result, error, ttl, retry_in)
   end
   redis.call('ZREM', RUNNING, id)
   redis.call('HDEL', job, 'owner')
-  free_slot(id, f[2], now, ttl)
+  free_slot(id, f[2], now, lease, ttl)
   if status == 'RETRY' then
     append_error(job, error)
     local queue = redis.call('HGET', job, 'queue')

@@ -22,7 +22,7 @@ for at = 2, #ARGV, 6 do
   else
     local ready = store_job(id, payload, queue, priority, due, now, options)
     if options.unique then
-      hold_unique(id, options)
+      hold_unique(id, options, now)
     end
     if ready and not woken[ready] then
       woken[ready] = true

@@ -50,7 +50,7 @@ for _, id in ipairs(ids) do
       -- A unique job takes its key again, unless another job holds it now.
       local unique = redis.call('HGET', job, 'unique')
       if unique and not unique_holder(unique) then
-        hold_unique(id, {unique = unique})
+        hold_unique(id, {unique = unique}, clock_ms())
       end
       push_ready(id, queue, redis.call('HGET', job, 'priority'))
       changed = changed + 1

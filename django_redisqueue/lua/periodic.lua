@@ -6,7 +6,8 @@
 -- and PERIODIC .. ':' .. name, a schedule's hash: `last` (ms of the last occurrence
 -- enqueued, or passed while paused), `last_job`, `last_at` (ms, when it was stored),
 -- `next` (ms of the next occurrence, for the dashboard), `paused` (1), `spec` (JSON),
--- `skipped` (missed occurrences not enqueued, catch-up "latest").
+-- `skipped` (runs not enqueued: missed, catch-up "latest", or while the job holding
+-- a unique task's key had not ended).
 -- ARGV[1] the mode:
 --   'sync' n, then n x (name, spec, next): register the schedules (a new one, or one
 --     whose `last` is no number, starts now: its first job is its next occurrence),
@@ -22,11 +23,12 @@
 --     is not the expected one: nothing done; compute again from the `last` returned),
 --     'new' (no state: it starts at `now`) or 'paused' (the occurrences up to `now`
 --     pass without a job).
---   'pause' name; 'resume' name (`last` becomes now: the paused time is not caught
---     up). Return 1.
+--   'pause' name; 'resume' name (of a paused schedule, `last` becomes now: the
+--     paused time is not caught up; any other is left alone). Return 1.
 --   'run_now' name, job id, payload, queue, priority, record queues, options: a job of the
 --     schedule's task at once, recorded as `last_job` (`last` unchanged). Returns the
---     enqueue time (ms), or 0 when the id is taken.
+--     enqueue time (ms), 0 when the id is taken, or {holder id} when the task is unique
+--     and the job holding its key has not ended (nothing stored).
 -- Any name is refused that is not a valid schedule name: returns {'invalid'} or 0.
 local PERIODIC = P .. 'periodic'
 
@@ -52,9 +54,10 @@ end
 
 -- A schedule's `last`: a whole number of ms not after Redis's clock, or nil (none, or
 -- spoilt: garbage, or from the future, which would stop the schedule until then).
+-- Before the epoch is spoilt too: sync answers -1 for a name it refuses.
 local function read_last(key, clock)
   local last = number(redis.call('HGET', key, 'last'), nil)
-  if last == nil or last > clock then
+  if last == nil or last < 0 or last > clock then
     return nil
   end
   return math.floor(last)
@@ -110,16 +113,29 @@ if mode == 'pause' then
   redis.call('HSET', key, 'paused', 1)
   return 1
 elseif mode == 'resume' then
-  redis.call('HDEL', key, 'paused')
-  redis.call('HSET', key, 'last', ms(clock))
+  -- Only a paused schedule: resuming one that runs (a second click, a stale page)
+  -- must not move `last` past occurrences due but not yet enqueued.
+  if redis.call('HGET', key, 'paused') then
+    redis.call('HDEL', key, 'paused')
+    redis.call('HSET', key, 'last', ms(clock))
+  end
   return 1
 elseif mode == 'run_now' then
   local id, payload, queue, priority = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+  local options = job_options(ARGV[8])
   if redis.call('EXISTS', JOB .. id) == 1 then
     return 0
   end
-  if store_job(id, payload, queue, priority, 0, clock, job_options(ARGV[8])) then
+  -- A unique task's job that holds its key has not ended: no second one.
+  local holder = options.unique and unique_holder(options.unique)
+  if holder then
+    return {holder}
+  end
+  if store_job(id, payload, queue, priority, 0, clock, options) then
     leave_wake_token(WAKE .. queue)
+  end
+  if options.unique then
+    hold_unique(id, options, clock)
   end
   if ARGV[7] == '1' then
     redis.call('SADD', KNOWN_QUEUES, queue)
@@ -151,10 +167,18 @@ local stored, last_job = 0, ''
 for i = 12, #ARGV - 1, 2 do
   local at, id = number(ARGV[i], nil), ARGV[i + 1]
   if at and at > last and at <= clock then
-    -- A job with this id exists (another scheduler stored it before `last` was lost
-    -- or set back): never overwritten, the occurrence counts as enqueued.
-    if redis.call('EXISTS', JOB .. id) == 0 then
+    -- A unique task's run is skipped while the job holding its key has not ended
+    -- (or its unique_for window lasts): runs of the schedule never overlap then. A job
+    -- with this id exists (another scheduler stored it before `last` was lost or set
+    -- back): never overwritten, the occurrence counts as enqueued.
+    local holder = options.unique and unique_holder(options.unique)
+    if holder then
+      skipped = skipped + 1
+    elseif redis.call('EXISTS', JOB .. id) == 0 then
       store_job(id, payload, queue, priority, 0, clock, options)
+      if options.unique then
+        hold_unique(id, options, clock)
+      end
       stored, last_job = stored + 1, id
     end
     last = math.floor(at)
@@ -166,8 +190,11 @@ if stored > 0 then
   if ARGV[10] == '1' then
     redis.call('SADD', KNOWN_QUEUES, queue)
   end
+  redis.call('HSET', key, 'last_job', last_job, 'last_at', clock)
+end
+if skipped > 0 then
   -- Read as a number and written back: a field spoilt by hand must not stop the step.
-  local total = number(redis.call('HGET', key, 'skipped'), 0) + math.max(skipped, 0)
-  redis.call('HSET', key, 'last_job', last_job, 'last_at', clock, 'skipped', ms(total))
+  local total = number(redis.call('HGET', key, 'skipped'), 0) + skipped
+  redis.call('HSET', key, 'skipped', ms(total))
 end
 return {'ok', last, stored, last_job}

@@ -68,7 +68,7 @@ if recover then
     local job = JOB .. id
     if is_job(id) then
       redis.call('HDEL', job, 'owner')
-      free_slot(id, redis.call('HGET', job, 'limit'), now, ttl)
+      free_slot(id, redis.call('HGET', job, 'limit'), now, tonumber(ARGV[8]), ttl)
       local lost = math.floor(math.max(number(redis.call('HGET', job, 'lost'), 0), 0)) + 1
       redis.call('HSET', job, 'lost', lost)
       if lost > lost_limit then
@@ -83,28 +83,17 @@ if recover then
   consider(redis.call('ZRANGE', RUNNING, 0, 0, 'WITHSCORES')[2])
 end
 
--- Limits whose parked jobs are due a look: as many as there is room for go back to
--- their queues (the rest wait for the next look, or for a finish to unpark them).
+-- Limits whose parked jobs are due a look: those with room go back to their queues
+-- (the rest wait for the next look, or for a finish to unpark them).
 local window = tonumber(ARGV[8])
-local looks = redis.pcall('ZRANGEBYSCORE', LIMITS, '-inf', now, 'LIMIT', 0, batch)
-if not looks.err then
-  for _, key in ipairs(looks) do
-    redis.call('ZREM', LIMITS, key)
-    local parked = LIMIT .. key .. ':parked'
-    local first = redis.pcall('ZRANGE', parked, 0, 0)
-    if not first.err and first[1] then
-      local f = is_job(first[1]) and redis.call('HMGET', JOB .. first[1], 'max_running', 'rate')
-      local limit = limits_of(key, f and f[1], f and f[2])
-      local room, wake = limit_room(limit, now, window)
-      unpark(key, math.min(room, batch), now, ttl)
-      if redis.call('ZCARD', parked) > 0 then
-        look_again(key, wake)
-      end
-    end
-  end
-  full = full or #looks == batch
-  consider(redis.call('ZRANGE', LIMITS, 0, 0, 'WITHSCORES')[2])
+local limits = typed(LIMITS, 'zset')
+local looks = redis.call('ZRANGEBYSCORE', limits, '-inf', now, 'LIMIT', 0, batch)
+for _, key in ipairs(looks) do
+  redis.call('ZREM', limits, key)
+  unpark(key, batch, now, window, ttl)
 end
+full = full or #looks == batch
+consider(redis.call('ZRANGE', limits, 0, 0, 'WITHSCORES')[2])
 
 -- Dead workers' cursors go, and with them the messages only they had not read; held
 -- like the recovery, as the heartbeats that prove a worker alive were held too. Every

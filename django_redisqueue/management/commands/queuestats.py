@@ -19,7 +19,7 @@ COLUMNS = ("ready", "running", "delayed", "failed", "finished")
 class Command(BaseCommand):
     help = (
         "Print each queue's ready, running, delayed, failed and finished (last hour) jobs, "
-        "and the periodic jobs."
+        "the limits holding jobs back, and the periodic jobs."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -44,6 +44,10 @@ class Command(BaseCommand):
                         "workers": workers,
                         "schedulers": schedulers,
                         "periodic": periodic,
+                        "limits": [
+                            {"key": lim.key, "running": lim.running, "parked": lim.parked}
+                            for lim in overview["limits"]
+                        ],
                     },
                     indent=2,
                 )
@@ -59,6 +63,10 @@ class Command(BaseCommand):
             f"{len(workers)} worker(s) alive, {len(schedulers)} scheduler(s) alive; "
             "finished = in the last hour"
         )
+        for limit in overview["limits"]:
+            self.stdout.write(
+                f"limit {limit.name}: {limit.running} running, {limit.parked} parked"
+            )
         if periodic:
             width = max(len(p["name"]) for p in periodic) + 2
             expression = max(len(p["schedule"]) for p in periodic) + 2
