@@ -704,9 +704,10 @@ class Broker:
     # Periodic (docs/protocol.md, "Periodic jobs"; lua/periodic.lua)
 
     def periodic_sync(
-        self, schedules: Sequence[tuple[str, str, int]]
+        self, schedules: Sequence[tuple[str, str, int | str]]
     ) -> tuple[list[int | None], list[str]]:
-        """Register schedules given as (name, spec JSON, next occurrence ms), and delete
+        """Register schedules given as (name, spec JSON, next occurrence ms or '' for
+        none), and delete
         the state of every other one. Returns each schedule's ``last`` (None for a name
         refused) and the names whose state was deleted."""
         args: list[Any] = ["sync", len(schedules)]

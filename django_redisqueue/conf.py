@@ -258,6 +258,9 @@ def _topology_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
 # Periodic jobs (periodic.py): PERIODIC is {name: {"task": "app.tasks.f", "cron": "0 3 * * *"
 # or "every": seconds, "args": [...], "kwargs": {...}, "catch_up": "latest" or "all"}}.
 PERIODIC_FIELDS = ("task", "cron", "every", "args", "kwargs", "catch_up")
+# An interval's bounds (seconds): the scheduler's finest step, and a year.
+MIN_EVERY_SECONDS = 1
+MAX_EVERY_SECONDS = 366 * 86400
 
 
 def _periodic_problems(where: str, periodic: Any) -> list[Problem]:
@@ -331,13 +334,13 @@ def _schedule_problems(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
         if (
             not isinstance(seconds, int | float)
             or isinstance(seconds, bool)
-            or not seconds >= 0.001
-            or seconds == float("inf")
+            or not MIN_EVERY_SECONDS <= seconds <= MAX_EVERY_SECONDS
         ):
             problems.append(
                 (
                     f"has 'every' {every!r}.",
-                    "Use a number of seconds (at least 0.001) or a timedelta.",
+                    f"Use a number of seconds ({MIN_EVERY_SECONDS} to {MAX_EVERY_SECONDS:,}: "
+                    "a second to a year) or a timedelta.",
                 )
             )
     args, kwargs = spec.get("args", []), spec.get("kwargs", {})
@@ -375,7 +378,19 @@ def _cron_problems(cron: Any) -> list[tuple[str, str]]:
     try:
         if not isinstance(cron, str):
             raise CronSimError("not a string")
-        CronSim(cron, datetime.now(UTC))
+        # Five fields: cronsim also reads a seconds field, for which it applies no
+        # daylight-saving rule (a run could happen twice, or not at all).
+        if len(cron.split()) != 5:
+            raise CronSimError(f"{len(cron.split())} fields, not 5")
+        # One that never matches (cronsim looks 50 years ahead) would stop the scheduler.
+        next(CronSim(cron, datetime.now(UTC)))
+    except StopIteration:
+        return [
+            (
+                f"has 'cron' {cron!r}, which never matches.",
+                "Use an expression with a run in the next fifty years.",
+            )
+        ]
     except CronSimError as exc:
         return [
             (

@@ -250,10 +250,10 @@ def resolve_task(backend: RedisQueueBackend, schedule: Schedule) -> Task:
     if task is None:
         try:
             task = import_string(schedule.task_path)
-        except ImportError as exc:
+        except Exception as exc:  # ImportError, or whatever the module raised as it loaded
             raise PeriodicTaskError(
                 f"Periodic job {schedule.name!r}: task {schedule.task_path!r} cannot be "
-                f"imported ({exc})."
+                f"imported ({type(exc).__name__}: {exc})."
             ) from None
         if not isinstance(task, Task):
             raise PeriodicTaskError(
@@ -300,7 +300,7 @@ class PeriodicStep:
         """Register the schedules, store their specs, and delete the state of schedules
         no longer in settings."""
         tz = get_default_timezone()
-        entries = [(s.name, s.spec(), s.next_after(now_ms, tz)) for s in self.schedules]
+        entries = [(s.name, s.spec(), self._next_or_none(s, now_ms, tz)) for s in self.schedules]
         lasts, removed = self.broker.periodic_sync(entries)
         for schedule, last in zip(self.schedules, lasts, strict=True):
             self.last[schedule.name] = last
@@ -308,6 +308,15 @@ class PeriodicStep:
         for name in removed:
             logger.info("Periodic job %r is no longer in settings: its state is deleted", name)
         self.synced_at = monotonic_now
+
+    def _next_or_none(self, schedule: Schedule, now_ms: int, tz: tzinfo) -> int | str:
+        """The schedule's next run after ``now_ms``, or '' (none: logged) when it has
+        none that cronsim can find, so that one schedule cannot stop the sync."""
+        try:
+            return schedule.next_after(now_ms, tz)
+        except Exception as exc:
+            logger.error("Periodic job %r has no next run: %s", schedule.name, exc)
+            return ""
 
     def step(self, now_ms: int) -> float | None:
         """Enqueue what is due at ``now_ms`` (Redis's clock); return the seconds until
@@ -355,8 +364,8 @@ class PeriodicStep:
                 options=prepared._options if prepared else "",
             )
             self.last[schedule.name] = reply.last
-            if reply.status == "stale":
-                continue
+            if reply.status == "stale" or (reply.status == "new" and due.occurrences):
+                continue  # compute again from the `last` Redis holds now
             if reply.enqueued:
                 logger.info(
                     "Periodic job %r: enqueued %d occurrence(s), the last at %s (job %s)%s",

@@ -350,33 +350,50 @@ def test_removed_schedules_stop_and_their_state_is_deleted(r, caplog):
     assert not r.exists(f"{P}:periodic") and not r.exists(state("kept"))
 
 
-def test_a_task_that_cannot_be_imported_is_logged_and_others_run(r, caplog):
-    schedules = {"broken": {"task": "tests.tasks.nope", "every": 1}, "fine": EVERY_SECOND}
+@pytest.mark.parametrize("path", ["tests.tasks.nope", "tests.module_that_raises.f"])
+def test_a_task_that_cannot_be_imported_is_logged_and_others_run(r, caplog, path):
+    schedules = {"broken": {"task": path, "every": 1}, "fine": EVERY_SECOND}
     with periodic(schedules) as backend, caplog.at_level(logging.ERROR):
         step = stepper(backend)
         for name in schedules:
             r.hset(state(name), "last", int(r.hget(state(name), "last")) - 2000)
         step.last.clear()
         assert step.step(backend.broker.clock_ms()) is not None
-    assert "tests.tasks.nope' cannot be imported" in caplog.text
+    assert f"{path}' cannot be imported" in caplog.text
     assert len(occurrences_in(r, "fine")) == 1 and occurrences_in(r, "broken") == []
+    with periodic(schedules):
+        from django_redisqueue.checks import check_periodic_tasks
+
+        assert [w.id for w in check_periodic_tasks()] == ["django_redisqueue.W003"]
+
+
+def test_a_run_due_when_the_state_was_lost_is_not_dropped(r):
+    """The state deleted (a Redis without persistence, a scheduler with older settings):
+    the scheduler goes on from the last run it knew, and the run due is enqueued."""
+    with periodic({"beat": EVERY_SECOND}) as backend:
+        step = stepper(backend)
+        step.last["beat"] = int(r.hget(state("beat"), "last")) - 3000
+        r.delete(state("beat"))
+        step.step(backend.broker.clock_ms())
+        assert len(occurrences_in(r, "beat")) == 1  # catch-up "latest": the latest run
+        assert r.hget(state("beat"), "last_job")
 
 
 def test_the_scheduler_loop_enqueues_each_occurrence(r):
     with periodic(
-        {"fast": {"task": "tests.tasks.noop", "every": 0.1, "catch_up": "all"}}
+        {"fast": {"task": "tests.tasks.noop", "every": 1, "catch_up": "all"}}
     ) as backend:
         scheduler = Scheduler(backend)
         thread = threading.Thread(target=scheduler.run)
         thread.start()
         try:
-            wait_until(lambda: len(occurrences_in(r, "fast")) >= 10, 30, "10 occurrences")
+            wait_until(lambda: len(occurrences_in(r, "fast")) >= 3, 30, "3 occurrences")
         finally:
             scheduler.stop()
             r.rpush(f"{P}:scheduler:wake", 1)
             thread.join(timeout=30)
     found = occurrences_in(r, "fast")
-    assert found == list(range(found[0], found[-1] + 1, 100))
+    assert found == list(range(found[0], found[-1] + 1, 1000))
 
 
 # Spoilt state
@@ -522,6 +539,15 @@ def test_system_checks_report_wrong_schedules_and_tasks_that_cannot_be_used():
     assert len(errors) == 2
     assert "invalid schedule name 'a b'" in errors[0].msg
     assert "exactly one of 'cron' and 'every'" in errors[1].msg
+    odd = {
+        "never": {"task": "tests.tasks.noop", "cron": "0 0 */29 2 5#5"},  # no run in 50 years
+        "seconds": {"task": "tests.tasks.noop", "cron": "0 30 2 * * *"},  # six fields
+        "huge": {"task": "tests.tasks.noop", "every": 1e308},
+        "tiny": {"task": "tests.tasks.noop", "every": 0.001},
+    }
+    with periodic(odd):
+        errors = [e.msg for e in check_settings() if e.id == "django_redisqueue.E009"]
+    assert len(errors) == 4 and "never matches" in errors[0] and "6 fields" in errors[1]
     with periodic({"gone": {"task": "tests.tasks.nope", "every": 1}, "ok": EVERY_SECOND}):
         warnings = check_periodic_tasks()
     assert [w.id for w in warnings] == ["django_redisqueue.W003"]

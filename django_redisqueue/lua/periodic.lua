@@ -21,7 +21,8 @@
 --     overwritten: its occurrence counts as enqueued) and moves `last` to it.
 --     Returns {status, last, jobs stored, last job id}; status is 'ok', 'stale' (`last`
 --     is not the expected one: nothing done; compute again from the `last` returned),
---     'new' (no state: it starts at `now`) or 'paused' (the occurrences up to `now`
+--     'new' (no state: it starts at the expected last if one was given, else at
+--     `now`) or 'paused' (the occurrences up to `now`
 --     pass without a job).
 --   'pause' name; 'resume' name (of a paused schedule, `last` becomes now: the
 --     paused time is not caught up; any other is left alone). Return 1.
@@ -150,7 +151,13 @@ local expected, now, next_at = number(ARGV[3], nil), number(ARGV[4], clock), ARG
 local skipped, queue, priority, payload = number(ARGV[6], 0), ARGV[7], ARGV[8], ARGV[9]
 local last = read_last(key, clock)
 if last == nil then
+  -- No state (a new schedule, or its state lost: a Redis without persistence, a
+  -- scheduler with older settings that deleted it): it goes on from the `last` the
+  -- caller knew, if any, so that the run it came for is not dropped; else from now.
   last = math.min(math.floor(now), clock)
+  if expected and expected >= 0 and expected <= clock then
+    last = math.floor(expected)
+  end
   redis.call('HSET', key, 'last', ms(last), 'next', next_at)
   return {'new', last, 0, ''}
 end
