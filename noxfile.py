@@ -86,7 +86,9 @@ def tests(session: nox.Session) -> None:
         "pytest",
         *(() if newest else ("-m", "not failover and not long")),
         *session.posargs,
-        env={} if newest else {"REDISQUEUE_MODEL_EXAMPLES": "100"},
+        env={}
+        if newest
+        else {"REDISQUEUE_MODEL_EXAMPLES": "100", "REDISQUEUE_PERIODIC_EXAMPLES": "80"},
     )
     if newest and not session.posargs:
         # The core, scheduler and admin tests again, on a Redis Cluster of 3 masters and
