@@ -32,6 +32,14 @@ each worker receives each message at most once, exactly those sent after it
 registered for the queues it serves, and the unread set keeps every message a live
 cursor has not passed.
 
+Unique jobs and limits are modelled in tests/protocol_model_limits.py (its docstring
+says how): enqueues under unique keys, held until the end or for a window, answered
+with the holder's id; jobs under concurrency and rate limits, parked by the claims
+over them (a place of their own) and unparked by a freed slot or the tick's look.
+After every step the unique keys, the slots, the starts within the period, the parked
+sets and the looks agree with the model, and no parked job is left without a look or
+a slot holder to bring it back.
+
 How the test controls time
 --------------------------
 The scripts read Redis's clock (TIME), which a test cannot move. So:
@@ -103,6 +111,19 @@ from django_redisqueue.compat import TaskResultDoesNotExist
 from django_redisqueue.exceptions import NotCancellable
 from django_redisqueue.workflows import Job as WorkflowJob
 from tests import tasks
+from tests.protocol_model_limits import (
+    DELAYED,
+    DELETED,
+    FINISHED,
+    LIMITS,
+    PARKED,
+    QUEUED,
+    RUNNING,
+    UNIQUE_KEYS,
+    WAITING,
+    LimitsModel,
+    options_json,
+)
 
 QUEUES = ("high", "default", "low")
 # Orders in which a worker (or a scheduler) serves queues.
@@ -154,8 +175,6 @@ INJECTED = {
 RUN: Counter[str] = Counter()
 STATES: set[int] = set()
 
-QUEUED, DELAYED, RUNNING, FINISHED, DELETED = "queue", "delayed", "running", "finished", "deleted"
-WAITING = "waiting"  # READY, in no set: for the job it runs after, or its group
 STATUSES = (SUCCESSFUL, FAILED, RETRY, RELEASE)
 
 # Strategies. Jobs and workers are picked by index in lists the model keeps in a
@@ -260,13 +279,14 @@ class Pending(NamedTuple):
 
 class Spec(NamedTuple):
     """A job for enqueue_linked: its id, queue, priority, due time (ms, 0: now) and
-    what it runs after ('' , a job id, or AFTER_GROUP)."""
+    what it runs after ('' , a job id, or AFTER_GROUP); its limit key, if any."""
 
     job_id: str
     queue: str
     priority: int
     due: int
     after: str
+    limit: str = ""
 
 
 @dataclass
@@ -302,6 +322,11 @@ class Job:
     after: str | None = None  # the job it runs after, or group:<gid> for a callback
     run_after: int | None = None  # ``due``: a job stored waiting keeps its due time
     then: list[str] = field(default_factory=list)  # the jobs waiting for it
+    # Unique jobs and limits (protocol_model_limits.py): its unique key, the window of
+    # its ``unique_until`` (PASSED once the window ended), and its limit key.
+    unique: str | None = None
+    unique_until: tuple[int, int] | None = None
+    limit: str | None = None
 
     def __repr__(self) -> str:
         return f"<job #{self.n} {self.id[:8]} {self.queue}/{self.priority} {self.place}>"
@@ -378,7 +403,7 @@ def in_window(value: str | float | None, window: tuple[int, int]) -> bool:
     return value is not None and window[0] <= int(float(value)) <= window[1]
 
 
-class ProtocolMachine(RuleBasedStateMachine):
+class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
     def __init__(self, env: dict) -> None:
         super().__init__()
         self.r: redis.Redis = env["r"]
@@ -413,9 +438,16 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.to_report: dict[str, list[int]] = {w: [] for w in WORKERS}
         self.lease_ms = self.broker.lease_ms
         self.last_clock = 0
+        self.init_limits()
         assert self.backend.config.result_ttl == RESULT_TTL
         self.started = self.clock()
         RUN["examples"] += 1
+
+    def count(self, name: str) -> None:
+        RUN[name] += 1
+
+    def take_snapshot(self) -> dict[str, object]:
+        return snapshot(self.r)
 
     # Redis's clock, read around each call: the window in which its script ran.
 
@@ -512,6 +544,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     ) -> None:
         never_ran = job.place == WAITING
         job.place, job.final = FINISHED, status
+        self.m_release_unique(job)
         job.finished_at, job.finish_window = None, window
         if status == FAILED and not job.cancelled and not never_ran:
             job.indexed = True
@@ -577,8 +610,9 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.release(self.jobs[group.callback], window)
 
     def m_cancel(self, job: Job | None, error: Err, window: tuple[int, int]) -> bool:
-        """cancel_job: a READY job (queued, delayed or waiting) ends FAILED, cancelled."""
-        if job is None or job.place not in (QUEUED, DELAYED, WAITING):
+        """cancel_job: a READY job (queued, delayed, waiting or parked) ends FAILED,
+        cancelled."""
+        if job is None or job.place not in (QUEUED, DELAYED, WAITING, PARKED):
             return False
         job.cancelled = True
         self.end(job, FAILED, window, error)
@@ -591,6 +625,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         if job is None or job.place != RUNNING or job.owner != outcome.owner:
             return False
         self.leave_running(job)
+        self.m_free_slot(job)
         t0, t1 = window
         if outcome.status == RETRY:
             job.errors.append(Err(VALUE_ERROR))
@@ -604,12 +639,19 @@ class ProtocolMachine(RuleBasedStateMachine):
         return True
 
     def m_claim(self, queues, worker: str, window: tuple[int, int]) -> Job | None:
+        """The first job of the first unpaused queue; one over its limit is parked, and
+        the next one is taken."""
         for queue in queues:
-            if queue in self.paused:
-                continue
-            ready = self.queue_order(queue)
-            if ready:
+            while queue not in self.paused:
+                ready = self.queue_order(queue)
+                if not ready:
+                    break
                 job = ready[0]
+                if job.limit and not self.m_limit_room(job.limit):
+                    self.m_park(job)
+                    continue
+                if job.limit:
+                    self.m_take_limit(job, window)
                 job.attempts += 1
                 job.owner = f"{worker}/{job.attempts}"
                 job.workers.append(worker)
@@ -628,6 +670,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         mine.sort(key=lambda j: (j.deadline if j.deadline is not None else FAR * 1000, j.id))
         for job in mine:
             self.leave_running(job)
+            self.m_free_slot(job)
             self.forget_attempt(job)
             self.requeue(job)
         return mine
@@ -650,6 +693,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                 group = self.groups[gid] = Group(gid, len(self.groups), window)
         for spec in batch:
             job = Job(spec.job_id, len(self.jobs), spec.queue, spec.priority)
+            job.limit = spec.limit or None
             self.jobs[job.id] = job
             before = ""  # what the job it runs after is: 'waits' (not ended), or its end
             if spec.after == AFTER_GROUP:
@@ -814,22 +858,39 @@ class ProtocolMachine(RuleBasedStateMachine):
             return self.pick(self.jobs, pick) or ""
         return UNKNOWN_ID if kind == "unknown" else ""
 
-    def op_linked(self, steps, gid: str = "", callback=None, lost: bool = False) -> None:
+    def op_linked(
+        self, steps, gid: str = "", callback=None, lost: bool = False, limits=()
+    ) -> None:
         """Jobs (queue, priority, delay, link, pick) through Broker.enqueue_linked, in
         one call per BATCH jobs: with ``gid``, a group of them (and ``callback``, a
-        (queue, priority, delay), its callback)."""
+        (queue, priority, delay), its callback); ``limits``: the steps' limit keys."""
         prepared = [self.backend.prepare(tasks.noop, (), {}) for _ in range(len(steps) + 1)]
         t0 = self.clock()
         specs, previous = [], ""
-        for result, (queue, priority, delay, link, pick) in zip(prepared, steps, strict=False):
+        limits = [*limits, *[""] * len(steps)]
+        for result, (queue, priority, delay, link, pick), limit in zip(
+            prepared, steps, limits, strict=False
+        ):
             due = 0 if DELAYS[delay] is None else t0 + DELAYS[delay]
-            specs.append(Spec(result.id, queue, priority, due, self.link(link, pick, previous)))
+            after = self.link(link, pick, previous)
+            specs.append(Spec(result.id, queue, priority, due, after, limit))
             previous = result.id
         if callback is not None:
             queue, priority, delay = callback
             due = 0 if DELAYS[delay] is None else t0 + DELAYS[delay]
             specs.append(Spec(prepared[-1].id, queue, priority, due, AFTER_GROUP))
-        jobs = [NewJob(s.job_id, s.queue, s.priority, self.payload, s.due, s.after) for s in specs]
+        jobs = [
+            NewJob(
+                s.job_id,
+                s.queue,
+                s.priority,
+                self.payload,
+                s.due,
+                s.after,
+                options_json(None, s.limit or None),
+            )
+            for s in specs
+        ]
         missing = self.missing(specs)
         before = snapshot(self.r) if missing else None
         named: str | None = None
@@ -1126,6 +1187,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         recovered = failed = 0
         for job in expired:
             self.leave_running(job)
+            self.m_free_slot(job)
             job.lost += 1
             if job.lost > LOST_LIMIT:
                 self.end(job, FAILED, (t0, t1), Err(LEASE_LOST))
@@ -1133,6 +1195,9 @@ class ProtocolMachine(RuleBasedStateMachine):
             else:
                 self.requeue(job)
                 recovered += 1
+        # Then the limits whose look is due; the next look counts for the next step.
+        full = self.m_tick_looks(batch) or full
+        later += [score for _, score in self.r.zrange(self.keys.limits, 0, 0, withscores=True)]
         # More cursors than live workers: a dead worker's cursor to drop.
         if recover and len(self.cursors) > len(self.heartbeats - self.silent):
             self.m_trim_broadcasts()
@@ -1206,14 +1271,16 @@ class ProtocolMachine(RuleBasedStateMachine):
                         job.place, job.done = DELETED, []
                     else:
                         job.finished_at, job.result, job.waiters, job.done = None, None, False, []
+                        self.m_hold_unique_again(job)
                         self.push_ready(job)
                     expected += 1
                 elif action == "run_now" and job.place == DELAYED:
                     self.push_ready(job)
                     expected += 1
                 elif action == "empty" and job.place == QUEUED:
-                    if job.group is not None or job.then:
-                        # It ends first: its group still completes, its dependents fail.
+                    if job.group is not None or job.then or job.unique:
+                        # It ends first: its group still completes, its dependents fail,
+                        # its unique key is free.
                         job.cancelled = True
                         self.end(job, FAILED, (t0, t1), Err(CANCELLED))
                     job.place = DELETED
@@ -1325,7 +1392,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(pick=PICK)
     def enqueue_a_taken_id(self, pick):
         """An id already taken (any job not deleted): refused, nothing changes."""
-        job = self.pick(self.job_list(QUEUED, DELAYED, WAITING, RUNNING, FINISHED), pick)
+        job = self.pick(self.job_list(QUEUED, DELAYED, WAITING, PARKED, RUNNING, FINISHED), pick)
         if job is None:
             return
         before = snapshot(self.r)
@@ -1683,12 +1750,19 @@ class ProtocolMachine(RuleBasedStateMachine):
         kinds += ["cancel", "watch"] if self.jobs else []
         kinds += ["chain", "group", "broadcast", "receive"]
         kinds += ["cancel group"] if self.groups else []
+        kinds += ["unique", "limited"]
         kind_name = self.pick(kinds, kind)
         worker_id = self.pick(WORKERS, worker)
         if kind_name in ("chain", "group", "broadcast", "receive", "cancel group"):
             self.any_fan_out_operation(kind_name, worker_id, pick, other)
         elif kind_name == "enqueue":
             self.op_enqueue("default", 0, self.pick(DELAYS.values(), other), via_api=False)
+        elif kind_name in ("unique", "limited"):
+            unique = (
+                (self.pick(UNIQUE_KEYS, other), bool(pick % 2)) if kind_name == "unique" else None
+            )
+            limit = self.pick(sorted(LIMITS), other)
+            self.op_enqueue_options([("default", 0, "now", unique, limit)], via_api=False)
         elif kind_name == "claim":
             self.op_claim(worker_id, QUEUES, None)
         elif kind_name == "finish":
@@ -1808,6 +1882,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         assert set(index) == set(self.groups), f"{k.groups}: {index}"
         assert all(in_window(index[g.id], g.created) for g in groups), index
         self.check_broadcasts(messages, replies)
+        self.check_limits()
         self.check_counts()
         self.check_keys()
         self.let_time_pass()
@@ -1853,6 +1928,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             assert "finished_at" not in fields, f"{name}: {job.place} with a finished_at"
         if job.place == QUEUED:
             assert int(fields["score"]) == queue_scores[job.id], f"{name}: stored score"
+        self.check_job_options(name, job, fields)
 
     def check_errors(self, name: str, stored: list[dict], model: list[Err]) -> None:
         """The error classes in order; a DependencyFailed names the job it ran after and,
@@ -1980,6 +2056,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         expires |= {k.broadcast_message(n): True for n in self.messages}
         expires |= {k.broadcast_wake(w): True for w in self.message_wakes}
         required |= {k.broadcast_wake(w) for w in self.message_wakes}
+        self.expected_limit_keys(expires, required)
         return expires, required
 
     def check_keys(self) -> None:
@@ -2050,6 +2127,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             tuple(tuple(sorted(self.held[w].values())) for w in WORKERS),
             tuple(self.last_message - self.cursors.get(w, -1) for w in WORKERS),
             len(self.unread),
+            self.limits_state(),
         )
 
 
@@ -2113,6 +2191,15 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "refused linked enqueues",
             "messages received",
             "lost fan-out replies",
+            "parked",
+            "unparked by a freed slot",
+            "unparked by the tick",
+            "parked jobs cancelled",
+            "unique enqueues refused",
+            "unique keys freed",
+            "unique keys kept for their window",
+            "unique keys taken again",
+            "unique windows passed",
         )
     )
     report(

@@ -634,8 +634,9 @@ local function unpark(key, most, now, lease, ttl)
     end
   end
   if redis.call('ZCARD', parked) > 0 then
-    -- Parked jobs past the first `most` were not looked at: look again soon.
-    look_again(key, wake or now + lease)
+    -- Jobs stay parked: look again when the first of the limits seen may have room or,
+    -- when every job looked at had room, at once at those past the first `most`.
+    look_again(key, wake or now)
   end
   return back
 end

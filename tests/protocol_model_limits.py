@@ -1,0 +1,585 @@
+"""Unique jobs and limits in the protocol model (tests/test_protocol_model.py): the
+model's moves, steps and invariants for them, mixed into its state machine.
+
+Unique jobs: enqueues (``Broker.enqueue`` with options, one job or a batch, and the
+task API: ``using(unique_key=...)``, or ``unique_for``) of jobs under a few unique
+keys. While the key is held, an enqueue returns the holder's id and stores nothing.
+A key is held while its job has not ended; the job's end in any way (finish, failure,
+cancel, lost for good, an operator's "empty") frees it, or, with ``unique_for``, keeps
+it for the rest of its window (a TTL); a retry, a give-back or a recovery do not. An
+operator's retry of a failed unique job takes its key again if it is free. Windows
+last an hour: ``unique_window_passes`` ends one, deleting the key (its TTL ran out) or
+moving the job's ``unique_until`` into the past, as ``becomes_due`` does for a delay.
+
+Limits: jobs under a few limit keys, each with a fixed ``max_running`` (1 or 2) and/or
+a rate (a few starts an hour). A claim parks a job over its limit (a new place: READY,
+in no queue and no delayed set, in ``{P}:limit:<key>:parked`` at its queue score) and
+takes the next; a slot holder's finish (any outcome), give-back or recovery puts back
+the parked jobs that have room, and so does the tick when the key's ``{P}:limits``
+entry is due (a job in a paused queue takes no room). Real time never frees a start
+nor makes an entry due (both are an hour or a lease ahead): ``rate_window_passes``
+moves the oldest starts' scores to 0, and ``limit_look_comes_due`` the entry's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import NamedTuple
+
+import redis
+from hypothesis import strategies as st
+from hypothesis.stateful import rule
+
+from django_redisqueue.broker import FAILED, RELEASE, RETRY, SUCCESSFUL, NewJob
+from tests import tasks
+
+# The places of a job in the model.
+QUEUED, DELAYED, RUNNING, FINISHED, DELETED = "queue", "delayed", "running", "finished", "deleted"
+WAITING = "waiting"  # READY, in no set: for the job it runs after, or its group
+PARKED = "parked"  # READY, over its limit: in its limit's parked set only
+
+HOUR = 3_600_000  # ms: a rate's period, a unique window; longer than any run
+
+
+class Limit(NamedTuple):
+    """A limit key's settings, the same for every job under it."""
+
+    running: int | None  # max_running
+    rate: int | None  # starts per HOUR
+
+
+LIMITS = {
+    "both": Limit(2, 3),
+    "one": Limit(1, None),
+    "rate": Limit(None, 2),
+    "two": Limit(2, None),
+}
+# Most parked jobs a freed slot looks through (common.lua).
+FREED_LOOKS_AT = 20
+RATED = sorted(key for key, limit in LIMITS.items() if limit.rate)
+UNIQUE_KEYS = ("u1", "u2")
+STATUSES = (SUCCESSFUL, FAILED, RETRY, RELEASE)
+
+
+# A job's ``unique_until`` once the step that ends windows moved it into the past.
+PASSED = (0, 0)
+
+
+@dataclass
+class Start:
+    """A start counted under a rate: the job, the window of its claim, and whether
+    the step that ages starts has moved it out of the period (score 0)."""
+
+    job_id: str
+    window: tuple[int, int]
+    aged: bool = False
+
+
+# Strategies. Jobs with options go mostly to one queue and priority, so that limited
+# jobs queue behind each other, and a parked job has jobs behind it to take.
+OPTION_QUEUE = st.sampled_from(["default", "default", "default", "high", "low"])
+OPTION_PRIORITY = st.sampled_from([0, 0, 0, 5, -100])
+# Not SOON: real time reaching a due time is covered by the plain enqueues.
+OPTION_DELAY = st.sampled_from(["now", "now", "now", "past", "an hour"])
+DELAY_MS = {"now": None, "past": -1000, "an hour": HOUR}
+UNIQUE = st.none() | st.tuples(st.sampled_from(UNIQUE_KEYS), st.booleans())
+LIMIT = st.none() | st.sampled_from(sorted(LIMITS))
+OPTIONED = st.tuples(OPTION_QUEUE, OPTION_PRIORITY, OPTION_DELAY, UNIQUE, LIMIT)
+LIMITED_STEP = st.tuples(
+    OPTION_QUEUE, OPTION_PRIORITY, st.sampled_from(["now", "now", "an hour"]), LIMIT
+)
+PICK = st.integers(0, 1 << 16)
+
+
+def options_json(unique: tuple[str, bool] | None, limit: str | None) -> str:
+    """A job's options as the enqueue sends them (RedisTask.job_options)."""
+    options: dict[str, object] = {}
+    if unique is not None:
+        options["unique"] = unique[0]
+        if unique[1]:
+            options["unique_ms"] = HOUR
+    if limit is not None:
+        settings = LIMITS[limit]
+        options["limit"] = limit
+        if settings.running:
+            options["max_running"] = settings.running
+        if settings.rate:
+            options["rate"], options["per"] = settings.rate, HOUR
+    return json.dumps(options) if options else ""
+
+
+def task_with(unique: tuple[str, bool] | None, limit: str | None):
+    """tasks.noop with these options, the way an application sets them: a unique key
+    through ``using(unique_key=...)`` (held until the end) or ``unique_for`` (a
+    window); limits as the task's ``concurrency_limit`` / ``rate_limit``."""
+    task, changes = tasks.noop, {}
+    if unique is not None and unique[1]:
+        changes |= {"unique": unique[0], "unique_for": HOUR / 1000}
+    if limit is not None:
+        settings = LIMITS[limit]
+        changes |= {"concurrency_limit": settings.running, "limit_key": limit}
+        changes["rate_limit"] = f"{settings.rate}/h" if settings.rate else None
+    task = replace(task, **changes) if changes else task
+    if unique is not None and not unique[1]:
+        task = task.using(unique_key=unique[0])
+    return task
+
+
+class LimitsModel:
+    """The unique keys and limits of ProtocolMachine: it provides the jobs, the
+    clock, the Redis client and the moves these build on."""
+
+    def init_limits(self) -> None:
+        # {P}:unique:<key> as it is: (the id it holds, whether it has a TTL).
+        self.unique_keys: dict[str, tuple[str, bool]] = {}
+        self.starts: dict[str, list[Start]] = {key: [] for key in LIMITS}
+        # The entries of {P}:limits: True once due (score 0), False while ahead.
+        self.looks: dict[str, bool] = {}
+
+    # The model's moves, as common.lua makes them.
+
+    def running_under(self, key: str) -> list:
+        """Its RUNNING jobs; not one leaving RUNNING (its owner gone) in this step."""
+        return [j for j in self.job_list(RUNNING) if j.limit == key and j.owner]
+
+    def parked_under(self, key: str) -> list:
+        """Its parked jobs, in the order of their queue scores (ZPOPMIN's)."""
+        parked = [j for j in self.job_list(PARKED) if j.limit == key]
+        return sorted(parked, key=lambda j: (-j.priority, j.seq))
+
+    def m_limit_room(self, key: str) -> int:
+        """limit_room: how many jobs under ``key`` may start now; the starts out of
+        the period go."""
+        limit, room = LIMITS[key], 1 << 30
+        if limit.running:
+            room = limit.running - len(self.running_under(key))
+        if limit.rate:
+            self.starts[key] = [s for s in self.starts[key] if not s.aged]
+            room = min(room, limit.rate - len(self.starts[key]))
+        return max(room, 0)
+
+    def m_take_limit(self, job, window: tuple[int, int]) -> None:
+        """take_limit: the slot is the job's being RUNNING; a rate counts a start."""
+        if LIMITS[job.limit].rate:
+            self.starts[job.limit].append(Start(job.id, window))
+
+    def m_park(self, job) -> None:
+        job.place = PARKED
+        # A look already asked for stays (sooner, or due); real time never reaches one.
+        self.looks.setdefault(job.limit, False)
+        self.count("parked")
+
+    def m_unpark(self, key: str, most: int, by: str) -> None:
+        """unpark: of the first ``most`` parked jobs (in queue order), those with room
+        go back to their places in their queues; each takes a room, unless its queue
+        is paused (it cannot start). A key that still has parked jobs keeps a look: a
+        due one if every job looked at had room (those past ``most`` are next)."""
+        room, stayed = None, False
+        for job in self.parked_under(key)[:most]:
+            if room is None:
+                room = self.m_limit_room(key)
+            if room > 0:
+                self.requeue(job)
+                self.count(f"unparked by {by}")
+                room -= job.queue not in self.paused
+            else:
+                stayed = True
+        if self.parked_under(key):
+            if stayed:
+                self.looks.setdefault(key, False)
+            else:  # all it looked at had room: the rest are looked at at once
+                self.looks[key] = True
+                self.count("looks at once past the first looked at")
+
+    def m_free_slot(self, job) -> None:
+        """free_slot: a slot holder leaves RUNNING; its limit's parked jobs with room
+        go back."""
+        if job.limit and LIMITS[job.limit].running:
+            self.m_unpark(job.limit, FREED_LOOKS_AT, "a freed slot")
+
+    def m_tick_looks(self, batch: int) -> bool:
+        """The tick's look at the due entries of {P}:limits (by score, then name): the
+        first ``batch`` parked jobs of each are looked at. Returns whether the batch
+        of looks was full."""
+        due = sorted(key for key, is_due in self.looks.items() if is_due)[:batch]
+        for key in due:
+            del self.looks[key]
+            self.m_unpark(key, batch, "the tick")
+        return len(due) == batch
+
+    def m_unique_holder(self, key: str) -> str | None:
+        """unique_holder: the job holding ``key``: one that has not ended, or one that
+        ended within its window (the key has a TTL then); never a job gone."""
+        entry = self.unique_keys.get(key)
+        if entry is None:
+            return None
+        holder, ttl = entry
+        job = self.jobs.get(holder)
+        if job is None or job.place == DELETED:
+            return None
+        return holder if ttl or job.place != FINISHED else None
+
+    def m_release_unique(self, job) -> None:
+        """store_outcome: the job's unique key is free again, or, within its window,
+        held for the rest of it (a TTL); unless another job holds it now."""
+        if job.unique and self.unique_keys.get(job.unique, ("",))[0] == job.id:
+            if job.unique_until not in (None, PASSED):
+                self.unique_keys[job.unique] = (job.id, True)
+                self.count("unique keys kept for their window")
+            else:
+                del self.unique_keys[job.unique]
+                self.count("unique keys freed")
+
+    def m_hold_unique_again(self, job) -> None:
+        """An operator's retry of a failed unique job: it takes its key again, unless
+        another job holds it now."""
+        if job.unique and self.m_unique_holder(job.unique) is None:
+            self.unique_keys[job.unique] = (job.id, False)
+            self.count("unique keys taken again")
+
+    def m_enqueue_one(self, job_id: str, spec, window: tuple[int, int]) -> str | None:
+        """enqueue.lua for one job with options: the holder's id when its unique key is
+        held (nothing stored), else None, the job stored (and holding its key)."""
+        queue, priority, due, unique, limit = spec
+        if unique is not None:
+            holder = self.m_unique_holder(unique[0])
+            if holder is not None:
+                self.count("unique enqueues refused")
+                return holder
+        self.place_new(job_id, queue, priority, due, *window)
+        job = self.jobs[job_id]
+        job.limit = limit
+        if unique is not None:
+            self.unique_keys[unique[0]] = (job_id, False)
+            job.unique = unique[0]
+            if unique[1]:
+                job.unique_until = (window[0] + HOUR, window[1] + HOUR)
+        return None
+
+    # Operations.
+
+    def op_enqueue_options(self, specs, via_api: bool, lost: bool = False) -> None:
+        """Jobs (queue, priority, delay, unique, limit) with options: through the task
+        API (one job), or in one Broker.enqueue call. ``lost``: its reply is lost."""
+        t0 = self.clock()
+        dues = []
+        for _, _, delay, _, _ in specs:
+            ms = DELAY_MS[delay]
+            when = None if ms is None else datetime.fromtimestamp((t0 + ms) / 1000, tz=UTC)
+            dues.append((when, 0 if when is None else int(when.timestamp() * 1000)))
+        full = [
+            (q, p, due, u, lim) for (q, p, _, u, lim), (_, due) in zip(specs, dues, strict=True)
+        ]
+        if via_api:
+            (queue, priority, _, unique, limit), (when, _) = specs[0], dues[0]
+            holder = unique and self.m_unique_holder(unique[0])
+            task = task_with(unique, limit).using(
+                queue_name=queue, priority=priority, run_after=when
+            )
+            result = task.enqueue()
+            window = (t0, self.clock())
+            if holder:
+                assert result.id == holder, f"unique enqueue: {result.id}, model {holder}"
+                assert self.m_enqueue_one("", full[0], window) == holder
+                held = self.jobs[holder]
+                if held.place != DELETED:
+                    assert result.status == held.status, f"{result.status}, {held}"
+            else:
+                assert self.m_enqueue_one(result.id, full[0], window) is None
+                assert result.enqueued_at is not None
+            return
+        prepared = [self.backend.prepare(tasks.noop, (), {}) for _ in specs]
+        jobs = [
+            NewJob(r.id, q, p, r._payload, due, options=options_json(u, lim))
+            for r, (q, p, due, u, lim) in zip(prepared, full, strict=True)
+        ]
+        refused = len(specs) == 1 and specs[0][3] and self.m_unique_holder(specs[0][3][0])
+        before = self.take_snapshot() if refused and not lost else None
+        replies = None
+        try:
+            replies = self.broker.enqueue(jobs)
+        except redis.exceptions.ConnectionError:
+            if not lost:
+                raise
+        window = (t0, self.clock())
+        expected = [
+            self.m_enqueue_one(j.job_id, s, window) for j, s in zip(jobs, full, strict=True)
+        ]
+        if replies is None:
+            return
+        for reply, holder in zip(replies, expected, strict=True):
+            if holder is not None:
+                assert reply == holder, f"enqueue replied {reply}; model: held by {holder}"
+            else:
+                assert isinstance(reply, int) and t0 <= reply <= window[1], reply
+        if before is not None:
+            assert self.take_snapshot() == before, "a refused unique enqueue stored something"
+
+    # Rules.
+
+    @rule(spec=OPTIONED, via_api=st.booleans())
+    def enqueue_with_options(self, spec, via_api):
+        """One job with a unique key, a limit, both or neither."""
+        self.op_enqueue_options([spec], via_api)
+
+    @rule(queue=OPTION_QUEUE, unique=st.sampled_from(UNIQUE_KEYS), timed=st.booleans())
+    def enqueue_unique_twice(self, queue, unique, timed):
+        """The same unique job twice in a row (a double click): the second gets the
+        first's id, or the id of the job already holding the key."""
+        spec = (queue, 0, "now", (unique, timed), None)
+        self.op_enqueue_options([spec], via_api=False)
+        self.op_enqueue_options([spec], via_api=True)
+
+    @rule(specs=st.lists(OPTIONED, min_size=2, max_size=4))
+    def enqueue_with_options_in_a_batch(self, specs):
+        """Several in one call: a later job under an earlier one's unique key gets its
+        id."""
+        self.op_enqueue_options(specs, via_api=False)
+
+    @rule(limit=st.sampled_from(sorted(LIMITS)), count=st.integers(2, 4), queue=OPTION_QUEUE)
+    def enqueue_a_limited_burst(self, limit, count, queue):
+        """Several jobs under one limit at once, more than it lets start together."""
+        self.op_enqueue_options([(queue, 0, "now", None, limit)] * count, via_api=False)
+
+    @rule(
+        limit=st.sampled_from(sorted(LIMITS)),
+        count=st.integers(1, 3),
+        workers=st.lists(st.sampled_from(["w1", "w2", "w3"]), min_size=1, max_size=3),
+    )
+    def limited_rush(self, limit, count, workers):
+        """Urgent jobs under one limit arrive (at the head of their queue), and workers
+        claim one after the other: those over the limit are parked, the others run."""
+        self.op_enqueue_options([("default", 100, "now", None, limit)] * count, via_api=False)
+        for worker in workers:
+            self.op_claim(worker, ("default", "low"), None)
+
+    @rule(
+        steps=st.lists(LIMITED_STEP, min_size=1, max_size=3),
+        first=st.sampled_from(["none", "job"]),
+        pick=PICK,
+    )
+    def enqueue_a_limited_chain(self, steps, first, pick):
+        """A chain (enqueue_linked.lua keeps limits) of jobs under limits, released
+        into their queues one by one, and parked there like any other."""
+        links = [first] + ["prev"] * (len(steps) - 1)
+        linked = [(q, p, d, link, pick) for (q, p, d, _), link in zip(steps, links, strict=True)]
+        self.op_linked(linked, limits=[limit or "" for *_, limit in steps])
+
+    @rule(spec=OPTIONED)
+    def enqueue_with_options_reply_lost(self, spec):
+        """The enqueue runs, its reply is lost: what it did stands."""
+        self.client.lose_reply = redis.exceptions.ConnectionError("Connection reset by peer")
+        self.op_enqueue_options([spec], via_api=False, lost=True)
+        assert self.client.lose_reply is None, "no reply was lost"
+
+    @rule(pick=PICK)
+    def unique_window_passes(self, pick):
+        """Time passes for a unique key held with a window: the key's TTL runs out,
+        once its job ended; before, the job's ``unique_until`` moves into the past."""
+        timed = [
+            (key, holder)
+            for key, (holder, _) in sorted(self.unique_keys.items())
+            if self.jobs[holder].unique_until not in (None, PASSED)
+        ]
+        chosen = self.pick(timed, pick)
+        if chosen is None:
+            return
+        key, holder = chosen
+        if self.unique_keys[key][1]:
+            self.r.delete(self.keys.unique(key))
+            del self.unique_keys[key]
+        else:
+            self.r.hset(self.keys.job(holder), "unique_until", 0)
+            self.jobs[holder].unique_until = PASSED
+        self.count("unique windows passed")
+
+    @rule(
+        limit=st.sampled_from(RATED),
+        oldest=st.integers(1, 3),
+        look=st.sampled_from(["no", "due", "due and tick", "due and tick"]),
+    )
+    def rate_window_passes(self, limit, oldest, look):
+        """Time passes for a rate: its oldest starts leave the period (score 0, as
+        ZREMRANGEBYSCORE then drops them); its look may come due too, as it would at
+        that time, and the scheduler's step follow."""
+        starts = self.r.zrange(self.keys.limit(limit, "starts"), 0, -1, withscores=True)
+        ahead = [member for member, score in starts if score > 0][:oldest]
+        if ahead:
+            self.r.zadd(self.keys.limit(limit, "starts"), dict.fromkeys(ahead, 0), xx=True)
+        # The oldest start of each job first (starts of one ms are ordered by name).
+        for member in ahead:
+            job_id = member.rsplit("@", 1)[0]
+            next(s for s in self.starts[limit] if s.job_id == job_id and not s.aged).aged = True
+        if look != "no":
+            self.make_look_due(limit)
+        if look == "due and tick":
+            self.op_tick("s2", (), 100, True)
+
+    def make_look_due(self, limit: str) -> None:
+        if limit in self.looks:
+            self.r.zadd(self.keys.limits, {limit: 0}, xx=True)
+            self.looks[limit] = True
+
+    @rule(picks=st.lists(PICK, min_size=1, max_size=2), tick=st.sampled_from([None, 1, 100, 100]))
+    def limit_look_comes_due(self, picks, tick):
+        """The time the tick should look at a limit's parked jobs comes (for one limit
+        or two); with ``tick``, the scheduler's next step (its batch) follows."""
+        for pick in picks:
+            self.make_look_due(self.pick(sorted(self.looks), pick) or "")
+        if tick is not None:
+            self.op_tick("s1", ("default",), tick, True)
+
+    @rule(
+        key=st.sampled_from(UNIQUE_KEYS),
+        status=st.sampled_from(STATUSES),
+        retry=st.sampled_from([False, True, True]),
+    )
+    def a_unique_job_goes_on(self, key, status, retry):
+        """The job holding a unique key moves: its worker sends ``status`` (it runs),
+        or it is cancelled (it waits); ``retry``: if it failed, an operator retries it
+        (it fails first, then)."""
+        holder = self.m_unique_holder(key)
+        job = self.jobs.get(holder or "")
+        if job is None:
+            return
+        if job.place == QUEUED:  # a worker of its queue claims (it, or one before it)
+            self.op_claim("w3", (job.queue,), None)
+        if job.place == RUNNING:
+            worker = job.owner.split("/")[0]
+            status = FAILED if retry else status
+            self.op_finish(worker, self.outcome(job.id, job.owner, status, 0))
+        else:
+            self.op_cancel(job, via_api=False)
+        if retry and job.indexed:
+            self.op_operate("retry_failed", job.queue, [job.id], 0)
+
+    @rule(pick=PICK, via_api=st.booleans())
+    def cancel_a_parked_job(self, pick, via_api):
+        job = self.pick(self.job_list(PARKED), pick)
+        if job is not None:
+            self.op_cancel(job, via_api)
+            self.count("parked jobs cancelled")
+
+    # The invariants, read from Redis.
+
+    def check_job_options(self, name: str, job, fields: dict[str, str]) -> None:
+        limit = LIMITS.get(job.limit or "")
+        assert fields.get("limit") == job.limit, f"{name}: limit {fields.get('limit')}"
+        running = limit and limit.running and str(limit.running)
+        assert fields.get("max_running") == (running or None), f"{name}: max_running"
+        rate = limit and limit.rate and f"{limit.rate}/{HOUR}"
+        assert fields.get("rate") == (rate or None), f"{name}: rate {fields.get('rate')}"
+        parked = job.limit if job.place == PARKED else None
+        assert fields.get("parked") == parked, f"{name}: parked {fields.get('parked')}, {job}"
+        assert fields.get("unique") == job.unique, f"{name}: unique {fields.get('unique')}"
+        until = fields.get("unique_until")
+        if job.unique_until is None:
+            assert until is None, f"{name}: unique_until {until}"
+        else:
+            lo, hi = job.unique_until
+            assert until is not None and lo <= int(until) <= hi, f"{name}: until {until}"
+
+    def check_limits(self) -> None:
+        """Unique keys hold what the model says; per limit: the slots are its RUNNING
+        jobs, never more than max_running; the starts in the period are the model's,
+        never more than the rate; the parked set holds its parked jobs in queue order
+        at their queue scores; a limit with parked jobs has a look or a slot holder
+        to unpark them."""
+        k, pipe = self.keys, self.r.pipeline(transaction=False)
+        for key in UNIQUE_KEYS:
+            pipe.get(k.unique(key))
+            pipe.pttl(k.unique(key))
+        for key in LIMITS:
+            pipe.smembers(k.limit(key, "running"))
+            pipe.zrange(k.limit(key, "starts"), 0, -1, withscores=True)
+            pipe.pttl(k.limit(key, "starts"))
+            pipe.zrange(k.limit(key, "parked"), 0, -1, withscores=True)
+        pipe.zrange(k.limits, 0, -1, withscores=True)
+        parked_jobs = self.job_list(PARKED)
+        for job in parked_jobs:
+            pipe.hget(k.job(job.id), "score")
+        replies = iter(pipe.execute())
+        for key in UNIQUE_KEYS:
+            holder, ttl = next(replies), next(replies)
+            entry = self.unique_keys.get(key)
+            assert holder == (entry and entry[0]), f"unique:{key} holds {holder}, model {entry}"
+            if entry is not None:
+                assert (ttl > 0) == entry[1], f"unique:{key}: TTL {ttl} ms, model {entry}"
+                assert ttl <= HOUR, f"unique:{key}: TTL {ttl} ms, past its window"
+        per_limit = {key: [next(replies) for _ in range(4)] for key in LIMITS}
+        looks = next(replies)
+        looked = {key for key, _ in looks}
+        scores: dict[str, float] = {}
+        for key, limit in LIMITS.items():
+            slots, starts, starts_ttl, parked = per_limit[key]
+            running = {j.id for j in self.running_under(key)}
+            if limit.running:
+                assert len(running) <= limit.running, f"{key}: {len(running)} running"
+                assert slots == running, f"limit {key}: slots {slots}, running {running}"
+            else:
+                assert not slots, f"limit {key} has no max_running, yet slots {slots}"
+            self.check_starts(key, starts, starts_ttl)
+            want = [j.id for j in self.parked_under(key)]
+            got = [member for member, _ in parked]
+            assert got == want, f"{key}: parked {self.names(got)}, model {self.names(want)}"
+            scores |= dict(parked)
+            assert not got or key in looked or slots, f"{key}: parked jobs stranded"
+        assert looked == set(self.looks), f"looks {looks}, model {self.looks}"
+        for key, score in looks:
+            due = score <= self.last_clock  # moved to 0, or asked for at once
+            assert due == self.looks[key], f"look of {key} at {score}, model {self.looks}"
+            assert due or score > self.last_clock, f"look of {key} at {score}: in the past"
+        for job in parked_jobs:
+            assert float(next(replies)) == scores[job.id], f"job {job.n}: parked score"
+
+    def check_starts(self, key: str, starts: list, ttl: int) -> None:
+        model = self.starts[key]
+        if not model:
+            assert not starts, f"{key}: starts {starts}, model none"
+            return
+        assert 0 < ttl <= HOUR, f"{key}: starts with TTL {ttl} ms"
+        aged = Counter(member.rsplit("@", 1)[0] for member, score in starts if score == 0)
+        assert aged == Counter(s.job_id for s in model if s.aged), f"{key}: aged {starts}"
+        current = [(*m.rsplit("@", 1), score) for m, score in starts if score != 0]
+        ahead = [s for s in model if not s.aged]
+        assert len(ahead) <= LIMITS[key].rate, f"{key}: {len(ahead)} starts in the period"
+        got = Counter(job_id for job_id, _, _ in current)
+        assert got == Counter(s.job_id for s in ahead), f"{key}: starts {current}, {ahead}"
+        for job_id, at, score in current:
+            windows = [s.window for s in ahead if s.job_id == job_id]
+            assert int(at) == score and any(lo <= score <= hi for lo, hi in windows), (
+                f"{key}: start {job_id}@{at} at {score}, model {windows}"
+            )
+
+    def expected_limit_keys(self, expires: dict[str, bool], required: set[str]) -> None:
+        """The keys of unique jobs and limits, and whether they expire: a unique key
+        held for a window, and a rate's starts (one period), do."""
+        k = self.keys
+        for key, (_, timed) in self.unique_keys.items():
+            expires[k.unique(key)] = timed
+            required.add(k.unique(key))
+        for key in LIMITS:
+            if self.running_under(key) and LIMITS[key].running:
+                expires[k.limit(key, "running")] = False
+            if self.starts[key]:
+                expires[k.limit(key, "starts")] = True
+            if self.parked_under(key):
+                expires[k.limit(key, "parked")] = False
+        if self.looks:
+            expires[k.limits] = False
+        required |= {key for key in expires if key.startswith(k.limit_prefix)}
+        required |= {k.limits} if self.looks else set()
+
+    def limits_state(self) -> tuple:
+        return (
+            tuple(j.limit for j in self.jobs.values()),
+            tuple(
+                (key, self.jobs[holder].n, timed)
+                for key, (holder, timed) in sorted(self.unique_keys.items())
+            ),
+            tuple((len(s), sum(x.aged for x in s)) for s in self.starts.values()),
+            tuple(sorted(self.looks.items())),
+        )
