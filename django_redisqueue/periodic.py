@@ -74,11 +74,15 @@ def interval_words(every_ms: int) -> str:
 
 
 def cron_words(expression: str) -> str:
-    """A cron expression in words (cron-descriptor), or the expression if it cannot."""
+    """A cron expression in words (cron-descriptor: "At 03:00"), or the expression if
+    it cannot."""
     try:
-        from cron_descriptor import get_description
+        from cron_descriptor import Options, get_description
 
-        return str(get_description(expression))
+        # English, 24-hour times: its default follows the process's locale, which
+        # would make the words differ from one host (or process) to the next.
+        options = Options(use_24hour_time_format=True, locale_code="en_US")
+        return str(get_description(expression, options))
     except Exception:  # not installed, or an expression it does not read: show it as is
         return expression
 
