@@ -105,9 +105,7 @@ def test_interval_occurrences_are_whole_multiples_of_the_interval():
         ),
     ],
 )
-def test_a_daily_cron_in_the_hour_dst_skips_runs_at_its_end_and_once_in_the_repeated(
-    tz, spring, fall
-):
+def test_a_daily_cron_runs_when_the_clocks_resume_and_once_when_they_repeat(tz, spring, fall):
     """Debian cron's rules: a fixed time the clocks skip runs when they resume; one the
     clocks repeat runs once. (New York repeats 01:00-02:00: 02:30 is not repeated.)"""
     schedule = Schedule("s", "t", cron="30 2 * * *")
