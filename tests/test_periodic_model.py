@@ -87,6 +87,7 @@ from django_redisqueue.periodic import (
     run_now,
 )
 from tests import tasks
+from tests.test_protocol_model import snapshot
 
 TASK = "tests.tasks.noop_any"
 # The settings a sync may declare: per name, its variants (None: not in settings).
@@ -287,31 +288,6 @@ def variants(pick: int) -> tuple[int | None, ...]:
 
 def valid_name(name: str) -> bool:
     return name != INVALID
-
-
-def snapshot(r: redis.Redis) -> dict[str, object]:
-    """Every key's type, contents and whether it expires."""
-    keys = sorted(r.keys("*"))
-    pipe = r.pipeline(transaction=False)
-    for key in keys:
-        pipe.type(key)
-    kinds = pipe.execute()
-    read = {
-        "string": pipe.get,
-        "hash": pipe.hgetall,
-        "list": lambda key: pipe.lrange(key, 0, -1),
-        "set": pipe.smembers,
-        "zset": lambda key: pipe.zrange(key, 0, -1, withscores=True),
-    }
-    for key, kind in zip(keys, kinds, strict=True):
-        read.get(kind, pipe.exists)(key)
-        pipe.ttl(key)
-    replies = pipe.execute()
-    state: dict[str, object] = {}
-    for i, (key, kind) in enumerate(zip(keys, kinds, strict=True)):
-        value, ttl = replies[2 * i : 2 * i + 2]
-        state[key] = (kind, sorted(value) if kind == "set" else value, ttl > 0)
-    return state
 
 
 class PeriodicMachine(RuleBasedStateMachine):

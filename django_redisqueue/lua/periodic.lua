@@ -33,24 +33,14 @@
 -- Any name is refused that is not a valid schedule name: returns {'invalid'} or 0.
 local PERIODIC = P .. 'periodic'
 
--- The schedules' set, or, when the key holds another type (spoilt by hand), nothing:
--- it is deleted, as it is an index that sync rebuilds.
+-- The schedules' set and a schedule's hash: a key of another type (spoilt by hand)
+-- holds no state and is deleted (common.lua's typed); sync rebuilds the set.
 local function names_key()
-  local kind = redis.call('TYPE', PERIODIC)['ok']
-  if kind ~= 'set' and kind ~= 'none' then
-    redis.call('DEL', PERIODIC)
-  end
-  return PERIODIC
+  return typed(PERIODIC, 'set')
 end
 
--- A schedule's hash; a key of another type holds no state and is deleted.
 local function state_key(name)
-  local key = PERIODIC .. ':' .. name
-  local kind = redis.call('TYPE', key)['ok']
-  if kind ~= 'hash' and kind ~= 'none' then
-    redis.call('DEL', key)
-  end
-  return key
+  return typed(PERIODIC .. ':' .. name, 'hash')
 end
 
 -- A schedule's `last`: a whole number of ms not after Redis's clock, or nil (none, or
