@@ -10,6 +10,7 @@ by SHA (redis-py loads a script again when Redis answers NOSCRIPT).
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -25,6 +26,8 @@ from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 
 from .connection import Client, describe
+from .exceptions import InvalidPayload
+from .jobs import MAX_TIMESTAMP, Envelope
 from .keys import KeySchema
 
 logger = logging.getLogger(__name__)
@@ -872,6 +875,33 @@ class Broker:
             for minute, counts in zip(span, self._execute(pipe, raise_on_error=False), strict=True)
         ]
 
+    def add_metrics(self, counts: Mapping[str, float]) -> None:
+        """Add a worker's counts to the metrics hash (metrics.py), all or none, in one
+        round trip."""
+        pipe = self._pipeline(transaction=True)
+        for name, value in counts.items():
+            if float(value).is_integer():
+                pipe.hincrby(self.keys.metrics, name, int(value))
+            else:
+                pipe.hincrbyfloat(self.keys.metrics, name, value)
+        self._execute(pipe)
+
+    def metrics(self) -> dict[str, float]:
+        """The metrics hash; fields that are not numbers are left out."""
+        try:
+            fields = sync(self.client.hgetall(self.keys.metrics))
+        except redis.ResponseError:  # a key of another type, written by hand
+            return {}
+        counts = {}
+        for name, value in fields.items():
+            try:
+                number = float(value)
+            except ValueError:
+                continue
+            if math.isfinite(number):
+                counts[text(name) or ""] = number
+        return counts
+
     def limits(self, most: int = 100) -> list[LimitState]:
         """The limit keys holding jobs back (those with a look due in ``{P}:limits``),
         soonest look first, with their running and parked jobs: two round trips."""
@@ -915,9 +945,11 @@ class Broker:
     def running_count(self) -> int:
         return int(sync(self.client.zcard(self.keys.running)))
 
-    def ping(self, timeout: float) -> None:
+    def ping(self, timeout: float, *, write: bool = False) -> None:
         """PING Redis on a fresh connection that gives up after ``timeout`` seconds,
-        without retries; raise what the connection raised."""
+        without retries; raise what the connection raised. ``write``: then send a write
+        that changes nothing, which Redis refuses as it would the heartbeats' when it
+        is out of memory (OOM) or a read-only replica (READONLY)."""
         pool = self._server().connection_pool
         kwargs = {
             **pool.connection_kwargs,
@@ -930,8 +962,44 @@ class Broker:
             connection.connect()
             connection.send_command("PING")
             connection.read_response()
+            if write:
+                # XX adds no member and GT never lowers a score to -inf: a no-op on
+                # whatever the set holds, refused or not as the heartbeat's ZADD is.
+                connection.send_command("ZADD", self.keys.workers, "XX", "GT", "-inf", "")
+                connection.read_response()
         finally:
             connection.disconnect()
+
+    def head_waits(self, queues: Sequence[str]) -> dict[str, float | None]:
+        """For each queue, the seconds (by Redis's clock) its next job has waited since
+        it could first run: since the latest of its enqueue, its ``run_after`` and the
+        start of its last attempt. None for an empty queue; 0.0 for a job that records
+        none of those times (fields holding garbage count as absent). Two round trips."""
+        if not queues:
+            return {}
+        pipe = self._pipeline(transaction=False)
+        pipe.time()
+        for queue in queues:
+            pipe.zrange(self.keys.queue(queue), 0, 0)
+        clock, *heads = (_readable(reply) for reply in self._execute(pipe, raise_on_error=False))
+        now_ms = int(clock[0]) * 1000 + int(clock[1]) // 1000
+        head_ids = {
+            queue: text(members[0]) or ""
+            for queue, members in zip(queues, heads, strict=True)
+            if isinstance(members, list) and members
+        }
+        pipe = self._pipeline(transaction=False)
+        for job_id in head_ids.values():
+            pipe.hmget(self.keys.job(job_id), ["enqueued_at", "last_attempted_at", "payload"])
+        fields = dict(
+            zip(head_ids, map(_readable, self._execute(pipe, raise_on_error=False)), strict=True)
+        )
+        waits: dict[str, float | None] = dict.fromkeys(queues)
+        for queue, values in fields.items():
+            enqueued, attempted, payload = values if isinstance(values, list) else [None] * 3
+            ready_ms = max(_ms(text(enqueued)), _ms(text(attempted)), _run_after_ms(payload))
+            waits[queue] = max(now_ms - ready_ms, 0) / 1000 if ready_ms else 0.0
+        return waits
 
 
 def _batches(jobs: Sequence[NewJob], *, linked: bool = False) -> Iterator[list[Any]]:
@@ -998,3 +1066,30 @@ def _counts(counts: Any) -> dict[str, int]:
         except ValueError:
             continue
     return result
+
+
+def _readable(reply: Any) -> Any:
+    """A pipeline reply: None for a key of another type (spoilt by hand); any other
+    error is Redis's own (LOADING, a lost connection...) and is raised."""
+    if isinstance(reply, redis.ResponseError) and str(reply).startswith("WRONGTYPE"):
+        return None
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+def _ms(value: str | None) -> int:
+    """A time stored in ms since the epoch, or 0 for anything that is not one."""
+    ms = _whole(value)
+    return ms if ms is not None and 0 < ms <= MAX_TIMESTAMP * 1000 else 0
+
+
+def _run_after_ms(payload: bytes | str | None) -> int:
+    """A job envelope's ``run_after`` in ms, or 0 when it has none or is unreadable."""
+    if not payload:
+        return 0
+    try:
+        run_after = Envelope.loads(payload, len(payload)).run_after
+    except InvalidPayload:
+        return 0
+    return int(run_after * 1000) if run_after else 0

@@ -1,0 +1,356 @@
+"""``manage.py queuehealth``: a health probe of one backend, for Kubernetes, systemd or
+a monitoring check. It prints one line per check (or JSON) and exits with a code that
+says which check failed; see docs/deploy.md."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_redisqueue.backend import RedisQueueBackend
+from django_redisqueue.broker import REDIS_ERRORS, Broker
+from django_redisqueue.dashboard import SCHEDULER_ALIVE_MS, WORKER_ALIVE_MS
+from django_redisqueue.jobs import QUEUE_NAME_RE
+from django_redisqueue.management.commands.runworker import get_backend
+
+HEALTHY = 0
+# 1 is a CommandError's (unknown backend or queue) and 2 argparse's (a wrong option).
+REDIS_UNHEALTHY = 3
+NO_LIVE_WORKER = 4
+NO_SCHEDULER = 5
+WAITED_TOO_LONG = 6
+
+# Workers read per probe, the most recently seen first: far more than a fleet runs.
+WORKERS_READ_LIMIT = 1000
+SCHEDULERS_READ_LIMIT = 200
+
+HELP = f"""Check one backend's health and exit with a code saying what failed:
+{HEALTHY} healthy; {REDIS_UNHEALTHY} Redis unreachable or refusing writes (out of memory,
+read-only, loading, a timeout); {NO_LIVE_WORKER} a queue without a live worker;
+{NO_SCHEDULER} no live scheduler; {WAITED_TOO_LONG} a queue's next job waited longer than
+--max-wait. When several fail, every failure is printed and the lowest code is the
+exit code. 1: the command could not run (an unknown backend or queue); 2: a wrong
+option. A paused queue is reported but never fails."""
+
+
+@dataclass
+class Check:
+    """One check's verdict, as printed and as JSON."""
+
+    name: str  # redis, workers, scheduler, wait
+    ok: bool
+    message: str
+    queue: str | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+    code: int = HEALTHY  # the exit code when it failed
+
+    def line(self) -> str:
+        where = f"[{self.queue}]" if self.queue is not None else ""
+        return f"{'OK  ' if self.ok else 'FAIL'} {self.name}{where}: {self.message}"
+
+
+class ProbeTimeout(Exception):
+    """The probe took longer than twice --timeout. Not a Redis error, so that redis-py
+    does not retry the command it interrupts; it drops that connection."""
+
+
+# What makes Redis unhealthy for the probe: any error of Redis or of the connection.
+PROBE_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, ProbeTimeout, OSError)
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise ProbeTimeout inside the block once it has run ``seconds`` (SIGALRM, so
+    only on the main thread): a Redis that stalls after answering the ping, or a
+    cluster client that cannot connect, must not hold the probe for ever, whatever
+    socket timeouts the backend's client has."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
+        raise ProbeTimeout(f"Redis took over {seconds:g} s to answer the probe")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def positive_seconds(value: str) -> float:
+    seconds = float(value)
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(value)
+    return seconds
+
+
+def seconds_or_zero(value: str) -> float:
+    seconds = float(value)
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(value)
+    return seconds
+
+
+def _host_of(process_id: str) -> str:
+    """The host a worker or scheduler id names: ids are ``<host>:<pid>:<random>``."""
+    return process_id.rsplit(":", 2)[0]
+
+
+class Command(BaseCommand):
+    help = HELP
+    # A probe runs every few seconds: Django's system checks would only slow it down.
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--backend", default="default", help="TASKS alias (default: default)")
+        parser.add_argument(
+            "--queue",
+            action="extend",
+            nargs="+",
+            default=[],
+            dest="queues",
+            metavar="NAME",
+            help="check these queues (default: the backend's QUEUES, or every queue used "
+            "when QUEUES is empty)",
+        )
+        parser.add_argument(
+            "--max-wait",
+            type=seconds_or_zero,
+            default=300.0,
+            metavar="SECONDS",
+            help="fail when a queue's next job has waited longer (default: 300; 0: no check)",
+        )
+        parser.add_argument(
+            "--no-scheduler", action="store_true", help="do not check for a live scheduler"
+        )
+        parser.add_argument(
+            "--no-workers", action="store_true", help="do not check for live workers"
+        )
+        parser.add_argument(
+            "--this-host",
+            action="store_true",
+            help="count only the workers and schedulers running on this host (by its "
+            "hostname: in Kubernetes, the pod's name), for a probe of one pod",
+        )
+        parser.add_argument(
+            "--timeout",
+            type=positive_seconds,
+            default=2.0,
+            metavar="SECONDS",
+            help="seconds Redis has to answer the ping (default: 2); the whole probe "
+            "gives up after twice that",
+        )
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        backend = get_backend(options["backend"], "queuehealth", connect=False)
+        queues = self.named_queues(backend, options["queues"])
+        checks = Probe(backend, options).run(queues)
+        failed = sorted(check.code for check in checks if not check.ok)
+        code = failed[0] if failed else HEALTHY
+        if options["json"]:
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "backend": backend.alias,
+                        "healthy": not failed,
+                        "exit_code": code,
+                        "checks": [
+                            {k: v for k, v in asdict(check).items() if k != "code"}
+                            for check in checks
+                        ],
+                    },
+                    indent=2,
+                )
+            )
+        else:
+            for check in checks:
+                self.stdout.write(check.line())
+        if code:
+            self.stdout.flush()
+            sys.exit(code)
+
+    def named_queues(self, backend: RedisQueueBackend, names: list[str]) -> list[str]:
+        for name in names:
+            if not QUEUE_NAME_RE.fullmatch(name):
+                raise CommandError(
+                    f"Queue {name!r} is not a queue name: 1 to 64 letters, digits, '_', "
+                    "'.' or '-'."
+                )
+            if backend.queue_names and name not in backend.queue_names:
+                raise CommandError(
+                    f"Queue {name!r} is not one of backend {backend.alias!r}'s QUEUES: "
+                    f"{', '.join(backend.queue_names)}."
+                )
+        return list(dict.fromkeys(names))
+
+
+class Probe:
+    """The checks of one backend, each read from Redis with bounded reads."""
+
+    def __init__(self, backend: RedisQueueBackend, options: dict[str, Any]) -> None:
+        self.backend = backend
+        self.timeout: float = options["timeout"]
+        self.max_wait: float = options["max_wait"]
+        self.check_workers = not options["no_workers"]
+        self.check_scheduler = not options["no_scheduler"]
+        self.host = socket.gethostname() if options["this_host"] else None
+
+    def run(self, queues: list[str]) -> list[Check]:
+        """Every check; only the Redis one when Redis is unhealthy (nothing else can be
+        read then)."""
+        try:
+            with deadline(2 * self.timeout):
+                started = time.perf_counter()
+                broker = self.backend.broker  # a cluster client connects as it is made
+                broker.ping(self.timeout, write=True)
+                answered_ms = (time.perf_counter() - started) * 1000
+                return [self.redis_check(broker, answered_ms), *self.checks(broker, queues)]
+        except PROBE_ERRORS as exc:
+            return [self.redis_failed(exc)]
+
+    def redis_check(self, broker: Broker, answered_ms: float) -> Check:
+        server = broker.describe()  # with Sentinel, a question to a sentinel
+        return Check(
+            "redis",
+            True,
+            f"answered and accepts writes in {answered_ms:.1f} ms ({server})",
+            figures={"answered_ms": round(answered_ms, 1), "server": server},
+        )
+
+    def redis_failed(self, exc: BaseException) -> Check:
+        return Check(
+            "redis",
+            False,
+            f"unhealthy: {type(exc).__name__}: {exc}",
+            figures={"error": type(exc).__name__, "detail": str(exc)},
+            code=REDIS_UNHEALTHY,
+        )
+
+    def checks(self, broker: Broker, queues: list[str]) -> list[Check]:
+        keys = self.backend.keys
+        queues = queues or self.backend.served_queues()
+        counts = broker.counts(queues)
+        now = broker.clock_ms()
+        checks: list[Check] = []
+        if self.check_workers:
+            seen = broker.alive(keys.workers, WORKERS_READ_LIMIT)
+            live_ids = [wid for wid, at in seen if now - at < WORKER_ALIVE_MS]
+            workers = [
+                info
+                for info in broker.worker_info(live_ids)
+                if info and (self.host is None or info.get("host") == self.host)
+            ]
+            checks += self.worker_checks(queues, counts, workers)
+        if self.check_scheduler:
+            schedulers = [
+                (sid, at)
+                for sid, at in broker.alive(keys.schedulers, SCHEDULERS_READ_LIMIT)
+                if now - at < SCHEDULER_ALIVE_MS
+                and (self.host is None or _host_of(sid) == self.host)
+            ]
+            checks.append(self.scheduler_check(schedulers, now))
+        if self.max_wait:
+            checks += self.wait_checks(queues, counts, broker.head_waits(queues))
+        return checks
+
+    def worker_checks(
+        self,
+        queues: list[str],
+        counts: dict[str, dict[str, int | bool]],
+        workers: list[dict[str, str]],
+    ) -> list[Check]:
+        where = " on this host" if self.host else ""
+        if not queues:
+            return [
+                Check(
+                    "workers",
+                    True,
+                    f"no queue used yet; {len(workers)} live worker(s){where}",
+                    figures={"live_workers": len(workers)},
+                )
+            ]
+        # A worker given no queue (QUEUES empty) serves every queue used.
+        served = [set(info.get("queues", "").split(",")) - {""} for info in workers]
+        checks = []
+        for queue in queues:
+            serving = sum(1 for names in served if not names or queue in names)
+            paused = bool(counts[queue]["paused"])
+            figures = {"live_workers": serving, "ready": counts[queue]["ready"], "paused": paused}
+            if serving:
+                message = f"{serving} live worker(s){where} serve it"
+            else:
+                message = f"no live worker{where} serves it"
+            if paused:
+                message += " (paused: not failing)"
+            ok = bool(serving) or paused
+            if not ok and workers:
+                message += f"; {len(workers)} live worker(s){where} serve other queues"
+            checks.append(
+                Check("workers", ok, message, queue, figures, HEALTHY if ok else NO_LIVE_WORKER)
+            )
+        return checks
+
+    def scheduler_check(self, schedulers: list[tuple[str, float]], now: int) -> Check:
+        where = " on this host" if self.host else ""
+        if not schedulers:
+            return Check(
+                "scheduler",
+                False,
+                f"no live scheduler{where} (none stepped in the last "
+                f"{SCHEDULER_ALIVE_MS / 1000:g} s)",
+                figures={"live_schedulers": 0},
+                code=NO_SCHEDULER,
+            )
+        last_step = max(0.0, (now - max(at for _, at in schedulers)) / 1000)
+        return Check(
+            "scheduler",
+            True,
+            f"{len(schedulers)} live scheduler(s){where}, the last step {last_step:.1f} s ago",
+            figures={"live_schedulers": len(schedulers), "last_step_age": round(last_step, 3)},
+        )
+
+    def wait_checks(
+        self,
+        queues: list[str],
+        counts: dict[str, dict[str, int | bool]],
+        waits: dict[str, float | None],
+    ) -> list[Check]:
+        checks = []
+        for queue in queues:
+            waited, paused = waits[queue], bool(counts[queue]["paused"])
+            figures = {
+                "waited": None if waited is None else round(waited, 3),
+                "max_wait": self.max_wait,
+                "ready": counts[queue]["ready"],
+                "paused": paused,
+            }
+            late = waited is not None and waited > self.max_wait
+            if waited is None:
+                message = "empty"
+            else:
+                message = (
+                    f"the next of {counts[queue]['ready']} ready job(s) has waited "
+                    f"{waited:.1f} s" + (f", over --max-wait {self.max_wait:g} s" if late else "")
+                )
+            if paused:
+                message += " (paused: not failing)"
+            ok = not late or paused
+            checks.append(
+                Check("wait", ok, message, queue, figures, HEALTHY if ok else WAITED_TOO_LONG)
+            )
+        return checks
