@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import secrets
 import signal
@@ -42,20 +43,52 @@ from .broker import (
 )
 from .compat import TaskContext, TaskError, TaskResultStatus, task_finished, task_started
 from .exceptions import InvalidPayload, JobTimeout, LeaseLost, UnknownTask, WorkerShutdown
-from .jobs import Envelope, JobRecord, ensure_json, error_info, to_json
+from .jobs import Envelope, JobRecord, ensure_json, error_info, to_json, whole_number
+from .logformat import job_fields
+from .memory import MB, resident_set_size
+from .metrics import JobMetrics
 from .registry import registry
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
+class JobEvent:
+    """How one attempt at a job ended, for the log and the metrics: labels and figures
+    only (no arguments, results or tracebacks)."""
+
+    job_id: str
+    task: str  # the task's path; '' when the payload could not be read
+    queue: str
+    status: str  # SUCCESSFUL, FAILED, RETRY or RELEASE
+    duration: float  # seconds the task ran; 0.0 when it never started
+    attempt: int
+    wait: float | None  # seconds from when it could first run to its start (attempt 1)
+
+    @classmethod
+    def of(
+        cls, claimed: Claimed, envelope: Envelope | None, status: str, duration: float
+    ) -> JobEvent:
+        fields = claimed.fields
+        attempt = whole_number(fields.get("attempts")) or 1
+        wait = None
+        if attempt == 1:
+            run_after = envelope.run_after if envelope and envelope.run_after else 0.0
+            wait = _first_wait(fields, run_after)
+        task = envelope.task_path if envelope else ""
+        return cls(claimed.job_id, task, fields.get("queue", ""), status, duration, attempt, wait)
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """A job that has run: its outcome to store, its result for the task_finished
-    signal (None when the job never reached its task), and what the task raised."""
+    signal (None when the job never reached its task), what the task raised, and the
+    event to log and count once the outcome is stored."""
 
     outcome: Outcome
     result: RedisTaskResult | None = None
     error: BaseException | None = None
+    event: JobEvent | None = None
 
 
 # Seconds an idle worker blocks on its wake-up lists per call.
@@ -163,6 +196,7 @@ class Heartbeat(threading.Thread):
             failures, delay = 0, self.interval
             if job is not None and job.job_id in lost:
                 self.worker.lease_lost(job)
+            self.worker.send_metrics()
 
 
 class Worker:
@@ -174,6 +208,7 @@ class Worker:
         weights: Mapping[str, int] | None = None,
         burst: bool = False,
         max_jobs: int | None = None,
+        max_memory: int | None = None,
     ) -> None:
         self.backend = backend
         self.broker = backend.broker
@@ -184,6 +219,8 @@ class Worker:
         self.order = QueueOrder(self.queues, weights)
         self.burst = burst
         self.max_jobs = max_jobs
+        self.max_memory = max_memory  # MB of RSS, checked after each job
+        self.over_memory = False
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self.started_at = int(time.time() * 1000)
         self.jobs_done = 0
@@ -195,9 +232,11 @@ class Worker:
         self.broadcast_seen = 0  # the last broadcast message this worker received
         self.unreported: list[tuple[int, str]] = []  # broadcasts run, outcomes not stored
         self.receive_failures = 0
+        self.metrics = JobMetrics() if backend.config.metrics else None
 
     def run(self) -> None:
-        """Run jobs until stopped (``stop()``), out of work (burst) or max_jobs."""
+        """Run jobs until stopped (``stop()``), out of work (burst), max_jobs or
+        max_memory."""
         if threading.current_thread() is threading.main_thread():
             signal.signal(LEASE_LOST_SIGNAL, self._on_lease_lost)
         heartbeat = Heartbeat(self)
@@ -258,8 +297,10 @@ class Worker:
                     continue
                 finished = self.execute(job)
                 self.jobs_done += 1
+                self._check_memory()
         finally:
             heartbeat.stopped.set()
+            self.send_metrics()
             with contextlib.suppress(*REDIS_ERRORS):  # else its record expires by itself
                 self.broker.unregister_worker(self.worker_id)
         logger.info("Worker %s stopped after %d job(s)", self.worker_id, self.jobs_done)
@@ -304,8 +345,36 @@ class Worker:
         }
         return self.broker.heartbeat(self.worker_id, info, owned or {})
 
+    def send_metrics(self) -> None:
+        """Add the jobs counted since the last call to Redis's metrics (kept on failure)."""
+        if self.metrics is None:
+            return
+        try:
+            self.metrics.send(self.backend)
+        except REDIS_ERRORS as exc:
+            logger.debug("Worker %s: metrics not sent (%s)", self.worker_id, exc)
+
     def _should_stop(self) -> bool:
-        return self.stopping or (self.max_jobs is not None and self.jobs_done >= self.max_jobs)
+        return self.stopping or self.recycled
+
+    @property
+    def recycled(self) -> bool:
+        """True once the worker stops to be replaced by a fresh process: it has run
+        ``max_jobs`` jobs or grown past ``max_memory``."""
+        return self.over_memory or (self.max_jobs is not None and self.jobs_done >= self.max_jobs)
+
+    def _check_memory(self) -> None:
+        if self.max_memory is None or self.over_memory:
+            return
+        rss = resident_set_size()
+        if rss > self.max_memory * MB:
+            self.over_memory = True
+            logger.warning(
+                "Worker %s: RSS %d MB over --max-memory %d MB; exiting to be replaced",
+                self.worker_id,
+                rss // MB,
+                self.max_memory,
+            )
 
     def _refresh_queues(self) -> None:
         """With QUEUES empty and no queue named: serve every queue jobs were enqueued
@@ -402,7 +471,9 @@ class Worker:
         return SUCCESSFUL
 
     def _report(self, finished: Finished, stored: bool, *, repeated: bool = False) -> None:
-        outcome, result = finished.outcome, finished.result
+        outcome, result, event = finished.outcome, finished.result, finished.event
+        if stored and event is not None and self.metrics is not None:
+            self.metrics.record(event, registry.get(event.task) is not None)
         if not stored:
             if repeated:
                 logger.info(
@@ -454,9 +525,12 @@ class Worker:
                     "define it with @task in an installed app's tasks module"
                 )
         except InvalidPayload as exc:
-            logger.error("Job %s FAILED: %s", claimed.job_id, exc)
+            event = JobEvent.of(claimed, envelope, FAILED, 0.0)
+            logger.error("Job %s FAILED: %s", claimed.job_id, exc, extra=job_fields(event))
             error = to_json(error_info(exc))
-            return Finished(Outcome(claimed.job_id, claimed.owner, FAILED, error=error))
+            return Finished(
+                Outcome(claimed.job_id, claimed.owner, FAILED, error=error), event=event
+            )
 
         args = envelope.args
         after = claimed.fields.get("after", "")
@@ -510,10 +584,17 @@ class Worker:
         if not retrying:
             object.__setattr__(result, "finished_at", datetime.now(tz=UTC))
         elapsed = (time.perf_counter() - started) * 1000
+        event = JobEvent.of(claimed, envelope, outcome.status, elapsed / 1000)
+        fields = job_fields(event)  # for --log-format json
         if raised is None:
             status = outcome.status
             logger.info(
-                "Job %s %s %s in %.1f ms", claimed.job_id, envelope.task_path, status, elapsed
+                "Job %s %s %s in %.1f ms",
+                claimed.job_id,
+                envelope.task_path,
+                status,
+                elapsed,
+                extra=fields,
             )
         elif outcome.status == RETRY:
             logger.warning(
@@ -524,6 +605,7 @@ class Worker:
                 raised,
                 elapsed,
                 outcome.retry_in_ms / 1000,
+                extra=fields,
             )
         else:
             logger.error(
@@ -534,8 +616,9 @@ class Worker:
                 type(raised).__name__,
                 raised,
                 exc_info=raised,
+                extra=fields,
             )
-        return Finished(outcome, result, raised)
+        return Finished(outcome, result, raised, event)
 
     def _failure(
         self, task: object, record: JobRecord, claimed: Claimed, exc: BaseException, error: str
@@ -602,6 +685,18 @@ class Worker:
             self.worker_id,
             name,
         )
+
+
+def _first_wait(fields: Mapping[str, str], run_after: float) -> float | None:
+    """Seconds from when a job could first run (enqueued, or due) to its first start,
+    by Redis's clock; None when the fields do not tell."""
+    started = whole_number(fields.get("last_attempted_at"))
+    ready = whole_number(fields.get("enqueued_at"))
+    if math.isfinite(run_after):
+        ready = max(ready, int(run_after * 1000))
+    if not started or not ready:
+        return None
+    return max(0.0, (started - ready) / 1000)
 
 
 def _outcome(finished: Finished | None) -> Outcome | None:

@@ -1,5 +1,6 @@
 """Run the example project: Redis (started here if none answers), the web server, a
-worker and the scheduler, together. Ctrl-C stops them all.
+worker and the scheduler, together. Ctrl-C stops them all. The worker runs with
+``--reload``: edit example_project/shop/tasks.py and it restarts with the new code.
 
     python example_project/demo.py      (the README's `make demo` does the setup first)
 """
@@ -63,22 +64,31 @@ def main() -> None:
         env={**os.environ, "DJANGO_SUPERUSER_PASSWORD": "admin"},
         capture_output=True,  # "already taken" on later runs: fine
     )
+    # Each in a process group of its own: a terminal's Ctrl-C reaches only this script,
+    # which stops each process once (a second SIGTERM would give the worker's running
+    # job back to its queue).
     processes = [
-        subprocess.Popen(manage("runserver", ADDRESS, "--noreload")),
-        subprocess.Popen(manage("runworker")),
-        subprocess.Popen(manage("runscheduler")),
+        subprocess.Popen(command, process_group=0)
+        for command in (
+            manage("runserver", ADDRESS, "--noreload"),
+            manage("runworker", "--reload"),
+            manage("runscheduler"),
+        )
     ]
     print(
         f"demo: open http://{ADDRESS}/ (queue dashboard: http://{ADDRESS}/admin/, user admin, "
-        "password admin); press Ctrl-C here to stop everything"
+        "password admin); edit shop/tasks.py and the worker restarts with it; press Ctrl-C "
+        "here to stop everything"
     )
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    # Set both explicitly: a shell that starts us in the background ignores SIGINT.
+    # Set them explicitly: a shell that starts us in the background ignores SIGINT. A
+    # closed terminal's SIGHUP no longer reaches the other process groups: stop them.
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, stop)
     try:
         while all(p.poll() is None for p in processes):
             time.sleep(0.2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -12,11 +13,21 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.compat import task_backends
 from django_redisqueue.jobs import QUEUE_NAME_RE
-from django_redisqueue.pool import run_pool
+from django_redisqueue.logformat import JsonFormatter
+from django_redisqueue.metrics import parse_address, serve
+from django_redisqueue.pool import run_workers
 from django_redisqueue.registry import registry
+from django_redisqueue.reloading import (
+    RELOAD_GRACE,
+    ReloadWatcher,
+    is_reload_child,
+    run_reloading_parent,
+)
 from django_redisqueue.worker import Worker
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+# Django's (6.0+) and the django-tasks backport's.
+TASKS_FRAMEWORK_LOGGERS = ("django.tasks", "django_tasks")
 
 
 def positive_int(value: str) -> int:
@@ -26,8 +37,24 @@ def positive_int(value: str) -> int:
     return number
 
 
-def configure_logging(verbosity: int) -> None:
-    """Show the worker's log lines unless the project's LOGGING already routes them."""
+def metrics_address(value: str) -> tuple[str, int]:
+    return parse_address(value)
+
+
+def serve_metrics(address: tuple[str, int], backends: list[RedisQueueBackend]) -> None:
+    """Serve the metrics from this process (the pool's supervisor, which runs no job)."""
+    try:
+        server = serve(address, backends)
+    except OSError as exc:
+        raise CommandError(f"Cannot serve metrics on {address[0]}:{address[1]}: {exc}") from exc
+    # Forked worker processes must not hold the listening socket open.
+    os.register_at_fork(after_in_child=server.socket.close)
+
+
+def configure_logging(verbosity: int, log_format: str = "text") -> None:
+    """Show the worker's log lines unless the project's LOGGING already routes them
+    (``log_format`` "json": one JSON object per line, and over the project's handlers'
+    own format too)."""
     logger = logging.getLogger("django_redisqueue")
     logger.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
     if not logger.handlers:
@@ -35,6 +62,17 @@ def configure_logging(verbosity: int) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
+    if log_format == "json":
+        for routed in logger.handlers:
+            routed.setFormatter(JsonFormatter())
+        # The tasks framework logs each failed job too (its task_finished receiver);
+        # unrouted, Python would print that as plain text.
+        for name in TASKS_FRAMEWORK_LOGGERS:
+            framework = logging.getLogger(name)
+            if not framework.handlers:
+                handler = logging.StreamHandler(sys.stderr)
+                handler.setFormatter(JsonFormatter())
+                framework.addHandler(handler)
 
 
 def get_backend(
@@ -112,11 +150,50 @@ class Command(BaseCommand):
             "--max-jobs",
             type=positive_int,
             default=None,
-            help="each worker process exits after this many jobs",
+            help="each worker process exits after this many jobs (the pool of "
+            "--concurrency N starts a new one; a single process exits 0 for systemd or "
+            "Kubernetes to restart it)",
+        )
+        parser.add_argument(
+            "--max-memory",
+            type=positive_int,
+            default=None,
+            metavar="MB",
+            help="each worker process exits once its resident memory (RSS) is past MB "
+            "mebibytes after a job (its outcome stored first), to be replaced as with "
+            "--max-jobs. Linux reads the current RSS; other systems the peak (getrusage)",
+        )
+        parser.add_argument(
+            "--reload",
+            action="store_true",
+            help="development: restart the worker (the whole pool with --concurrency) "
+            "when the project's Python files change; the job in hand finishes first "
+            f"(given back to its queue after {RELOAD_GRACE:g} s)",
+        )
+        parser.add_argument(
+            "--metrics-port",
+            type=metrics_address,
+            default=None,
+            metavar="[HOST:]PORT",
+            help="serve Prometheus metrics of the backends at /metrics on PORT (every "
+            "interface unless HOST is given); each endpoint shows the whole backend's "
+            "numbers: scrape one",
+        )
+        parser.add_argument(
+            "--log-format",
+            choices=["text", "json"],
+            default="text",
+            help="json: one JSON object per log line, with the job's id, task, queue, "
+            "status, duration_ms, attempt and wait_ms on each job's line (default: text)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        configure_logging(options["verbosity"])
+        configure_logging(options["verbosity"], options["log_format"])
+        watcher = None
+        if options["reload"]:
+            if not is_reload_child():
+                sys.exit(run_reloading_parent())
+            watcher = ReloadWatcher()
         aliases = options["backends"] or ["default"]
         if len(set(aliases)) != len(aliases):
             raise CommandError(f"A backend is given twice: {', '.join(aliases)}.")
@@ -127,7 +204,10 @@ class Command(BaseCommand):
             )
         backends = [get_backend(alias) for alias in aliases]
         queues, weights = parse_queues(backends[0], options["queues"])
-        registry.autodiscover()
+        if watcher is None:
+            registry.autodiscover()
+        else:
+            watcher.start_after(registry.autodiscover)
         for backend in backends:
             self.print_banner(backend, queues, weights, options)
 
@@ -139,17 +219,15 @@ class Command(BaseCommand):
                     weights=weights,
                     burst=options["burst"],
                     max_jobs=options["max_jobs"],
+                    max_memory=options["max_memory"],
                 )
 
             return make_worker
 
         makers = [maker(backend) for backend in backends] * options["concurrency"]
-        if len(makers) == 1:
-            worker = makers[0]()
-            worker.install_signal_handlers()
-            worker.run()
-            return
-        code = run_pool(makers, restart=not options["burst"])
+        if options["metrics_port"]:
+            serve_metrics(options["metrics_port"], backends)
+        code = run_workers(makers, restart=not options["burst"], watcher=watcher)
         if code:
             raise CommandError("A worker process failed; see the log above.", returncode=code)
 
@@ -169,8 +247,21 @@ class Command(BaseCommand):
             order = ", ".join(f"{q}:{weights.get(q, 1)}" for q in queues) + " (weighted)"
         else:
             order = " > ".join(queues) + " (strict priority)"
+        where = backend.broker.describe()
+        title = f"django-redisqueue worker, backend {backend.alias!r} on {where}"
+        if options["log_format"] == "json":  # every line of output is JSON
+            logging.getLogger(__name__).info(
+                title,
+                extra={
+                    "queues": order,
+                    "concurrency": options["concurrency"],
+                    "burst": options["burst"],
+                    "tasks": registry.paths(),
+                },
+            )
+            return
         lines = [
-            f"django-redisqueue worker, backend {backend.alias!r} on {backend.broker.describe()}",
+            title,
             f"  queues:      {order}",
             f"  concurrency: {options['concurrency']} process(es)"
             + (", burst" if options["burst"] else ""),

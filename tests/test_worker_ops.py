@@ -1,0 +1,305 @@
+"""Running workers in production and development: ``runworker --max-memory``,
+``--reload`` and ``--log-format json``."""
+
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.utils import autoreload
+from hypothesis import given
+from hypothesis import strategies as st
+
+from django_redisqueue import memory
+from django_redisqueue.compat import TaskResultStatus
+from django_redisqueue.logformat import JsonFormatter, job_fields
+from django_redisqueue.reloading import RELOAD_EXIT_CODE, ReloadWatcher
+from django_redisqueue.worker import JobEvent
+from tests import tasks
+from tests.conftest import ROOT, child_env, manage, run_worker_here, wait_until
+
+# An app of the test's own, in a directory on sys.path, so that a test may edit its
+# code while a worker runs it.
+APP = "opsapp"
+SETTINGS = f"""
+from tests.settings import *  # noqa: F403
+
+INSTALLED_APPS = [*INSTALLED_APPS, {APP!r}]  # noqa: F405
+"""
+TASKS = """
+import os
+import time
+
+from django_redisqueue import task
+from tests.tasks import LOG, client
+
+from .edited import version  # noqa: F401
+
+_kept = []
+
+
+@task
+def hog(megabytes):
+    \"\"\"Keep megabytes of memory for good, and count the runs.\"\"\"
+    _kept.append(b"\\x01" * (megabytes * 1024 * 1024))
+    client().incr("test:hogs")
+    return os.getpid()
+
+
+@task
+def held_until_released():
+    \"\"\"Run until the test sets test:released (polled: redis-py times a BLPOP out).\"\"\"
+    client().rpush(LOG, "started")
+    deadline = time.monotonic() + 60
+    while not client().exists("test:released") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    client().rpush(LOG, "done")
+    return os.getpid()
+"""
+VERSION = """
+from django_redisqueue import task
+
+
+@task
+def version():
+    return {value!r}
+"""
+
+
+@pytest.fixture
+def app(tmp_path, monkeypatch):
+    """The app on this process's sys.path (to enqueue its tasks) and the workers'."""
+    package = tmp_path / APP
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "tasks.py").write_text(TASKS)
+    (package / "edited.py").write_text(VERSION.format(value=1))
+    (tmp_path / "ops_settings.py").write_text(SETTINGS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [name for name in sys.modules if name.partition(".")[0] == APP]:
+        del sys.modules[name]  # another test's copy, from another directory
+    import opsapp.tasks
+
+    return opsapp.tasks
+
+
+@pytest.fixture
+def start_worker(app, procs):
+    """Start ``runworker ARGS`` on the app's settings, in its own process group."""
+
+    def start(*args):
+        env = {
+            **child_env(),
+            "DJANGO_SETTINGS_MODULE": "ops_settings",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(app.__file__).parent.parent)]),
+            "PYTHONDONTWRITEBYTECODE": "1",  # an edit within the second must be seen
+        }
+        process = subprocess.Popen(
+            [sys.executable, "-m", "django", "runworker", *args],
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        procs.running.append(process)
+        return process
+
+    return start
+
+
+def live_worker_pids(backend) -> set[int]:
+    """The pids of the workers registered now (a worker id is host:pid:random)."""
+    return {int(worker.split(":")[-2]) for worker, _ in backend.broker.alive(backend.keys.workers)}
+
+
+# --max-memory
+
+
+def test_resident_set_size_is_this_process_s_rss_now():
+    with open("/proc/self/status") as status:
+        vm_rss = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS"))
+    assert abs(memory.resident_set_size() - vm_rss) < 0.1 * vm_rss
+
+
+def test_without_proc_the_peak_rss_is_read(monkeypatch):
+    def no_proc(*args, **kwargs):
+        raise FileNotFoundError("/proc/self/statm")
+
+    monkeypatch.setattr(memory, "open", no_proc, raising=False)
+    assert memory.resident_set_size() >= 10 * memory.MB  # ru_maxrss is in KiB on Linux
+
+
+def test_a_single_worker_past_max_memory_stops_after_the_job_in_hand(r, backend):
+    jobs = [tasks.record.enqueue(f"job{i}") for i in range(3)]
+    run_worker_here(backend, max_memory=1)  # any Python process is past 1 MB
+    assert r.lrange(tasks.LOG, 0, -1) == ["job0"]
+    assert backend.get_result(jobs[0].id).status == TaskResultStatus.SUCCESSFUL
+    assert backend.get_result(jobs[1].id).status == TaskResultStatus.READY
+
+
+def test_the_pool_replaces_a_worker_past_max_memory_at_once(r, backend, app, start_worker, procs):
+    worker = start_worker("--concurrency", "2", "--max-memory", "100")
+    first = wait_until(lambda: len(live_worker_pids(backend)) == 2 and live_worker_pids(backend))
+
+    hog = app.hog.enqueue(80)  # about 50 MB at start, so past 100 MB after it
+    hog_pid = hog.wait(timeout=30)
+    assert hog_pid in first
+
+    def replaced_by_a_new_one():
+        pids = live_worker_pids(backend)
+        return pids if hog_pid not in pids and len(pids) == 2 else None
+
+    replaced = wait_until(replaced_by_a_new_one, 30, "a new worker in place of the hog's")
+    adds = [tasks.add.enqueue(i, i) for i in range(4)]
+    assert [job.wait(timeout=30) for job in adds] == [0, 2, 4, 6]
+
+    output = procs.stop(worker)
+    assert worker.returncode == 0, output
+    assert r.get("test:hogs") == "1"  # it ran once, and its outcome was stored
+    assert backend.get_result(hog.id).status == TaskResultStatus.SUCCESSFUL
+    over = rf"Worker \S+:{hog_pid}:\w+: RSS \d+ MB over --max-memory 100 MB; exiting to be"
+    assert re.search(over, output), output
+    assert f"Worker process {hog_pid} recycled; starting a new one" in output
+    assert "Restarting it in" not in output  # no crash-loop delay
+    assert first - {hog_pid} <= replaced  # the other worker went on
+
+
+# --reload
+
+
+def test_reload_restarts_the_worker_on_a_change_and_the_running_job_finishes_once(
+    r, backend, app, start_worker, procs
+):
+    edited = Path(app.__file__).with_name("edited.py").resolve()
+    worker = start_worker("--reload")
+    procs.expect(worker, "Watching for file changes")
+    before = app.version.enqueue()
+    assert before.wait(timeout=30) == 1
+
+    running = app.held_until_released.enqueue()
+    wait_until(lambda: r.lrange(tasks.LOG, 0, -1) == ["started"], 30, "the job's start")
+    edited.write_text(VERSION.format(value="the second version"))
+    procs.expect(worker, f"Reloading: {edited} changed")
+    r.set("test:released", 1)
+
+    after = app.version.enqueue()
+    assert after.wait(timeout=30) == "the second version"
+    assert running.wait(timeout=5) == int(before.worker_ids[0].split(":")[-2])  # old process
+    assert r.lrange(tasks.LOG, 0, -1) == ["started", "done"]  # once
+    after.refresh()
+    assert after.worker_ids != before.worker_ids  # a new process
+
+    output = procs.stop(worker)  # the parent passes SIGTERM on to the worker
+    assert worker.returncode == 0, output
+    assert live_worker_pids(backend) == set()  # the worker stopped too, cleanly
+    assert "given back" not in output
+
+
+def test_reload_waits_for_a_fix_after_a_broken_tasks_module(app, start_worker, procs):
+    edited = Path(app.__file__).with_name("edited.py").resolve()
+    edited.write_text("def version(:\n")
+    worker = start_worker("--reload")
+    procs.expect(worker, "Could not import the tasks modules; waiting for a change")
+    procs.expect(worker, "Watching for file changes")
+    assert worker.poll() is None
+    edited.write_text(VERSION.format(value="fixed"))
+    procs.expect(worker, f"Reloading: {edited} changed")
+    assert app.version.enqueue().wait(timeout=30) == "fixed"
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+
+
+def test_a_change_stops_once_and_the_job_is_given_back_after_the_grace(tmp_path):
+    watcher = ReloadWatcher(grace=0.05)
+    calls = []
+    watcher.attach(lambda: calls.append("stop"), lambda: calls.append("give back"))
+    watcher.start()
+    try:
+        for name in ("messages.mo", "tasks.py", "views.py"):  # .mo: Django reloads it
+            autoreload.file_changed.send(sender=watcher.reloader, file_path=tmp_path / name)
+        wait_until(lambda: calls == ["stop", "give back"], 5, "the stop, then the give-back")
+        assert watcher.changed == tmp_path / "tasks.py"
+        with pytest.raises(SystemExit) as exited:
+            watcher.exit_if_changed()
+        assert exited.value.code == RELOAD_EXIT_CODE
+    finally:
+        watcher.reloader.stop()
+
+
+# --log-format json
+
+
+def test_json_log_has_one_object_per_line_and_one_line_per_job(r, backend):
+    ok = tasks.add.enqueue(2, 3)
+    failed = tasks.fail.enqueue("boom")
+    unreadable = tasks.add.using(queue_name="low").enqueue(1, 1)
+    r.hset(backend.keys.job(unreadable.id), "payload", "\x00{not json")
+
+    done = manage("runworker", "--burst", "--log-format", "json")
+    assert done.returncode == 0, done.stderr
+
+    lines = [json.loads(line) for line in (done.stdout + done.stderr).splitlines()]
+    assert all({"time", "level", "logger", "message"} <= line.keys() for line in lines)
+    by_job = {line["job_id"]: line for line in lines if "job_id" in line}
+    assert [line["job_id"] for line in lines if "job_id" in line] == [
+        ok.id,
+        failed.id,
+        unreadable.id,
+    ]
+    assert by_job[ok.id]["task"] == "tests.tasks.add"
+    assert by_job[ok.id]["queue"] == "default"
+    assert by_job[ok.id]["status"] == "SUCCESSFUL"
+    assert by_job[ok.id]["attempt"] == 1
+    assert by_job[ok.id]["duration_ms"] >= 0 and by_job[ok.id]["wait_ms"] >= 0
+    assert by_job[failed.id]["status"] == "FAILED" and by_job[failed.id]["level"] == "ERROR"
+    assert "ValueError: boom" in by_job[failed.id]["error"]
+    assert by_job[unreadable.id]["status"] == "FAILED"
+    assert by_job[unreadable.id]["queue"] == "low"
+    messages = [line["message"] for line in lines]
+    assert any(m.startswith("django-redisqueue worker, backend 'default'") for m in messages)
+    assert any(m.endswith("stopped after 3 job(s)") for m in messages)
+
+
+some_text = st.text(st.characters(codec="utf-8"), max_size=30) | st.sampled_from(
+    ["\n", "\r\n", '"}\n{"', "\u2028", "\x00"]
+)
+
+
+@given(
+    job_id=some_text,
+    task=some_text,
+    queue=some_text,
+    status=some_text,
+    duration=st.floats(0, 1e6),
+    attempt=st.integers(1, 10**6),
+    wait=st.none() | st.floats(0, 1e6),
+    message=some_text,
+)
+def test_json_lines_stay_one_line_of_the_job_s_fields_whatever_redis_held(
+    job_id, task, queue, status, duration, attempt, wait, message
+):
+    event = JobEvent(job_id, task, queue, status, duration, attempt, wait)
+    record = logging.LogRecord(
+        "django_redisqueue.worker", logging.INFO, __file__, 1, "%s", (message,), None
+    )
+    record.__dict__.update(job_fields(event))
+
+    line = JsonFormatter().format(record)
+
+    assert "\n" not in line and "\r" not in line
+    parsed = json.loads(line)
+    assert parsed["message"] == message
+    assert (parsed["job_id"], parsed["task"], parsed["queue"]) == (job_id, task, queue)
+    assert (parsed["status"], parsed["attempt"]) == (status, attempt)
+    assert parsed["duration_ms"] == pytest.approx(duration * 1000, abs=1e-3)
+    if wait is None:
+        assert "wait_ms" not in parsed
+    else:
+        assert parsed["wait_ms"] == pytest.approx(wait * 1000, abs=1e-3)
