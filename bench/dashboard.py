@@ -1,4 +1,5 @@
-"""Render times of the admin dashboard at scale: 1,000,000 waiting jobs, 100,000 delayed.
+"""Render times of the admin dashboard and the metrics view at scale: 1,000,000 waiting
+jobs, 100,000 delayed.
 
     .venv/bin/python bench/dashboard.py [--waiting 1000000] [--delayed 100000]
 
@@ -84,6 +85,7 @@ def main() -> None:
             ("delayed, last page", base + f"delayed/low/?page={options.delayed // 50}"),
             ("running", base + "running/"),
             ("failed", base + "failed/default/"),
+            ("metrics (Prometheus)", "/metrics"),
         ]
         print("| page | median ms (5 requests) |\n|---|---|")
         for name, url in pages:

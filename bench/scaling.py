@@ -14,14 +14,17 @@ The drain phase does include the worker's start-up, heartbeats and exit (an empt
 ``--burst`` run: about 20 commands and 1-2 ms of Redis CPU, under 0.5 µs per job).
 The snapshots' INFO calls, and those polling the replicas, are not counted.
 
-Configurations: (a) one redis-server; (b0) a master and one replica; (b) the same with
-``REPLICA_ACKS: 1`` (a ``WAIT 1`` after each write script); (c) a Redis Cluster of 3
-masters and 3 replicas; (d) the same cluster with two backends whose hash tags land on
-two masters, each drained by its own worker. A second table lists every server.
+Configurations: (a) one redis-server; (a0) the same with ``METRICS: False`` (workers
+count nothing for the Prometheus metrics: their cost is a minus a0); (b0) a master and
+one replica; (b) the same with ``REPLICA_ACKS: 1`` (a ``WAIT 1`` after each write
+script); (c) a Redis Cluster of 3 masters and 3 replicas; (d) the same cluster with two
+backends whose hash tags land on two masters, each drained by its own worker. A second
+table lists every server.
 
     .venv/bin/python -m bench.scaling               # 5,000 jobs per configuration, 1 run
     .venv/bin/python -m bench.scaling --runs 3      # the median of 3 interleaved runs
     .venv/bin/python -m bench.scaling --jobs 1000 --configs a,b0,b   # also --concurrency 2
+    .venv/bin/python -m bench.scaling --configs a,a0 --runs 3  # the metrics' cost
 
 It prints two markdown tables; a run of 5,000 jobs takes about 25 s.
 """
@@ -56,6 +59,7 @@ QUEUE = "default"  # bench/settings.py's one queue
 POLL = 0.02  # seconds between two looks at a condition
 CONFIGS = {
     "a": "one redis-server",
+    "a0": "one redis-server, METRICS off",
     "b0": "master + 1 replica",
     "b": "master + 1 replica, REPLICA_ACKS 1",
     "c": "Redis Cluster, 3 masters + 3 replicas",
@@ -258,10 +262,10 @@ def enqueue_child(aliases: list[str], jobs: int) -> None:
 
 def one_server(stack: contextlib.ExitStack, names: set[str]) -> list[Config]:
     server = stack.enter_context(RedisServer())
-    options = {"URL": server.url}
-    return [
-        Config("a", {"default": options}, {server.port: "the server"}, {"default": server.port})
-    ]
+    ports, holders = {server.port: "the server"}, {"default": server.port}
+    counted = Config("a", {"default": {"URL": server.url}}, ports, holders)
+    uncounted = Config("a0", {"default": {"URL": server.url, "METRICS": False}}, ports, holders)
+    return [c for c in (counted, uncounted) if c.name in names]
 
 
 def master_replica(stack: contextlib.ExitStack, names: set[str]) -> list[Config]:
@@ -431,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     results: dict[str, list[Result]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
         for topology, wanted in (
-            (one_server, {"a"}),
+            (one_server, {"a", "a0"}),
             (master_replica, {"b0", "b"}),
             (cluster, {"c", "d"}),
         ):

@@ -42,6 +42,7 @@ class Options:
     replica_acks: int = 0  # replicas that must have a write before it counts as done
     replica_acks_timeout: float = 1.0  # seconds to wait for them
     periodic: Mapping[str, Mapping[str, Any]] | None = None  # name -> schedule (periodic.py)
+    metrics: bool = True  # workers count jobs for the Prometheus metrics (metrics.py)
 
     @property
     def redis_url(self) -> str:
@@ -66,6 +67,7 @@ OPTION_NAMES = {
     "REPLICA_ACKS": "replica_acks",
     "REPLICA_ACKS_TIMEOUT": "replica_acks_timeout",
     "PERIODIC": "periodic",
+    "METRICS": "metrics",
 }
 
 # Whole-number options and their least value.
@@ -158,8 +160,9 @@ def _value_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
     lease = raw.get("LEASE", 60)
     if not isinstance(lease, int | float) or isinstance(lease, bool) or lease < 1:
         wrong("LEASE", "Use a number of seconds, at least 1.")
-    if not isinstance(raw.get("ENQUEUE_ON_COMMIT", False), bool):
-        wrong("ENQUEUE_ON_COMMIT", "Use True or False.")
+    for name in ("ENQUEUE_ON_COMMIT", "METRICS"):
+        if not isinstance(raw.get(name, False), bool):
+            wrong(name, "Use True or False.")
     if not isinstance(raw.get("KEY_PREFIX", ""), str):
         wrong("KEY_PREFIX", "Use a string.")
     timeout = raw.get("REPLICA_ACKS_TIMEOUT", 1)

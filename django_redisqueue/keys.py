@@ -41,6 +41,11 @@ key                           type    contents (written by)
                                       with the result TTL, trimmed by the tick
 ``{P}:stats:<minute>``        hash    ``ok:<queue>`` / ``failed:<queue>``: jobs
                                       finished in that minute; 2 h TTL
+``{P}:metrics``               hash    counts workers add every heartbeat:
+                                      ``jobs|<queue>|<task>|<status>``, and the
+                                      histograms' ``duration|…|<le>``,
+                                      ``duration_sum|…|``, ``wait|…``,
+                                      ``wait_sum|…`` (metrics.py); no TTL
 ``{P}:paused``                set     names of paused queues (workers skip them)
 ``{P}:queues``                set     names of the queues used, kept when QUEUES
                                       is empty (any name valid) for workers,
@@ -182,6 +187,10 @@ class KeySchema:
     @property
     def stats_prefix(self) -> str:
         return f"{self.prefix}:stats:"
+
+    @property
+    def metrics(self) -> str:
+        return f"{self.prefix}:metrics"
 
     @property
     def known_queues(self) -> str:

@@ -98,6 +98,7 @@ def keys_without_ttl(rr, *, workers_live):
             keys.paused,
             keys.running,
             keys.scheduler_wake,
+            keys.metrics,  # counters: monotonic for as long as Redis keeps them
         }
         if workers_live:
             allowed.add(keys.broadcast_cursors)

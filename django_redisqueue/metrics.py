@@ -1,0 +1,330 @@
+"""Prometheus metrics: what workers count, and the exposition of every backend.
+
+Workers count each attempt whose outcome Redis stored (``JobMetrics``): jobs per queue,
+task and status, and histograms of how long jobs ran and waited to start. The counts
+are summed in the worker's memory and added to one hash per backend (``{P}:metrics``)
+by the heartbeat, every few seconds, so that a job costs Redis no command more. A
+worker killed with SIGKILL loses at most one heartbeat's counts; one that stops
+gracefully sends them first.
+
+The exposition (``render``) reads Redis on each scrape: the gauges (jobs per queue and
+state, live workers and schedulers, how long the next job of each queue has waited)
+as they are now, and the counters as workers last sent them. Every endpoint (the view
+in ``views.py``, ``runworker --metrics-port``) shows the whole backend's numbers: scrape
+one of them. Labels are the backend, queue, task and status: no job ids. Tasks are
+counted under their path only when registered in the worker, so payloads naming made-up
+tasks cannot add series.
+
+The text format (version 0.0.4) is written here, without a dependency; the tests parse
+it with prometheus_client's parser.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any, cast
+
+from .broker import REDIS_ERRORS
+
+if TYPE_CHECKING:
+    from .backend import RedisQueueBackend
+    from .worker import JobEvent
+
+logger = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Upper bounds (s) of the histograms' buckets: 5 ms to 10 minutes, as jobs run.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
+WAIT_BUCKETS = DURATION_BUCKETS
+# The label of a task that is not registered in the worker that ran the job.
+UNREGISTERED = "(unregistered)"
+# Running jobs read to count them per queue: far more than any fleet runs at once.
+RUNNING_READ_LIMIT = 1000
+SEPARATOR = "|"  # in the hash's field names: not in queue names nor task paths
+
+
+def _bucket(bounds: Sequence[float], value: float) -> str:
+    for bound in bounds:
+        if value <= bound:
+            return _number(bound)
+    return "+Inf"
+
+
+@dataclass
+class JobMetrics:
+    """A worker's counts since it last sent them: hash field -> increment."""
+
+    counts: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, event: JobEvent, task_registered: bool) -> None:
+        task = event.task if task_registered else UNREGISTERED
+        labels = f"{event.queue}{SEPARATOR}{task}{SEPARATOR}"
+        with self.lock:
+            self.counts[f"jobs{SEPARATOR}{labels}{event.status}"] += 1
+            self._observe("duration", labels, DURATION_BUCKETS, event.duration)
+            if event.wait is not None:
+                self._observe("wait", labels, WAIT_BUCKETS, event.wait)
+
+    def _observe(self, name: str, labels: str, bounds: Sequence[float], value: float) -> None:
+        self.counts[f"{name}{SEPARATOR}{labels}{_bucket(bounds, value)}"] += 1
+        self.counts[f"{name}_sum{SEPARATOR}{labels}"] += value
+
+    def send(self, backend: RedisQueueBackend) -> None:
+        """Add the counts to Redis; kept for the next call if Redis refuses them."""
+        with self.lock:
+            counts, self.counts = self.counts, defaultdict(float)
+        if not counts:
+            return
+        try:
+            backend.broker.add_metrics(counts)
+        except REDIS_ERRORS:
+            with self.lock:
+                for name, value in counts.items():
+                    self.counts[name] += value
+            raise
+
+
+@dataclass
+class Family:
+    """One metric family of the exposition: its samples as (suffix, labels, value)."""
+
+    name: str
+    kind: str
+    help: str
+    samples: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
+
+    def add(self, labels: dict[str, str], value: float, suffix: str = "") -> None:
+        self.samples.append((suffix, labels, value))
+
+    def lines(self) -> Iterator[str]:
+        yield f"# HELP {self.name} {self.help}"
+        yield f"# TYPE {self.name} {self.kind}"
+        for suffix, labels, value in self.samples:
+            text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+            yield f"{self.name}{suffix}{{{text}}} {_number(value)}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if math.isnan(value):
+        return "NaN"
+    return str(int(value)) if float(value).is_integer() and abs(value) < 2**53 else repr(value)
+
+
+class Exposition:
+    """The metric families of one scrape, filled backend by backend."""
+
+    def __init__(self) -> None:
+        self.up = Family("redisqueue_up", "gauge", "1 when the backend's Redis answered.")
+        self.jobs = Family(
+            "redisqueue_queue_jobs",
+            "gauge",
+            "Jobs per queue and state now (failed: within the result TTL).",
+        )
+        self.paused = Family("redisqueue_queue_paused", "gauge", "1 when the queue is paused.")
+        self.head_wait = Family(
+            "redisqueue_queue_wait_seconds",
+            "gauge",
+            "How long the job that runs next in the queue has waited (0: empty queue).",
+        )
+        self.workers = Family(
+            "redisqueue_workers", "gauge", "Live worker processes serving the queue."
+        )
+        self.workers_alive = Family(
+            "redisqueue_workers_alive", "gauge", "Live worker processes of the backend."
+        )
+        self.schedulers_alive = Family(
+            "redisqueue_schedulers_alive", "gauge", "Live schedulers of the backend."
+        )
+        self.scheduler_age = Family(
+            "redisqueue_scheduler_last_step_age_seconds",
+            "gauge",
+            "Seconds since a scheduler last stepped (absent: none ever did).",
+        )
+        self.finished = Family(
+            "redisqueue_jobs_total",
+            "counter",
+            "Attempts whose outcome workers stored, by status "
+            "(SUCCESSFUL, FAILED, RETRY, RELEASE).",
+        )
+        self.duration = Family(
+            "redisqueue_job_duration_seconds", "histogram", "How long jobs ran."
+        )
+        self.wait = Family(
+            "redisqueue_job_wait_seconds",
+            "histogram",
+            "How long jobs waited from enqueue (or their due time) to their first start.",
+        )
+
+    def families(self) -> list[Family]:
+        return [
+            self.up,
+            self.jobs,
+            self.paused,
+            self.head_wait,
+            self.workers,
+            self.workers_alive,
+            self.schedulers_alive,
+            self.scheduler_age,
+            self.finished,
+            self.duration,
+            self.wait,
+        ]
+
+    def text(self) -> str:
+        return "\n".join(line for f in self.families() for line in f.lines()) + "\n"
+
+    def add_backend(self, backend: RedisQueueBackend) -> None:
+        """The samples of one backend; ``redisqueue_up`` 0 alone when Redis fails."""
+        labels = {"backend": backend.alias}
+        try:
+            read = _read(backend)
+        except REDIS_ERRORS as exc:
+            logger.warning("Metrics of backend %r unread: %s", backend.alias, exc)
+            self.up.add(labels, 0)
+            return
+        self.up.add(labels, 1)
+        for queue, row in read.counts.items():
+            at = {**labels, "queue": queue}
+            for state in ("ready", "running", "delayed", "failed"):
+                self.jobs.add({**at, "state": state}, float(row[state]))
+            self.paused.add(at, float(row["paused"]))
+            self.head_wait.add(at, read.head_waits.get(queue) or 0.0)
+            self.workers.add(at, float(sum(1 for q in read.worker_queues if not q or queue in q)))
+        self.workers_alive.add(labels, float(len(read.worker_queues)))
+        self.schedulers_alive.add(labels, float(read.schedulers_alive))
+        if read.scheduler_age is not None:
+            self.scheduler_age.add(labels, read.scheduler_age)
+        self._add_counts(labels, read.counters)
+
+    def _add_counts(self, labels: dict[str, str], counters: dict[str, float]) -> None:
+        histograms: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
+        sums: dict[tuple[str, str, str], float] = {}
+        for name, value in sorted(counters.items()):
+            parts = name.split(SEPARATOR)
+            if len(parts) != 4:
+                continue  # not a field workers write
+            kind, queue, task, last = parts
+            at = {**labels, "queue": queue, "task": task}
+            if kind == "jobs":
+                self.finished.add({**at, "status": last}, value)
+            elif kind in ("duration", "wait"):
+                histograms[kind, queue, task][last] = value
+            elif kind in ("duration_sum", "wait_sum"):
+                sums[kind.removesuffix("_sum"), queue, task] = value
+        for (kind, queue, task), buckets in sorted(histograms.items()):
+            family = self.duration if kind == "duration" else self.wait
+            at = {**labels, "queue": queue, "task": task}
+            total = 0.0
+            for bound in [*(_number(b) for b in DURATION_BUCKETS), "+Inf"]:
+                total += buckets.get(bound, 0.0)
+                family.add({**at, "le": bound}, total, "_bucket")
+            family.add(at, sums.get((kind, queue, task), 0.0), "_sum")
+            family.add(at, total, "_count")
+
+
+@dataclass
+class _Read:
+    counts: dict[str, dict[str, int | bool]]
+    head_waits: dict[str, float | None]
+    worker_queues: list[set[str]]  # per live worker: the queues it serves (empty: all)
+    schedulers_alive: int
+    scheduler_age: float | None
+    counters: dict[str, float]
+
+
+def _read(backend: RedisQueueBackend) -> _Read:
+    from .dashboard import SCHEDULER_ALIVE_MS, WORKER_ALIVE_MS, Dashboard
+
+    broker, keys = backend.broker, backend.keys
+    dashboard = Dashboard(backend)
+    counts = broker.counts(dashboard.queues)
+    running = dashboard.running(("queue",))
+    for queue, row in counts.items():
+        row["running"] = sum(1 for job in running if job.queue == queue)
+    now = broker.clock_ms()
+    workers = broker.alive(keys.workers)
+    infos = broker.worker_info([worker_id for worker_id, _ in workers])
+    worker_queues = [
+        {q for q in info.get("queues", "").split(",") if q}
+        for (_, seen), info in zip(workers, infos, strict=True)
+        if info and now - seen < WORKER_ALIVE_MS
+    ]
+    schedulers = broker.alive(keys.schedulers)
+    return _Read(
+        counts=counts,
+        head_waits=broker.head_waits(dashboard.queues),
+        worker_queues=worker_queues,
+        schedulers_alive=sum(1 for _, seen in schedulers if now - seen < SCHEDULER_ALIVE_MS),
+        scheduler_age=(now - schedulers[0][1]) / 1000 if schedulers else None,
+        counters=broker.metrics(),
+    )
+
+
+def render(backends: Iterable[RedisQueueBackend]) -> str:
+    """The exposition of ``backends``, in Prometheus's text format."""
+    exposition = Exposition()
+    for backend in backends:
+        exposition.add_backend(backend)
+    return exposition.text()
+
+
+def redisqueue_backends() -> list[RedisQueueBackend]:
+    """Every backend of settings.TASKS that is a RedisQueueBackend."""
+    from .checks import our_backends
+    from .compat import task_backends
+
+    return [cast("RedisQueueBackend", task_backends[alias]) for alias, _ in our_backends()]
+
+
+class _MetricsHandler(BaseHTTPRequestHandler):
+    backends: Sequence[RedisQueueBackend] = ()
+
+    def do_GET(self) -> None:
+        if self.path.split("?")[0] not in ("/", "/metrics"):
+            self.send_error(404)
+            return
+        body = render(self.backends).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("Metrics endpoint: " + format, *args)
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    """``PORT`` (every interface) or ``HOST:PORT``, as ``--metrics-port`` takes it;
+    port 0 picks a free one. Raises ValueError for anything else."""
+    host, _, port = value.rpartition(":")
+    number = int(port)
+    if not 0 <= number <= 65535 or (host and not host.strip()):
+        raise ValueError(value)
+    return host or "0.0.0.0", number
+
+
+def serve(address: tuple[str, int], backends: Sequence[RedisQueueBackend]) -> ThreadingHTTPServer:
+    """Serve ``/metrics`` of ``backends`` on ``address`` from a daemon thread, for
+    ``runworker --metrics-port``; ``shutdown()`` the server returned to stop it."""
+    handler = type("MetricsHandler", (_MetricsHandler,), {"backends": tuple(backends)})
+    server = ThreadingHTTPServer(address, handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="redisqueue-metrics", daemon=True)
+    thread.start()
+    host, port = server.server_address[:2]
+    logger.info("Metrics served on http://%s:%s/metrics", host, port)
+    return server

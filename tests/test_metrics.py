@@ -1,0 +1,317 @@
+"""The Prometheus exposition: it parses with prometheus_client's parser, its gauges are
+what Redis holds, its counters count each stored outcome once, and nothing read from
+Redis or a backend's name can break it or add series."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import urllib.request
+
+import pytest
+import redis
+from django.test import override_settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from django_redisqueue.broker import RETRY
+from django_redisqueue.metrics import (
+    CONTENT_TYPE,
+    UNREGISTERED,
+    Exposition,
+    Family,
+    JobMetrics,
+    parse_address,
+    render,
+    serve,
+)
+from django_redisqueue.worker import JobEvent
+from tests import tasks
+from tests.conftest import manage, private_redis, run_worker_here, wait_until
+
+pytestmark = pytest.mark.django_db
+
+
+def samples(text: str) -> dict[tuple[str, frozenset], float]:
+    """Every sample of the exposition, by name and labels, as the official parser reads
+    it (it raises on anything malformed)."""
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(found, name, **labels):
+    return found[name, frozenset({"backend": "default", **labels}.items())]
+
+
+def jobs_total(found, queue, task, status):
+    return value(
+        found, "redisqueue_jobs_total", queue=queue, task=f"tests.tasks.{task}", status=status
+    )
+
+
+def test_the_gauges_are_what_redis_holds_and_the_counters_count_each_outcome(backend, r):
+    for i in range(3):
+        tasks.add.enqueue(i, 1)
+    tasks.fail.enqueue("boom")
+    tasks.urgent.enqueue("first")
+    tasks.add.using(delay=3600).enqueue(1, 2)  # delayed
+    run_worker_here(backend, queues=["high", "default"])
+    tasks.add.enqueue(5, 5)  # ready, after the worker left
+    tasks.record.using(queue_name="low").enqueue("x")
+    found = samples(render([backend]))
+
+    assert value(found, "redisqueue_up") == 1
+    keys = backend.keys
+    for queue in ("high", "default", "low"):
+        assert value(found, "redisqueue_queue_jobs", queue=queue, state="ready") == r.zcard(
+            keys.queue(queue)
+        )
+        assert value(found, "redisqueue_queue_jobs", queue=queue, state="delayed") == r.zcard(
+            keys.delayed(queue)
+        )
+    assert value(found, "redisqueue_queue_jobs", queue="default", state="ready") == 1
+    assert value(found, "redisqueue_queue_jobs", queue="default", state="delayed") == 1
+    assert value(found, "redisqueue_queue_jobs", queue="default", state="failed") == 1
+    assert value(found, "redisqueue_queue_jobs", queue="default", state="running") == 0
+    assert value(found, "redisqueue_queue_wait_seconds", queue="high") == 0  # empty
+    assert value(found, "redisqueue_queue_wait_seconds", queue="low") >= 0
+
+    add = {"queue": "default", "task": "tests.tasks.add"}
+    assert jobs_total(found, "default", "add", "SUCCESSFUL") == 3
+    assert jobs_total(found, "default", "fail", "FAILED") == 1
+    assert jobs_total(found, "high", "urgent", "SUCCESSFUL") == 1
+    assert value(found, "redisqueue_job_duration_seconds_count", **add) == 3
+    assert value(found, "redisqueue_job_duration_seconds_bucket", le="+Inf", **add) == 3
+    assert value(found, "redisqueue_job_wait_seconds_count", **add) == 3
+    buckets = sorted(
+        (float(dict(labels)["le"]), v)
+        for (name, labels), v in found.items()
+        if name == "redisqueue_job_duration_seconds_bucket"
+        and dict(labels)["task"] == "tests.tasks.add"
+    )
+    assert [v for _, v in buckets] == sorted(v for _, v in buckets)  # cumulative
+    # Job ids are never labels.
+    assert not any("id" in dict(labels) for _, labels in found)
+
+
+def test_a_worker_counts_only_what_redis_stored_and_sends_it_on_stop(backend, r):
+    tasks.fails_once.enqueue("x")  # a retry, then a success
+    run_worker_here(backend)
+    found = samples(render([backend]))
+    labels = {"queue": "default", "task": "tests.tasks.fails_once"}
+    assert value(found, "redisqueue_jobs_total", status=RETRY, **labels) == 1
+    # Waits are counted for first attempts only: a retry waits by design.
+    assert value(found, "redisqueue_job_wait_seconds_count", **labels) == 1
+
+
+def test_payloads_naming_tasks_that_do_not_exist_add_no_series(backend, r):
+    keys = backend.keys
+    for i in range(20):
+        job_id = f"hostile{i}"
+        payload = json.dumps({"v": 1, "task": f"made.up.task_{i}"})
+        fields = {"payload": payload, "queue": "default", "status": "READY"}
+        r.hset(keys.job(job_id), mapping=fields)
+        r.zadd(keys.queue("default"), {job_id: i})
+    run_worker_here(backend)
+    found = samples(render([backend]))
+    tasks_seen = {dict(labels).get("task") for name, labels in found if "task" in dict(labels)}
+    assert tasks_seen == {UNREGISTERED}
+    assert (
+        value(found, "redisqueue_jobs_total", queue="default", task=UNREGISTERED, status="FAILED")
+        == 20
+    )
+
+
+def test_with_metrics_off_workers_count_nothing(backend, r, settings):
+    tasks_setting = {alias: dict(conf) for alias, conf in settings.TASKS.items()}
+    tasks_setting["default"]["OPTIONS"] = {**tasks_setting["default"]["OPTIONS"], "METRICS": False}
+    from django_redisqueue.compat import task_backends
+
+    with override_settings(TASKS=tasks_setting):
+        quiet = task_backends["default"]
+        assert quiet.config.metrics is False
+        tasks.add.enqueue(1, 1)
+        run_worker_here(quiet)
+        assert not r.exists(quiet.keys.metrics)
+        assert r.zcard(quiet.keys.queue("default")) == 0
+
+
+def test_live_workers_and_schedulers_are_counted_per_queue(backend):
+    backend.broker.heartbeat("w1", {"queues": "high,default"}, {})
+    backend.broker.heartbeat("w2", {"queues": ""}, {})  # serves every queue
+    found = samples(render([backend]))
+    assert value(found, "redisqueue_workers_alive") == 2
+    assert value(found, "redisqueue_workers", queue="high") == 2
+    assert value(found, "redisqueue_workers", queue="low") == 1
+    assert value(found, "redisqueue_schedulers_alive") == 0
+    with pytest.raises(KeyError):  # no scheduler ever stepped
+        value(found, "redisqueue_scheduler_last_step_age_seconds")
+
+
+def test_the_view_serves_the_exposition_and_only_to_get(client):
+    tasks.add.enqueue(1, 1)
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"] == CONTENT_TYPE
+    found = samples(response.content.decode())
+    assert value(found, "redisqueue_queue_jobs", queue="default", state="ready") == 1
+    assert client.post("/metrics").status_code == 405
+
+
+@pytest.mark.parametrize("error", ["down", "wrongtype"])
+def test_redis_failing_gives_up_zero_not_an_error(client, error):
+    with private_redis() as server:
+        if error == "down":
+            server.stop()
+        else:
+            from django_redisqueue.compat import task_backends
+
+            keys = task_backends["default"].keys
+            redis.Redis.from_url(server.url).set(keys.metrics, "spoilt")
+        response = client.get("/metrics")
+    assert response.status_code == 200
+    found = samples(response.content.decode())
+    assert value(found, "redisqueue_up") == (0 if error == "down" else 1)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    fields=st.dictionaries(
+        st.text(alphabet=st.sampled_from('jobs|duration_sumwait|+Inf0.5\\"\n é'), max_size=30),
+        st.one_of(
+            st.text(max_size=8),
+            st.floats(allow_nan=True).map(str),
+            st.integers().map(str),
+        ),
+        max_size=12,
+    )
+)
+def test_whatever_the_metrics_hash_holds_the_exposition_parses(backend, r, fields):
+    r.delete(backend.keys.metrics)
+    if fields:
+        r.hset(backend.keys.metrics, mapping=fields)
+    found = samples(render([backend]))
+    assert value(found, "redisqueue_up") == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(label=st.text(max_size=40), number=st.floats(allow_nan=False))
+def test_label_values_and_numbers_survive_the_parser(label, number):
+    family = Family("redisqueue_test", "gauge", "A test.")
+    family.add({"backend": label}, number)
+    parsed = list(text_string_to_metric_families("\n".join(family.lines()) + "\n"))
+    [sample] = parsed[0].samples
+    assert sample.labels == {"backend": label}
+    assert sample.value == number
+
+
+def test_the_counts_a_worker_holds_survive_redis_refusing_them(backend, r):
+    metrics = JobMetrics()
+    metrics.record(JobEvent("j1", "tests.tasks.add", "default", "SUCCESSFUL", 0.2, 1, 0.1), True)
+    r.set(backend.keys.metrics, "not a hash")
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        metrics.send(backend)
+    r.delete(backend.keys.metrics)
+    metrics.record(JobEvent("j2", "tests.tasks.add", "default", "SUCCESSFUL", 0.3, 1, None), True)
+    metrics.send(backend)
+    found = samples(render([backend]))
+    labels = {"queue": "default", "task": "tests.tasks.add"}
+    assert value(found, "redisqueue_jobs_total", status="SUCCESSFUL", **labels) == 2
+    assert value(found, "redisqueue_job_duration_seconds_sum", **labels) == pytest.approx(0.5)
+    assert value(found, "redisqueue_job_wait_seconds_count", **labels) == 1
+
+
+def test_the_metrics_endpoint_of_a_worker_process(backend):
+    port = free_port()
+    server = serve(("127.0.0.1", port), [backend])
+    try:
+        tasks.add.enqueue(1, 1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            assert response.headers["Content-Type"] == CONTENT_TYPE
+            found = samples(response.read().decode())
+        assert value(found, "redisqueue_queue_jobs", queue="default", state="ready") == 1
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=5)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_empty_exposition_still_parses():
+    assert re.search(r"# TYPE redisqueue_up gauge", Exposition().text())
+    assert list(text_string_to_metric_families(Exposition().text()))
+
+
+def test_an_outcome_redis_refused_is_not_counted(backend):
+    from django_redisqueue.broker import SUCCESSFUL, Outcome
+    from django_redisqueue.worker import Finished, Worker
+
+    worker = Worker(backend)
+    event = JobEvent("j1", "tests.tasks.add", "default", SUCCESSFUL, 0.1, 1, 0.0)
+    finished = Finished(Outcome("j1", "w/1", SUCCESSFUL, result="2"), event=event)
+    worker._report(finished, stored=False)  # fenced out: the job's new owner decides it
+    assert not worker.metrics.counts
+    worker._report(finished, stored=True)
+    assert worker.metrics.counts["jobs|default|tests.tasks.add|SUCCESSFUL"] == 1
+
+
+@pytest.mark.parametrize(
+    ("given", "address"),
+    [("9808", ("0.0.0.0", 9808)), ("127.0.0.1:0", ("127.0.0.1", 0)), ("h:1", ("h", 1))],
+)
+def test_metrics_addresses(given, address):
+    assert parse_address(given) == address
+
+
+@pytest.mark.parametrize("given", ["", "x", "70000", "-1", "host:", " :80"])
+def test_metrics_addresses_refused(given):
+    with pytest.raises(ValueError):
+        parse_address(given)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return samples(response.read().decode())
+
+
+def test_runworker_serves_the_metrics_of_its_pool(procs):
+    port = free_port()
+    worker = procs.start("runworker", "--concurrency", "2", "--metrics-port", f"127.0.0.1:{port}")
+    procs.expect(worker, f"Metrics served on http://127.0.0.1:{port}/metrics")
+    wait_until(lambda: value(scrape(port), "redisqueue_workers_alive") == 2, 30, "2 workers")
+    result = tasks.add.enqueue(2, 3)
+    wait_until(
+        lambda: (
+            value(scrape(port), "redisqueue_queue_jobs", queue="default", state="ready") == 0
+            and tasks.add.get_result(result.id).status == "SUCCESSFUL"
+        ),
+        30,
+        "the job to run",
+    )
+    procs.stop(worker)
+    with pytest.raises(urllib.error.URLError):  # no child kept the socket open
+        scrape(port)
+
+
+def test_runworker_refuses_a_port_in_use_or_malformed():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = manage("runworker", "--burst", "--metrics-port", f"127.0.0.1:{port}")
+    assert result.returncode == 1
+    assert f"Cannot serve metrics on 127.0.0.1:{port}" in result.stderr
+    result = manage("runworker", "--burst", "--metrics-port", "nine")
+    assert result.returncode == 2
+    assert "--metrics-port" in result.stderr
