@@ -4,6 +4,8 @@ An unmanaged model (``models.Dashboard``) puts it on the admin index; its pages 
 extra admin URLs wrapped in ``admin_site.admin_view``. Looking needs
 ``django_redisqueue.view_dashboard``; acting needs ``django_redisqueue.manage_queues``.
 Actions are POST with CSRF; destructive ones are confirmed on a page of their own.
+The waiting, delayed and failed lists also act on the jobs selected on a page, and the
+failed list filters by task and exception class among a queue's newest failures.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
 
+import django
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -19,14 +22,18 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, register_converter, reverse
 from django.utils.encoding import escape_uri_path
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import gettext
 from django.views.decorators.http import require_GET, require_POST
 
 from .backend import RedisQueueBackend
 from .compat import TaskResultDoesNotExist, task_backends
+from .dashboard import FILTER_SCAN_LIMIT, FailedScan
 from .dashboard import Dashboard as DashboardData
 from .exceptions import NotCancellable
+from .jobs import JOB_ID_RE, from_ms
 from .models import Dashboard
 from .periodic import PeriodicTaskError, run_now, schedules_of
+from .rows import PAGE_SIZE, JobRow, Page, is_path, page_number
 
 VIEW = "django_redisqueue.view_dashboard"
 MANAGE = "django_redisqueue.manage_queues"
@@ -34,6 +41,10 @@ MANAGE = "django_redisqueue.manage_queues"
 ACTION_BATCH = 1000
 # How often a dashboard page fetches its live part again.
 REFRESH_SECONDS = 5
+# Jobs one action on a selection may name: those of one page.
+SELECTION_LIMIT = PAGE_SIZE
+# Django 6.1's admin marks breadcrumbs up as a list, and styles only that.
+BREADCRUMBS_AS_LIST = django.VERSION >= (6, 1)
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,37 @@ class JobIdConverter:
 
 
 register_converter(JobIdConverter, "drq_job_id")
+
+# What an action of the queue's script did, in its message.
+DONE = {
+    "retry_failed": "put back on their queue",
+    "delete_failed": "deleted",
+    "run_now": "queued to run now",
+    "empty": "deleted from the queue",
+}
+GONE = " The others had left that list meanwhile."
+
+# The actions on the jobs selected in each list, as its select offers them.
+SELECTION_ACTIONS = {
+    "waiting": [("cancel", "Cancel selected jobs")],
+    "delayed": [("run_now", "Run selected jobs now"), ("cancel", "Cancel selected jobs")],
+    "failed": [("retry_failed", "Retry selected jobs"), ("delete_failed", "Delete selected jobs")],
+}
+SELECTION_LABELS = dict(action for actions in SELECTION_ACTIONS.values() for action in actions)
+
+
+def choices(seen: list[tuple[str, int]], chosen: str) -> list[tuple[str, int]]:
+    """A filter's choices: the values ``seen``, with how many jobs each, and the one
+    ``chosen`` even if it was not seen."""
+    if chosen and chosen not in dict(seen):
+        return [*seen, (chosen, 0)]
+    return seen
+
+
+@dataclass(frozen=True)
+class Crumb:
+    label: str
+    url: str = ""  # '' for the page itself
 
 
 def allowed(request: HttpRequest, permission: str) -> bool:
@@ -133,6 +175,7 @@ class DashboardAdmin(admin.ModelAdmin):
             view(self.schedules_view, "<str:alias>/schedules/", "schedules"),
             view(self.confirm_view, "<str:alias>/confirm/<str:action>/", "confirm"),
             view(self.action_view, "<str:alias>/act/<str:action>/", "act"),
+            view(self.selection_view, "<str:alias>/selected/", "selected"),
         ]
 
     # Helpers
@@ -152,6 +195,7 @@ class DashboardAdmin(admin.ModelAdmin):
         title: str,
         *,
         live: bool = True,
+        overview: bool = False,
         **context: object,
     ) -> TemplateResponse:
         """Render a dashboard page, or with ``?partial=1`` only its live part.
@@ -164,17 +208,37 @@ class DashboardAdmin(admin.ModelAdmin):
         partial = bool(request.GET.get("partial"))
         query = request.GET.copy()
         query.pop("partial", None)
+        aliases = redisqueue_aliases()
+        overview_url = reverse("admin:redisqueue_overview", args=[alias])
+        dashboard = "Queue dashboard" + (f" ({alias})" if len(aliases) > 1 else "")
+        crumbs = [
+            Crumb(gettext("Home"), reverse("admin:index")),
+            Crumb(
+                str(self.model._meta.app_config.verbose_name),
+                reverse("admin:app_list", args=[self.model._meta.app_label]),
+            ),
+            Crumb(dashboard, "" if overview else overview_url),
+            *([] if overview else [Crumb(title)]),
+        ]
+        pager_query = query.copy()
+        pager_query.pop("page", None)
         base = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
             "title": title,
             "alias": alias,
-            "aliases": redisqueue_aliases(),
+            "aliases": aliases,
+            "crumbs": crumbs,
+            "breadcrumbs_as_list": BREADCRUMBS_AS_LIST,
+            # Redis's clock, which the times shown were taken by: "3 seconds ago" of it.
+            "now": from_ms(backend.broker.clock_ms()),
             "queues": backend.served_queues(),
             "can_manage": allowed(request, MANAGE),
             "refresh_seconds": REFRESH_SECONDS if live else 0,
             # Where an action goes back to: this page, also when only its part is rendered.
             "here": escape_uri_path(request.path) + (f"?{query.urlencode()}" if query else ""),
+            # What the pager's links keep of this page's query (its filters).
+            "pager_query": pager_query.urlencode(),
         }
         name = f"admin/django_redisqueue/{template}"
         if partial:
@@ -221,7 +285,9 @@ class DashboardAdmin(admin.ModelAdmin):
     def overview_view(self, request: HttpRequest, alias: str) -> HttpResponse:
         backend = self._backend(request, alias)
         data = DashboardData(backend).overview()
-        return self._render(request, "overview.html", alias, "Queue dashboard", **data)
+        return self._render(
+            request, "overview.html", alias, "Queue dashboard", overview=True, **data
+        )
 
     def queue_view(self, request: HttpRequest, alias: str, queue: str) -> HttpResponse:
         backend = self._backend(request, alias)
@@ -229,7 +295,14 @@ class DashboardAdmin(admin.ModelAdmin):
         page = DashboardData(backend).waiting(queue, self._page_number(request))
         paused = backend.broker.counts([queue])[queue]["paused"]
         return self._render(
-            request, "queue.html", alias, f"Queue {queue}", queue=queue, page=page, paused=paused
+            request,
+            "queue.html",
+            alias,
+            f"Queue {queue}",
+            queue=queue,
+            page=page,
+            paused=paused,
+            selection_actions=SELECTION_ACTIONS["waiting"],
         )
 
     def delayed_index_view(self, request: HttpRequest, alias: str) -> HttpResponse:
@@ -240,7 +313,13 @@ class DashboardAdmin(admin.ModelAdmin):
         self._queue(backend, queue)
         page = DashboardData(backend).delayed(queue, self._page_number(request))
         return self._render(
-            request, "delayed.html", alias, f"Delayed jobs: {queue}", queue=queue, page=page
+            request,
+            "delayed.html",
+            alias,
+            f"Delayed jobs: {queue}",
+            queue=queue,
+            page=page,
+            selection_actions=SELECTION_ACTIONS["delayed"],
         )
 
     def running_view(self, request: HttpRequest, alias: str) -> HttpResponse:
@@ -262,11 +341,41 @@ class DashboardAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(reverse(f"admin:redisqueue_{kind}", args=[alias, queue]))
 
     def failed_view(self, request: HttpRequest, alias: str, queue: str) -> HttpResponse:
+        """The failed jobs of a queue, the latest first; with ``?task=`` or
+        ``?exception=`` (dotted paths; anything else is ignored, and said so) only those
+        among the newest FILTER_SCAN_LIMIT, which also give the filters' choices."""
         backend = self._backend(request, alias)
         self._queue(backend, queue)
-        page = DashboardData(backend).failed(queue, self._page_number(request))
+        data = DashboardData(backend)
+        number = self._page_number(request)
+        given = {name: request.GET.get(name, "").strip() for name in ("task", "exception")}
+        task, exception = (value if is_path(value) else "" for value in given.values())
+        scan: FailedScan | None = None
+        if task or exception:
+            scan = data.failed_scan(queue, task, exception)
+            matching = len(scan.matching)
+            page: Page[JobRow] = Page(number=page_number(number, matching), total=matching)
+            page.rows = scan.matching[page.offset : page.offset + page.size]
+        else:
+            page = data.failed(queue, number)
+            if not request.GET.get("partial"):  # the choices are outside the live part
+                scan = data.failed_scan(queue)
         return self._render(
-            request, "failed.html", alias, f"Failed jobs: {queue}", queue=queue, page=page
+            request,
+            "failed.html",
+            alias,
+            f"Failed jobs: {queue}",
+            queue=queue,
+            page=page,
+            scan=scan,
+            task=task,
+            exception=exception,
+            task_choices=choices(scan.tasks if scan else [], task),
+            exception_choices=choices(scan.exceptions if scan else [], exception),
+            filtered=bool(task or exception),
+            ignored=[name for name, value in given.items() if value and not is_path(value)],
+            scan_limit=FILTER_SCAN_LIMIT,
+            selection_actions=SELECTION_ACTIONS["failed"],
         )
 
     def job_lookup_view(self, request: HttpRequest, alias: str) -> HttpResponse:
@@ -374,6 +483,83 @@ class DashboardAdmin(admin.ModelAdmin):
             self._apply(request, backend, action, queue, job_id)
         return HttpResponseRedirect(self._next_url(request, alias, request.POST.get("next", "")))
 
+    def selection_view(self, request: HttpRequest, alias: str) -> HttpResponse:
+        return require_POST(self._act_on_selection)(request, alias)
+
+    def _act_on_selection(self, request: HttpRequest, alias: str) -> HttpResponse:
+        """An action on the jobs selected in a list: POST ``action``, ``queue`` and one
+        ``job_id`` per job (at most SELECTION_LIMIT, each a job id, or nothing is done).
+        A destructive action first answers a page listing the jobs, asking to confirm,
+        as the admin's "delete selected" does."""
+        backend = self._backend(request, alias)
+        if not allowed(request, MANAGE):
+            raise PermissionDenied
+        queue = self._queue(backend, request.POST.get("queue", ""))
+        next_url = self._next_url(request, alias, request.POST.get("next", ""))
+        action = request.POST.get("action", "")
+        job_ids = list(dict.fromkeys(request.POST.getlist("job_id")))
+        label = SELECTION_LABELS.get(action)
+        if label is None:
+            messages.error(request, "Choose an action for the selected jobs: nothing done.")
+        elif not job_ids:
+            messages.error(request, "Select the jobs to act on: nothing done.")
+        elif len(job_ids) > SELECTION_LIMIT:
+            messages.error(
+                request, f"At most {SELECTION_LIMIT} jobs at once (one page): nothing done."
+            )
+        elif not all(JOB_ID_RE.fullmatch(job_id) for job_id in job_ids):
+            messages.error(request, "Some selected values are not job ids: nothing done.")
+        elif ACTIONS[action].destructive and request.POST.get("confirmed") != "yes":
+            return self._render(
+                request,
+                "confirm.html",
+                alias,
+                f"{label}?",
+                live=False,
+                action=action,
+                action_label=label,
+                queue=queue,
+                selected=DashboardData(backend).jobs(job_ids),
+                next=next_url,
+            )
+        else:
+            self._apply_to_selection(request, backend, action, queue, job_ids)
+        return HttpResponseRedirect(next_url)
+
+    def _apply_to_selection(
+        self,
+        request: HttpRequest,
+        backend: RedisQueueBackend,
+        action: str,
+        queue: str,
+        job_ids: list[str],
+    ) -> None:
+        if action != "cancel":
+            changed = backend.broker.operate(action, queue, job_ids)
+            level = messages.success if changed == len(job_ids) else messages.warning
+            level(
+                request,
+                f"{changed} of {len(job_ids)} selected job(s) of queue {queue} "
+                f"{DONE[action]}." + ("" if changed == len(job_ids) else GONE),
+            )
+            return
+        refused = []
+        for job_id in job_ids:
+            try:
+                backend.cancel(job_id)
+            except (NotCancellable, TaskResultDoesNotExist):
+                refused.append(job_id)
+        cancelled = len(job_ids) - len(refused)
+        if cancelled:
+            messages.success(request, f"{cancelled} of {len(job_ids)} selected job(s) cancelled.")
+        if refused:
+            shown = ", ".join(refused[:5]) + (", …" if len(refused) > 5 else "")
+            messages.warning(
+                request,
+                f"{len(refused)} selected job(s) not cancelled, as they had started, ended "
+                f"or expired meanwhile: {shown}.",
+            )
+
     def _action_queue(
         self, backend: RedisQueueBackend, spec: Action, data: Mapping[str, str]
     ) -> str:
@@ -451,11 +637,5 @@ class DashboardAdmin(admin.ModelAdmin):
             changed = 0
             while batch := broker.operate(action, queue, limit=ACTION_BATCH):
                 changed += batch
-        done = {
-            "retry_failed": "put back on their queue",
-            "delete_failed": "deleted",
-            "run_now": "queued to run now",
-            "empty": "deleted from the queue",
-        }[action]
         level = messages.success if changed else messages.warning
-        level(request, f"{changed} job(s) of queue {queue} {done}.")
+        level(request, f"{changed} job(s) of queue {queue} {DONE[action]}.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.utils.timezone import localtime
@@ -21,6 +22,7 @@ from .rows import (
     Page,
     Row,
     ScheduleRow,
+    is_path,
     page_number,
     status_label,
 )
@@ -46,6 +48,34 @@ RUNNING_FIELDS = ("queue", "owner", "status")
 # What the group pages read of a group's members and callback: no results or tracebacks.
 MEMBER_FIELDS = ("payload", "queue", "status", "cancelled", "waiting", "parked")
 STATUS_FIELDS = ("status", "cancelled", "waiting", "parked")
+# The failed list's filters look at this many of a queue's newest failed jobs, read in
+# batches: never a whole index of failures, however large it grew.
+FILTER_SCAN_LIMIT = 500
+FILTER_READ_BATCH = 100
+# What the failed list shows of a job: no results.
+FAILED_FIELDS = ("payload", "queue", "status", "attempts", "errors", "cancelled")
+
+
+@dataclass
+class FailedScan:
+    """A queue's newest failed jobs as the failed list's filters see them: the tasks
+    and exception classes seen (with how many jobs each, most first), and the jobs
+    that match the filters given."""
+
+    scanned: int  # failed jobs read: at most FILTER_SCAN_LIMIT
+    total: int  # failed jobs in the queue's index
+    tasks: list[tuple[str, int]] = field(default_factory=list)
+    exceptions: list[tuple[str, int]] = field(default_factory=list)
+    matching: list[JobRow] = field(default_factory=list)
+
+    @property
+    def partial(self) -> bool:
+        """Whether older failed jobs were left out."""
+        return self.scanned < self.total
+
+
+def _most_first(counts: Counter[str]) -> list[tuple[str, int]]:
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
 
 
 class Dashboard:
@@ -93,6 +123,31 @@ class Dashboard:
     def failed(self, queue: str, number: int) -> Page[JobRow]:
         """FAILED jobs of a queue, the latest first."""
         return self._page(self.keys.failed(queue), number, self._rows, newest_first=True)
+
+    def failed_scan(self, queue: str, task: str = "", exception: str = "") -> FailedScan:
+        """The newest FILTER_SCAN_LIMIT failed jobs of a queue: the choices they offer,
+        and those of ``task`` raising ``exception`` (either '' for any)."""
+        key = self.keys.failed(queue)
+        scored = self.broker.page(key, 0, FILTER_SCAN_LIMIT, newest_first=True)
+        scan = FailedScan(scanned=len(scored), total=max(self.broker.size(key), len(scored)))
+        tasks: Counter[str] = Counter()
+        exceptions: Counter[str] = Counter()
+        for start in range(0, len(scored), FILTER_READ_BATCH):
+            for row in self._rows(scored[start : start + FILTER_READ_BATCH], FAILED_FIELDS):
+                if is_path(row.task):
+                    tasks[row.task] += 1
+                if is_path(row.exception_class):
+                    exceptions[row.exception_class] += 1
+                if (not task or row.task == task) and (
+                    not exception or row.exception_class == exception
+                ):
+                    scan.matching.append(row)
+        scan.tasks, scan.exceptions = _most_first(tasks), _most_first(exceptions)
+        return scan
+
+    def jobs(self, job_ids: Iterable[str]) -> list[JobRow]:
+        """The given jobs, with what a list of them shows (no results, no errors)."""
+        return self._rows([(job_id, 0.0) for job_id in job_ids], MEMBER_FIELDS)
 
     def groups(self, number: int) -> Page[GroupRow]:
         """Groups, the latest created first."""
@@ -212,6 +267,7 @@ class Dashboard:
                 "info": info,
                 "queues": info.get("queues", "").replace(",", ", "),
                 "heartbeat_age": (now - seen) / 1000,
+                "seen_at": from_ms(seen),
                 "alive": bool(info) and now - seen < WORKER_ALIVE_MS,
                 "job": current.get(worker_id),
             }
@@ -221,6 +277,7 @@ class Dashboard:
             {
                 "id": scheduler_id,
                 "age": (now - seen) / 1000,
+                "seen_at": from_ms(seen),
                 "alive": now - seen < SCHEDULER_ALIVE_MS,
             }
             for scheduler_id, seen in self.broker.alive(self.keys.schedulers)

@@ -9,9 +9,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Generic, TypeVar
 
+from django.utils import translation
+from django.utils.html import avoid_wrapping
+from django.utils.timesince import timesince, timeuntil
+
 from .broker import AFTER_GROUP_PREFIX, GroupState, now_ms
 from .exceptions import InvalidPayload
 from .jobs import (
+    JOB_ID_RE,
     MAX_TIMESTAMP,
     Envelope,
     JobRecord,
@@ -45,6 +50,27 @@ def describe_arguments(envelope: Envelope) -> str:
     parts = [preview(a) for a in envelope.args]
     parts += [f"{k}={preview(v)}" for k, v in envelope.kwargs.items()]
     return preview_text(", ".join(parts))
+
+
+def relative(moment: datetime, now: datetime) -> str:
+    """How long ago ``moment`` was, or how long until it comes, as people say it: "just
+    now", "3 seconds ago", "in 59 minutes", "2 days, 3 hours ago". In English, as the rest of
+    the dashboard is."""
+    seconds = (moment - now).total_seconds()
+    if abs(seconds) < 1:
+        return "now" if seconds >= 0 else "just now"
+    if abs(seconds) < 60:
+        count = int(abs(seconds))
+        span = avoid_wrapping(f"{count} second{'s' if count != 1 else ''}")
+    else:
+        with translation.override("en"):
+            span = timeuntil(moment, now) if seconds > 0 else timesince(moment, now)
+    return f"in {span}" if seconds > 0 else f"{span} ago"
+
+
+def is_path(value: str, most: int = 300) -> bool:
+    """Whether ``value`` is a dotted Python path (a task's, an exception class's)."""
+    return 0 < len(value) <= most and all(part.isidentifier() for part in value.split("."))
 
 
 def status_label(fields: Mapping[str, str]) -> str:
@@ -85,6 +111,12 @@ class JobRow:
     @property
     def exists(self) -> bool:
         return self.record.exists
+
+    @property
+    def selectable(self) -> bool:
+        """Whether it can be picked for an action on several jobs: ids of other shapes
+        (which Redis may hold all the same) have their own buttons only."""
+        return bool(JOB_ID_RE.fullmatch(self.id))
 
     @property
     def envelope(self) -> Envelope | None:
@@ -200,6 +232,12 @@ class JobRow:
     @property
     def errors(self) -> list[dict[str, str]]:
         return [{k: printable(v) for k, v in error.items()} for error in self.record.errors]
+
+    @property
+    def exception_class(self) -> str:
+        """The class path of its last error ('' if none)."""
+        errors = self.errors
+        return errors[-1]["exception_class_path"] if errors else ""
 
     @property
     def last_error(self) -> str:

@@ -180,10 +180,10 @@ def test_the_broadcasts_page_lists_messages_and_what_each_worker_did(viewer, bac
 
     listed = rows(viewer.get(BASE + "broadcasts/").text, "drq-broadcasts")
     assert [row.split()[0] for row in listed] == [str(broken), str(only_low), str(reload)]
-    assert "? payload is not valid JSON" in listed[0] and "worker-a: FAILED at" in listed[0]
+    assert "? payload is not valid JSON" in listed[0] and "worker-a: FAILED, just now" in listed[0]
     assert 'tests.tasks.record "low" low no worker yet' in listed[1]
-    assert 'tests.tasks.record "reload" every queue worker-a: SUCCESSFUL at' in listed[2]
-    assert "worker-b: RUNNING at" in listed[2]
+    assert 'tests.tasks.record "reload" every queue worker-a: SUCCESSFUL, just now' in listed[2]
+    assert "worker-b: RUNNING, just now" in listed[2]
 
 
 def test_values_read_from_redis_are_escaped_on_the_fanout_pages(manager, backend, r):
