@@ -19,7 +19,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -109,18 +109,18 @@ LEASE_LOST_SIGNAL = signal.SIGUSR1
 
 
 @contextmanager
-def time_limit(seconds: float | None, what: str) -> Iterator[None]:
-    """Raise JobTimeout inside the block once it has run ``seconds`` (SIGALRM).
+def raise_after(seconds: float | None, error: Callable[[], BaseException]) -> Iterator[None]:
+    """Raise ``error()`` inside the block once it has run ``seconds`` (SIGALRM).
 
-    Only in the main thread, where the worker runs its jobs. A task blocked inside C
-    code that does not return to Python is stopped only when it does.
+    Only in the main thread (elsewhere, or with no seconds, the block runs unbounded).
+    Code blocked inside C that does not return to Python is stopped only when it does.
     """
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def on_alarm(signum: int, frame: FrameType | None) -> None:
-        raise JobTimeout(f"{what} ran past its timeout of {seconds} s and was stopped")
+        raise error()
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -129,6 +129,13 @@ def time_limit(seconds: float | None, what: str) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def time_limit(seconds: float | None, what: str) -> contextlib.AbstractContextManager[None]:
+    """Stop a task (JobTimeout) that runs past its timeout, on the worker's main thread."""
+    return raise_after(
+        seconds, lambda: JobTimeout(f"{what} ran past its timeout of {seconds} s and was stopped")
+    )
 
 
 class QueueOrder:

@@ -119,6 +119,29 @@ def backend():
     return task_backends["default"]
 
 
+def user(name, *perms, **flags):
+    """A test client logged in as a new user with the app's permissions ``perms``."""
+    from django.contrib.auth.models import Permission, User
+    from django.test import Client
+
+    account = User.objects.create_user(name, password="pw", **flags)
+    for codename in perms:
+        account.user_permissions.add(Permission.objects.get(codename=codename))
+    client = Client()
+    client.force_login(account)
+    return client
+
+
+@pytest.fixture
+def viewer():
+    return user("viewer", "view_dashboard", is_staff=True)
+
+
+@pytest.fixture
+def manager():
+    return user("manager", "view_dashboard", "manage_queues", is_staff=True)
+
+
 def run_worker_here(backend, **options) -> None:
     """Run a burst worker in this process. Inside a test's transaction the worker must
     not close the database connection between jobs, as Django's test client does not

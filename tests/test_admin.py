@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client, override_settings
 
@@ -15,7 +15,7 @@ from django_redisqueue.broker import now_ms
 from django_redisqueue.compat import TaskResultStatus
 from django_redisqueue.worker import Worker
 from tests import tasks
-from tests.conftest import run_worker_here
+from tests.conftest import run_worker_here, user
 
 pytestmark = pytest.mark.django_db
 
@@ -35,15 +35,6 @@ ACTIONS = [
     (BASE + "act/retry_failed/", {"queue": "default"}),
     (BASE + "act/empty/", {"queue": "low", "confirmed": "yes"}),
 ]
-
-
-def user(name, *perms, **flags):
-    account = User.objects.create_user(name, password="pw", **flags)
-    for codename in perms:
-        account.user_permissions.add(Permission.objects.get(codename=codename))
-    client = Client()
-    client.force_login(account)
-    return client
 
 
 @pytest.fixture

@@ -12,23 +12,13 @@ from django_redisqueue import broadcast, chain, group
 from django_redisqueue.broker import now_ms
 from django_redisqueue.compat import TaskResultStatus
 from tests import tasks
-from tests.conftest import run_worker_here
-from tests.test_admin import BASE, user
+from tests.conftest import run_worker_here, user
+from tests.test_admin import BASE
 
 pytestmark = pytest.mark.django_db
 
 HOSTILE = "<script>alert(1)</script>"
 ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
-
-
-@pytest.fixture
-def viewer():
-    return user("viewer", "view_dashboard", is_staff=True)
-
-
-@pytest.fixture
-def manager():
-    return user("manager", "view_dashboard", "manage_queues", is_staff=True)
 
 
 def rows(page, table):

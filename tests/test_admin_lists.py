@@ -23,7 +23,7 @@ from django_redisqueue.rows import relative
 from django_redisqueue.templatetags.redisqueue_dashboard import moment
 from tests import tasks
 from tests.conftest import run_worker_here
-from tests.test_admin import BASE, user
+from tests.test_admin import BASE
 
 pytestmark = pytest.mark.django_db
 
@@ -39,16 +39,6 @@ def fuzz(examples: int) -> hypothesis_settings:
         database=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     )
-
-
-@pytest.fixture
-def viewer():
-    return user("viewer", "view_dashboard", is_staff=True)
-
-
-@pytest.fixture
-def manager():
-    return user("manager", "view_dashboard", "manage_queues", is_staff=True)
 
 
 def messages_of(response) -> str:

@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client
 
-from tests.test_admin import user
+from tests.conftest import user
 from tests.test_periodic import P, periodic, state, stepper
 
 pytestmark = pytest.mark.django_db
@@ -27,16 +27,6 @@ SCHEDULES = {
 def backend():
     with periodic(SCHEDULES, "Europe/Berlin") as backend:
         yield backend
-
-
-@pytest.fixture
-def viewer():
-    return user("viewer", "view_dashboard", is_staff=True)
-
-
-@pytest.fixture
-def manager():
-    return user("manager", "view_dashboard", "manage_queues", is_staff=True)
 
 
 def rows(page):

@@ -5,15 +5,10 @@ says which check failed; see docs/deploy.md."""
 from __future__ import annotations
 
 import json
-import signal
 import socket
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -23,6 +18,7 @@ from django_redisqueue.broker import REDIS_ERRORS, Broker
 from django_redisqueue.dashboard import SCHEDULER_ALIVE_MS, WORKER_ALIVE_MS
 from django_redisqueue.jobs import QUEUE_NAME_RE
 from django_redisqueue.management.commands.runworker import get_backend
+from django_redisqueue.worker import raise_after
 
 HEALTHY = 0
 # 1 is a CommandError's (unknown backend or queue) and 2 argparse's (a wrong option).
@@ -67,28 +63,6 @@ class ProbeTimeout(Exception):
 
 # What makes Redis unhealthy for the probe: any error of Redis or of the connection.
 PROBE_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, ProbeTimeout, OSError)
-
-
-@contextmanager
-def deadline(seconds: float) -> Iterator[None]:
-    """Raise ProbeTimeout inside the block once it has run ``seconds`` (SIGALRM, so
-    only on the main thread): a Redis that stalls after answering the ping, or a
-    cluster client that cannot connect, must not hold the probe for ever, whatever
-    socket timeouts the backend's client has."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_alarm(signum: int, frame: FrameType | None) -> None:
-        raise ProbeTimeout(f"Redis took over {seconds:g} s to answer the probe")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def positive_seconds(value: str) -> float:
@@ -214,7 +188,12 @@ class Probe:
         """Every check; only the Redis one when Redis is unhealthy (nothing else can be
         read then)."""
         try:
-            with deadline(2 * self.timeout):
+            # A Redis that stalls after answering the ping, or a cluster client that
+            # cannot connect, must not hold the probe, whatever the client's timeouts.
+            limit = 2 * self.timeout
+            with raise_after(
+                limit, lambda: ProbeTimeout(f"Redis took over {limit:g} s to answer the probe")
+            ):
                 started = time.perf_counter()
                 broker = self.backend.broker  # a cluster client connects as it is made
                 broker.ping(self.timeout, write=True)
