@@ -420,9 +420,10 @@ class Broker:
 
     def known_queues(self) -> list[str]:
         """The names of the queues jobs were enqueued to (kept when QUEUES is empty)."""
-        return sorted(
-            text(name) or "" for name in sync(self.client.smembers(self.keys.known_queues))
-        )
+        pipe = self._pipeline(transaction=False)
+        pipe.smembers(self.keys.known_queues)
+        names = _readable(self._execute(pipe, raise_on_error=False)[0]) or ()
+        return sorted(text(name) or "" for name in names)
 
     def cancel(self, job_id: str, error: str) -> str | None:
         """Cancel a READY job; return "CANCELLED", or the status that prevents it."""
@@ -813,25 +814,27 @@ class Broker:
     # Inspection: bounded reads only (no KEYS, no scans, pages of a known size)
 
     def counts(self, queues: Sequence[str]) -> dict[str, dict[str, int | bool]]:
-        """Ready, delayed and failed jobs per queue, and whether it is paused."""
+        """Ready, delayed and failed jobs per queue, and whether it is paused (a key of
+        another type, spoilt by hand, reads as empty)."""
         pipe = self._pipeline(transaction=False)
         pipe.time()
         for queue in queues:
             pipe.zcard(self.keys.queue(queue))
             pipe.zcard(self.keys.delayed(queue))
         pipe.smembers(self.keys.paused)
-        (seconds, _), *per_queue, paused = self._execute(pipe)
+        replies = [_readable(reply) for reply in self._execute(pipe, raise_on_error=False)]
+        (seconds, _), *per_queue, paused = replies
         failed_since = (int(seconds) - self.result_ttl) * 1000
         pipe = self._pipeline(transaction=False)
         for queue in queues:
             pipe.zcount(self.keys.failed(queue), failed_since, "+inf")
-        failed = self._execute(pipe)
-        paused_names = {text(name) for name in paused}
+        failed = [_readable(reply) for reply in self._execute(pipe, raise_on_error=False)]
+        paused_names = {text(name) for name in paused or ()}
         return {
             queue: {
-                "ready": int(per_queue[2 * i]),
-                "delayed": int(per_queue[2 * i + 1]),
-                "failed": int(failed[i]),
+                "ready": int(per_queue[2 * i] or 0),
+                "delayed": int(per_queue[2 * i + 1] or 0),
+                "failed": int(failed[i] or 0),
                 "paused": queue in paused_names,
             }
             for i, queue in enumerate(queues)
@@ -855,9 +858,14 @@ class Broker:
     ) -> list[tuple[str, float]]:
         """A page of a sorted set (a queue, a delayed set, the running set, a failed
         index): ids with their scores."""
-        rows: list[tuple[bytes | str, float]] = self.client.zrange(  # type: ignore[assignment]
-            key, offset, offset + limit - 1, desc=newest_first, withscores=True
-        )
+        try:
+            rows: list[tuple[bytes | str, float]] = self.client.zrange(  # type: ignore[assignment]
+                key, offset, offset + limit - 1, desc=newest_first, withscores=True
+            )
+        except redis.ResponseError as exc:
+            if _readable(exc) is not None:
+                raise
+            return []  # a key of another type, spoilt by hand
         return [(text(member) or "", score) for member, score in rows]
 
     def size(self, key: str) -> int:
@@ -875,16 +883,22 @@ class Broker:
             for minute, counts in zip(span, self._execute(pipe, raise_on_error=False), strict=True)
         ]
 
-    def add_metrics(self, counts: Mapping[str, float]) -> None:
-        """Add a worker's counts to the metrics hash (metrics.py), all or none, in one
-        round trip."""
-        pipe = self._pipeline(transaction=True)
-        for name, value in counts.items():
-            if float(value).is_integer():
-                pipe.hincrby(self.keys.metrics, name, int(value))
-            else:
-                pipe.hincrbyfloat(self.keys.metrics, name, value)
-        self._execute(pipe)
+    def add_metrics(self, counts: Mapping[str, int], sums: Mapping[str, float]) -> list[str]:
+        """Add a worker's counts (HINCRBY) and sums (HINCRBYFLOAT: a field that holds
+        a fraction refuses HINCRBY) to the metrics hash (metrics.py) in one round trip;
+        return the fields Redis refused, whose amounts were not added."""
+        pipe = self._pipeline(transaction=False)
+        for name, count in counts.items():
+            pipe.hincrby(self.keys.metrics, name, count)
+        for name, amount in sums.items():
+            pipe.hincrbyfloat(self.keys.metrics, name, amount)
+        replies = self._execute(pipe, raise_on_error=False)
+        names = [*counts, *sums]
+        return [
+            name
+            for name, reply in zip(names, replies, strict=True)
+            if isinstance(reply, Exception)
+        ]
 
     def metrics(self) -> dict[str, float]:
         """The metrics hash; fields that are not numbers are left out."""

@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
 
-from .broker import REDIS_ERRORS
+from .broker import REDIS_ERRORS, UNCERTAIN_ERRORS
 
 if TYPE_CHECKING:
     from .backend import RedisQueueBackend
@@ -44,8 +45,12 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 WAIT_BUCKETS = DURATION_BUCKETS
 # The label of a task that is not registered in the worker that ran the job.
 UNREGISTERED = "(unregistered)"
-# Running jobs read to count them per queue: far more than any fleet runs at once.
-RUNNING_READ_LIMIT = 1000
+# Bounds of one scrape's reads: running jobs read to count them per queue, live
+# workers and schedulers read, and queues exposed (with QUEUES empty, the first in
+# alphabetical order). Far more than a fleet runs; past them the gauges undercount.
+RUNNING_READ_LIMIT = 10_000
+ALIVE_READ_LIMIT = 10_000
+QUEUE_SERIES_LIMIT = 1000
 SEPARATOR = "|"  # in the hash's field names: not in queue names nor task paths
 
 
@@ -58,9 +63,10 @@ def _bucket(bounds: Sequence[float], value: float) -> str:
 
 @dataclass
 class JobMetrics:
-    """A worker's counts since it last sent them: hash field -> increment."""
+    """A worker's counts and sums since it last sent them: hash field -> increment."""
 
-    counts: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    counts: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    sums: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record(self, event: JobEvent, task_registered: bool) -> None:
@@ -74,21 +80,36 @@ class JobMetrics:
 
     def _observe(self, name: str, labels: str, bounds: Sequence[float], value: float) -> None:
         self.counts[f"{name}{SEPARATOR}{labels}{_bucket(bounds, value)}"] += 1
-        self.counts[f"{name}_sum{SEPARATOR}{labels}"] += value
+        self.sums[f"{name}_sum{SEPARATOR}{labels}"] += value
 
     def send(self, backend: RedisQueueBackend) -> None:
-        """Add the counts to Redis; kept for the next call if Redis refuses them."""
+        """Add the counts to Redis. Those Redis refused (OOM, READONLY, a field spoilt
+        by hand) are kept for the next call; after a lost reply, which may have added
+        them, they are dropped: a counter may miss a few jobs, never count one twice."""
         with self.lock:
-            counts, self.counts = self.counts, defaultdict(float)
-        if not counts:
+            counts, self.counts = self.counts, defaultdict(int)
+            sums, self.sums = self.sums, defaultdict(float)
+        if not counts and not sums:
             return
         try:
-            backend.broker.add_metrics(counts)
-        except REDIS_ERRORS:
-            with self.lock:
-                for name, value in counts.items():
-                    self.counts[name] += value
+            refused = backend.broker.add_metrics(counts, sums)
+        except UNCERTAIN_ERRORS:
             raise
+        except REDIS_ERRORS:
+            refused = [*counts, *sums]  # nothing was sent
+        if not refused:
+            return
+        with self.lock:
+            for name in refused:
+                if name in counts:
+                    self.counts[name] += counts[name]
+                else:
+                    self.sums[name] += sums[name]
+        raise MetricsRefused(f"Redis refused {len(refused)} metric field(s)")
+
+
+class MetricsRefused(Exception):
+    """Some counts were not added to Redis; they are kept for the next send."""
 
 
 @dataclass
@@ -246,26 +267,29 @@ class _Read:
 
 
 def _read(backend: RedisQueueBackend) -> _Read:
-    from .dashboard import SCHEDULER_ALIVE_MS, WORKER_ALIVE_MS, Dashboard
+    from .dashboard import SCHEDULER_ALIVE_MS, WORKER_ALIVE_MS
 
     broker, keys = backend.broker, backend.keys
-    dashboard = Dashboard(backend)
-    counts = broker.counts(dashboard.queues)
-    running = dashboard.running(("queue",))
+    queues = backend.served_queues()[:QUEUE_SERIES_LIMIT]
+    counts = broker.counts(queues)
+    running = broker.page(keys.running, 0, RUNNING_READ_LIMIT)
+    per_queue = Counter(
+        job.get("queue") for job in broker.jobs([job_id for job_id, _ in running], "queue")
+    )
     for queue, row in counts.items():
-        row["running"] = sum(1 for job in running if job.queue == queue)
+        row["running"] = per_queue[queue]
     now = broker.clock_ms()
-    workers = broker.alive(keys.workers)
+    workers = broker.alive(keys.workers, ALIVE_READ_LIMIT)
     infos = broker.worker_info([worker_id for worker_id, _ in workers])
     worker_queues = [
         {q for q in info.get("queues", "").split(",") if q}
         for (_, seen), info in zip(workers, infos, strict=True)
         if info and now - seen < WORKER_ALIVE_MS
     ]
-    schedulers = broker.alive(keys.schedulers)
+    schedulers = broker.alive(keys.schedulers, ALIVE_READ_LIMIT)
     return _Read(
         counts=counts,
-        head_waits=broker.head_waits(dashboard.queues),
+        head_waits=broker.head_waits(queues),
         worker_queues=worker_queues,
         schedulers_alive=sum(1 for _, seen in schedulers if now - seen < SCHEDULER_ALIVE_MS),
         scheduler_age=(now - schedulers[0][1]) / 1000 if schedulers else None,
@@ -296,7 +320,12 @@ class _MetricsHandler(BaseHTTPRequestHandler):
         if self.path.split("?")[0] not in ("/", "/metrics"):
             self.send_error(404)
             return
-        body = render(self.backends).encode()
+        try:
+            body = render(self.backends).encode()
+        except Exception:  # a bug must not kill the endpoint, nor print a raw traceback
+            logger.exception("Metrics endpoint: the exposition failed")
+            self.send_error(500)
+            return
         self.send_response(200)
         self.send_header("Content-Type", CONTENT_TYPE)
         self.send_header("Content-Length", str(len(body)))
@@ -308,21 +337,37 @@ class _MetricsHandler(BaseHTTPRequestHandler):
 
 
 def parse_address(value: str) -> tuple[str, int]:
-    """``PORT`` (every interface) or ``HOST:PORT``, as ``--metrics-port`` takes it;
-    port 0 picks a free one. Raises ValueError for anything else."""
+    """``PORT`` (every IPv4 interface), ``HOST:PORT`` or ``[IPv6]:PORT``, as
+    ``--metrics-port`` takes it; port 0 picks a free one. Raises ValueError for
+    anything else."""
     host, _, port = value.rpartition(":")
     number = int(port)
-    if not 0 <= number <= 65535 or (host and not host.strip()):
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not 0 <= number <= 65535 or (host and not host.strip()) or "[" in host or "]" in host:
         raise ValueError(value)
     return host or "0.0.0.0", number
+
+
+class _MetricsServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A scraper that hung up first (BrokenPipeError) is no error of ours; the
+        # default prints a raw traceback, which would break a JSON log stream.
+        logger.debug("Metrics endpoint: a request from %s failed", client_address, exc_info=True)
+
+
+class _MetricsServer6(_MetricsServer):
+    address_family = socket.AF_INET6
 
 
 def serve(address: tuple[str, int], backends: Sequence[RedisQueueBackend]) -> ThreadingHTTPServer:
     """Serve ``/metrics`` of ``backends`` on ``address`` from a daemon thread, for
     ``runworker --metrics-port``; ``shutdown()`` the server returned to stop it."""
     handler = type("MetricsHandler", (_MetricsHandler,), {"backends": tuple(backends)})
-    server = ThreadingHTTPServer(address, handler)
-    server.daemon_threads = True
+    server_class = _MetricsServer6 if ":" in address[0] else _MetricsServer
+    server = server_class(address, handler)
     thread = threading.Thread(target=server.serve_forever, name="redisqueue-metrics", daemon=True)
     thread.start()
     host, port = server.server_address[:2]

@@ -46,7 +46,7 @@ from .exceptions import InvalidPayload, JobTimeout, LeaseLost, UnknownTask, Work
 from .jobs import Envelope, JobRecord, ensure_json, error_info, to_json, whole_number
 from .logformat import job_fields
 from .memory import MB, resident_set_size
-from .metrics import JobMetrics
+from .metrics import JobMetrics, MetricsRefused
 from .registry import registry
 
 logger = logging.getLogger(__name__)
@@ -104,6 +104,8 @@ FINISH_ATTEMPTS_ON_EXIT = 5
 QUEUES_REFRESH = 1.0
 # Tries to receive broadcasts before the worker gives up on them and runs jobs again.
 RECEIVE_ATTEMPTS = 5
+# What sending the metrics may raise: it is logged, and the worker goes on.
+METRICS_ERRORS: tuple[type[Exception], ...] = (MetricsRefused, *REDIS_ERRORS)
 # Sent by the heartbeat to the main thread to stop a job whose lease was lost.
 LEASE_LOST_SIGNAL = signal.SIGUSR1
 
@@ -358,7 +360,7 @@ class Worker:
             return
         try:
             self.metrics.send(self.backend)
-        except REDIS_ERRORS as exc:
+        except METRICS_ERRORS as exc:
             logger.debug("Worker %s: metrics not sent (%s)", self.worker_id, exc)
 
     def _should_stop(self) -> bool:

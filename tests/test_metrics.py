@@ -23,6 +23,7 @@ from django_redisqueue.metrics import (
     Exposition,
     Family,
     JobMetrics,
+    MetricsRefused,
     parse_address,
     render,
     serve,
@@ -172,11 +173,17 @@ def test_redis_failing_gives_up_zero_not_an_error(client, error):
             from django_redisqueue.compat import task_backends
 
             keys = task_backends["default"].keys
-            redis.Redis.from_url(server.url).set(keys.metrics, "spoilt")
+            spoiler = redis.Redis.from_url(server.url)
+            for key in (keys.metrics, keys.failed("low"), keys.paused, keys.workers, keys.running):
+                spoiler.set(key, "spoilt")  # keys of another type read as empty
+            tasks.add.enqueue(1, 2)
         response = client.get("/metrics")
     assert response.status_code == 200
     found = samples(response.content.decode())
     assert value(found, "redisqueue_up") == (0 if error == "down" else 1)
+    if error == "wrongtype":
+        assert value(found, "redisqueue_queue_jobs", queue="default", state="ready") == 1
+        assert value(found, "redisqueue_queue_jobs", queue="low", state="failed") == 0
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -214,7 +221,7 @@ def test_the_counts_a_worker_holds_survive_redis_refusing_them(backend, r):
     metrics = JobMetrics()
     metrics.record(JobEvent("j1", "tests.tasks.add", "default", "SUCCESSFUL", 0.2, 1, 0.1), True)
     r.set(backend.keys.metrics, "not a hash")
-    with pytest.raises(Exception, match="WRONGTYPE"):
+    with pytest.raises(MetricsRefused):
         metrics.send(backend)
     r.delete(backend.keys.metrics)
     metrics.record(JobEvent("j2", "tests.tasks.add", "default", "SUCCESSFUL", 0.3, 1, None), True)
@@ -262,13 +269,18 @@ def test_an_outcome_redis_refused_is_not_counted(backend):
 
 @pytest.mark.parametrize(
     ("given", "address"),
-    [("9808", ("0.0.0.0", 9808)), ("127.0.0.1:0", ("127.0.0.1", 0)), ("h:1", ("h", 1))],
+    [
+        ("9808", ("0.0.0.0", 9808)),
+        ("127.0.0.1:0", ("127.0.0.1", 0)),
+        ("h:1", ("h", 1)),
+        ("[::]:9808", ("::", 9808)),
+    ],
 )
 def test_metrics_addresses(given, address):
     assert parse_address(given) == address
 
 
-@pytest.mark.parametrize("given", ["", "x", "70000", "-1", "host:", " :80"])
+@pytest.mark.parametrize("given", ["", "x", "70000", "-1", "host:", " :80", "[::1:80", "[[::]]:1"])
 def test_metrics_addresses_refused(given):
     with pytest.raises(ValueError):
         parse_address(given)
@@ -315,3 +327,39 @@ def test_runworker_refuses_a_port_in_use_or_malformed():
     result = manage("runworker", "--burst", "--metrics-port", "nine")
     assert result.returncode == 2
     assert "--metrics-port" in result.stderr
+
+
+def test_a_whole_sum_after_a_fraction_is_added_once(backend):
+    metrics = JobMetrics()
+    metrics.record(
+        JobEvent("j1", "tests.tasks.add", "default", "SUCCESSFUL", 0.25, 1, 0.043), True
+    )
+    metrics.send(backend)
+    metrics.record(JobEvent("j2", "tests.tasks.add", "default", "SUCCESSFUL", 1.0, 1, 0.0), True)
+    metrics.send(backend)
+    for _ in range(3):  # idle heartbeats send nothing more
+        metrics.send(backend)
+    found = samples(render([backend]))
+    labels = {"queue": "default", "task": "tests.tasks.add"}
+    assert value(found, "redisqueue_jobs_total", status="SUCCESSFUL", **labels) == 2
+    assert value(found, "redisqueue_job_wait_seconds_sum", **labels) == pytest.approx(0.043)
+    assert value(found, "redisqueue_job_duration_seconds_sum", **labels) == pytest.approx(1.25)
+
+
+def test_counts_whose_reply_was_lost_are_not_sent_again(backend, monkeypatch):
+    metrics = JobMetrics()
+    metrics.record(JobEvent("j1", "tests.tasks.add", "default", "SUCCESSFUL", 0.1, 1, None), True)
+    add = backend.broker.add_metrics
+
+    def added_then_reply_lost(counts, sums):
+        add(counts, sums)
+        raise redis.ConnectionError("the reply was lost")
+
+    monkeypatch.setattr(backend.broker, "add_metrics", added_then_reply_lost)
+    with pytest.raises(redis.ConnectionError):
+        metrics.send(backend)
+    monkeypatch.undo()
+    metrics.send(backend)
+    found = samples(render([backend]))
+    labels = {"queue": "default", "task": "tests.tasks.add"}
+    assert value(found, "redisqueue_jobs_total", status="SUCCESSFUL", **labels) == 1
