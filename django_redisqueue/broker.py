@@ -420,10 +420,8 @@ class Broker:
 
     def known_queues(self) -> list[str]:
         """The names of the queues jobs were enqueued to (kept when QUEUES is empty)."""
-        pipe = self._pipeline(transaction=False)
-        pipe.smembers(self.keys.known_queues)
-        names = _readable(self._execute(pipe, raise_on_error=False)[0]) or ()
-        return sorted(text(name) or "" for name in names)
+        names = _read_leniently(lambda: sync(self.client.smembers(self.keys.known_queues)))
+        return sorted(text(name) or "" for name in names or ())
 
     def cancel(self, job_id: str, error: str) -> str | None:
         """Cancel a READY job; return "CANCELLED", or the status that prevents it."""
@@ -858,15 +856,12 @@ class Broker:
     ) -> list[tuple[str, float]]:
         """A page of a sorted set (a queue, a delayed set, the running set, a failed
         index): ids with their scores."""
-        try:
-            rows: list[tuple[bytes | str, float]] = self.client.zrange(  # type: ignore[assignment]
+        rows: list[tuple[bytes | str, float]] = _read_leniently(
+            lambda: self.client.zrange(
                 key, offset, offset + limit - 1, desc=newest_first, withscores=True
             )
-        except redis.ResponseError as exc:
-            if _readable(exc) is not None:
-                raise
-            return []  # a key of another type, spoilt by hand
-        return [(text(member) or "", score) for member, score in rows]
+        )
+        return [(text(member) or "", score) for member, score in rows or ()]
 
     def size(self, key: str) -> int:
         return int(sync(self.client.zcard(key)))
@@ -902,12 +897,9 @@ class Broker:
 
     def metrics(self) -> dict[str, float]:
         """The metrics hash; fields that are not numbers are left out."""
-        try:
-            fields = sync(self.client.hgetall(self.keys.metrics))
-        except redis.ResponseError:  # a key of another type, written by hand
-            return {}
+        fields = _read_leniently(lambda: sync(self.client.hgetall(self.keys.metrics)))
         counts = {}
-        for name, value in fields.items():
+        for name, value in (fields or {}).items():
             try:
                 number = float(value)
             except ValueError:
@@ -1090,6 +1082,14 @@ def _readable(reply: Any) -> Any:
     if isinstance(reply, Exception):
         raise reply
     return reply
+
+
+def _read_leniently(read: Callable[[], Any]) -> Any:
+    """What one read command answers, or None for a key of another type (_readable)."""
+    try:
+        return read()
+    except redis.ResponseError as exc:
+        return _readable(exc)
 
 
 def _ms(value: str | None) -> int:

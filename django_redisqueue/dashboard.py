@@ -32,6 +32,8 @@ RUNNING_READ_LIMIT = 1000
 # A worker or scheduler silent for longer than this is shown as gone.
 WORKER_ALIVE_MS = 30_000
 SCHEDULER_ALIVE_MS = 15_000
+# Workers and schedulers read for the overview, the heard from last first.
+LIVE_READ_LIMIT = 200
 CHART_MINUTES = 60
 # Members of a group whose status the group page counts: a larger group's counts are
 # of its first members only, so that a refresh never reads a huge group whole.
@@ -76,6 +78,41 @@ class FailedScan:
 
 def _most_first(counts: Counter[str]) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
+@dataclass(frozen=True, slots=True)
+class Live:
+    """A worker or scheduler heard from within its window: its id, when Redis last
+    heard from it (ms, Redis's clock), and a worker's record."""
+
+    id: str
+    seen_ms: float
+    info: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def host(self) -> str:
+        # A worker's record names its host; ids are <host>:<pid>:<random> too.
+        return self.info.get("host") or self.id.rsplit(":", 2)[0]
+
+    def serves(self, queue: str) -> bool:
+        """Whether this worker serves ``queue``: one given no queue serves every one."""
+        names = set(self.info.get("queues", "").split(",")) - {""}
+        return not names or queue in names
+
+
+def live_workers(backend: RedisQueueBackend, now_ms: int, limit: int) -> list[Live]:
+    """The workers whose heartbeat is under WORKER_ALIVE_MS old and whose record has not
+    expired, of the ``limit`` heard from last."""
+    heard = backend.broker.alive(backend.keys.workers, limit)
+    seen = [(worker_id, at) for worker_id, at in heard if now_ms - at < WORKER_ALIVE_MS]
+    infos = backend.broker.worker_info([worker_id for worker_id, _ in seen])
+    return [Live(i, at, info) for (i, at), info in zip(seen, infos, strict=True) if info]
+
+
+def live_schedulers(backend: RedisQueueBackend, now_ms: int, limit: int) -> list[Live]:
+    """The schedulers that stepped within SCHEDULER_ALIVE_MS, of the ``limit`` last."""
+    seen = backend.broker.alive(backend.keys.schedulers, limit)
+    return [Live(i, at) for i, at in seen if now_ms - at < SCHEDULER_ALIVE_MS]
 
 
 class Dashboard:
@@ -251,36 +288,27 @@ class Dashboard:
                 for _, stats in minutes
             )
         now = self.broker.clock_ms()
-        worker_ids = self.broker.alive(self.keys.workers)
+        live = live_workers(self.backend, now, LIVE_READ_LIMIT)
         by_worker = {job.worker: job for job in running}
         # The task of each worker's current job: payloads of those jobs only.
         current = {
             row.worker: row
-            for row in self._rows(
-                [(by_worker[w].id, 0.0) for w, _ in worker_ids if w in by_worker]
-            )
+            for row in self._rows([(by_worker[w.id].id, 0.0) for w in live if w.id in by_worker])
         }
-        infos = self.broker.worker_info([worker_id for worker_id, _ in worker_ids])
         workers = [
             {
-                "id": worker_id,
-                "info": info,
-                "queues": info.get("queues", "").replace(",", ", "),
-                "heartbeat_age": (now - seen) / 1000,
-                "seen_at": from_ms(seen),
-                "alive": bool(info) and now - seen < WORKER_ALIVE_MS,
-                "job": current.get(worker_id),
+                "id": worker.id,
+                "info": worker.info,
+                "queues": worker.info.get("queues", "").replace(",", ", "),
+                "heartbeat_age": (now - worker.seen_ms) / 1000,
+                "seen_at": from_ms(worker.seen_ms),
+                "job": current.get(worker.id),
             }
-            for (worker_id, seen), info in zip(worker_ids, infos, strict=True)
+            for worker in live
         ]
         schedulers = [
-            {
-                "id": scheduler_id,
-                "age": (now - seen) / 1000,
-                "seen_at": from_ms(seen),
-                "alive": now - seen < SCHEDULER_ALIVE_MS,
-            }
-            for scheduler_id, seen in self.broker.alive(self.keys.schedulers)
+            {"id": s.id, "seen_at": from_ms(s.seen_ms)}
+            for s in live_schedulers(self.backend, now, LIVE_READ_LIMIT)
         ]
         return {
             "counts": counts,
@@ -289,8 +317,8 @@ class Dashboard:
                 for name in ("ready", "running", "delayed", "failed", "finished")
             },
             "running_jobs": len(running),
-            "workers": [w for w in workers if w["alive"]],
-            "schedulers": [s for s in schedulers if s["alive"]],
+            "workers": workers,
+            "schedulers": schedulers,
             "chart": chart(minutes),
             "limits": [
                 LimitRow(limit.key, limit.running, limit.parked, from_ms(limit.next_look_ms))

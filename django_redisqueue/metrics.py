@@ -35,6 +35,7 @@ from .broker import REDIS_ERRORS, UNCERTAIN_ERRORS
 
 if TYPE_CHECKING:
     from .backend import RedisQueueBackend
+    from .dashboard import Live
     from .worker import JobEvent
 
 logger = logging.getLogger(__name__)
@@ -223,8 +224,8 @@ class Exposition:
                 self.jobs.add({**at, "state": state}, float(row[state]))
             self.paused.add(at, float(row["paused"]))
             self.head_wait.add(at, read.head_waits.get(queue) or 0.0)
-            self.workers.add(at, float(sum(1 for q in read.worker_queues if not q or queue in q)))
-        self.workers_alive.add(labels, float(len(read.worker_queues)))
+            self.workers.add(at, float(sum(1 for w in read.workers if w.serves(queue))))
+        self.workers_alive.add(labels, float(len(read.workers)))
         self.schedulers_alive.add(labels, float(read.schedulers_alive))
         if read.scheduler_age is not None:
             self.scheduler_age.add(labels, read.scheduler_age)
@@ -260,14 +261,14 @@ class Exposition:
 class _Read:
     counts: dict[str, dict[str, int | bool]]
     head_waits: dict[str, float | None]
-    worker_queues: list[set[str]]  # per live worker: the queues it serves (empty: all)
+    workers: list[Live]
     schedulers_alive: int
     scheduler_age: float | None
     counters: dict[str, float]
 
 
 def _read(backend: RedisQueueBackend) -> _Read:
-    from .dashboard import SCHEDULER_ALIVE_MS, WORKER_ALIVE_MS
+    from .dashboard import live_schedulers, live_workers
 
     broker, keys = backend.broker, backend.keys
     queues = backend.served_queues()[:QUEUE_SERIES_LIMIT]
@@ -279,20 +280,13 @@ def _read(backend: RedisQueueBackend) -> _Read:
     for queue, row in counts.items():
         row["running"] = per_queue[queue]
     now = broker.clock_ms()
-    workers = broker.alive(keys.workers, ALIVE_READ_LIMIT)
-    infos = broker.worker_info([worker_id for worker_id, _ in workers])
-    worker_queues = [
-        {q for q in info.get("queues", "").split(",") if q}
-        for (_, seen), info in zip(workers, infos, strict=True)
-        if info and now - seen < WORKER_ALIVE_MS
-    ]
-    schedulers = broker.alive(keys.schedulers, ALIVE_READ_LIMIT)
+    last_step = broker.alive(keys.schedulers, 1)  # the latest, live or not
     return _Read(
         counts=counts,
         head_waits=broker.head_waits(queues),
-        worker_queues=worker_queues,
-        schedulers_alive=sum(1 for _, seen in schedulers if now - seen < SCHEDULER_ALIVE_MS),
-        scheduler_age=(now - schedulers[0][1]) / 1000 if schedulers else None,
+        workers=live_workers(backend, now, ALIVE_READ_LIMIT),
+        schedulers_alive=len(live_schedulers(backend, now, ALIVE_READ_LIMIT)),
+        scheduler_age=(now - last_step[0][1]) / 1000 if last_step else None,
         counters=broker.metrics(),
     )
 

@@ -194,9 +194,3 @@ def run_workers(
     if watcher is not None:
         watcher.exit_if_changed()
     return code
-
-
-def run_pool(makers: Sequence[Callable[[], Worker]], *, restart: bool) -> int:
-    """Run one worker process per entry of ``makers``; return 0 if every child exited
-    cleanly. See Pool."""
-    return Pool(makers, restart=restart).run()

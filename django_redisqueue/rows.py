@@ -13,7 +13,7 @@ from django.utils import translation
 from django.utils.html import avoid_wrapping
 from django.utils.timesince import timesince, timeuntil
 
-from .broker import AFTER_GROUP_PREFIX, GroupState, now_ms
+from .broker import AFTER_GROUP_PREFIX, GroupState
 from .exceptions import InvalidPayload
 from .jobs import (
     JOB_ID_RE,
@@ -212,10 +212,6 @@ class JobRow:
     def score_time(self) -> datetime | None:
         """The score as a time: due time, lease deadline or finish time."""
         return from_ms(self.score)
-
-    @property
-    def seconds_left(self) -> float:
-        return (self.score - now_ms()) / 1000
 
     @property
     def started_at(self) -> datetime | None:

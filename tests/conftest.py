@@ -119,16 +119,22 @@ def backend():
     return task_backends["default"]
 
 
+def account(name, *perms, **flags):
+    """A new user, password "pw", with the app's permissions ``perms``."""
+    from django.contrib.auth.models import Permission, User
+
+    created = User.objects.create_user(name, password="pw", **flags)
+    for codename in perms:
+        created.user_permissions.add(Permission.objects.get(codename=codename))
+    return created
+
+
 def user(name, *perms, **flags):
     """A test client logged in as a new user with the app's permissions ``perms``."""
-    from django.contrib.auth.models import Permission, User
     from django.test import Client
 
-    account = User.objects.create_user(name, password="pw", **flags)
-    for codename in perms:
-        account.user_permissions.add(Permission.objects.get(codename=codename))
     client = Client()
-    client.force_login(account)
+    client.force_login(account(name, *perms, **flags))
     return client
 
 

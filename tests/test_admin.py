@@ -175,6 +175,7 @@ def test_failed_jobs_show_their_errors_and_can_be_retried_or_deleted(manager, ba
     assert "not confirmed, nothing done" in not_confirmed.text
     confirm = manager.get(BASE + f"confirm/delete_failed/?queue=default&job_id={jobs[1].id}")
     assert "Yes, I'm sure" in confirm.text
+    assert f"This acts on job <strong>{jobs[1].id}</strong>" in confirm.text
     manager.post(
         BASE + "act/delete_failed/",
         {"queue": "default", "job_id": jobs[1].id, "confirmed": "yes"},

@@ -15,7 +15,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.broker import REDIS_ERRORS, Broker
-from django_redisqueue.dashboard import SCHEDULER_ALIVE_MS, WORKER_ALIVE_MS
+from django_redisqueue.dashboard import (
+    SCHEDULER_ALIVE_MS,
+    Live,
+    live_schedulers,
+    live_workers,
+)
 from django_redisqueue.jobs import QUEUE_NAME_RE
 from django_redisqueue.management.commands.runworker import get_backend
 from django_redisqueue.worker import raise_after
@@ -77,11 +82,6 @@ def seconds_or_zero(value: str) -> float:
     if not seconds >= 0 or seconds == float("inf"):
         raise ValueError(value)
     return seconds
-
-
-def _host_of(process_id: str) -> str:
-    """The host a worker or scheduler id names: ids are ``<host>:<pid>:<random>``."""
-    return process_id.rsplit(":", 2)[0]
 
 
 class Command(BaseCommand):
@@ -221,37 +221,29 @@ class Probe:
         )
 
     def checks(self, broker: Broker, queues: list[str]) -> list[Check]:
-        keys = self.backend.keys
         queues = queues or self.backend.served_queues()
         counts = broker.counts(queues)
         now = broker.clock_ms()
         checks: list[Check] = []
         if self.check_workers:
-            seen = broker.alive(keys.workers, WORKERS_READ_LIMIT)
-            live_ids = [wid for wid, at in seen if now - at < WORKER_ALIVE_MS]
-            workers = [
-                info
-                for info in broker.worker_info(live_ids)
-                if info and (self.host is None or info.get("host") == self.host)
-            ]
+            workers = self.here(live_workers(self.backend, now, WORKERS_READ_LIMIT))
             checks += self.worker_checks(queues, counts, workers)
         if self.check_scheduler:
-            schedulers = [
-                (sid, at)
-                for sid, at in broker.alive(keys.schedulers, SCHEDULERS_READ_LIMIT)
-                if now - at < SCHEDULER_ALIVE_MS
-                and (self.host is None or _host_of(sid) == self.host)
-            ]
+            schedulers = self.here(live_schedulers(self.backend, now, SCHEDULERS_READ_LIMIT))
             checks.append(self.scheduler_check(schedulers, now))
         if self.max_wait:
             checks += self.wait_checks(queues, counts, broker.head_waits(queues))
         return checks
 
+    def here(self, processes: list[Live]) -> list[Live]:
+        """``processes``, less those of other hosts with ``--this-host``."""
+        return [p for p in processes if self.host is None or p.host == self.host]
+
     def worker_checks(
         self,
         queues: list[str],
         counts: dict[str, dict[str, int | bool]],
-        workers: list[dict[str, str]],
+        workers: list[Live],
     ) -> list[Check]:
         where = " on this host" if self.host else ""
         if not queues:
@@ -264,10 +256,9 @@ class Probe:
                 )
             ]
         # A worker given no queue (QUEUES empty) serves every queue used.
-        served = [set(info.get("queues", "").split(",")) - {""} for info in workers]
         checks = []
         for queue in queues:
-            serving = sum(1 for names in served if not names or queue in names)
+            serving = sum(1 for worker in workers if worker.serves(queue))
             paused = bool(counts[queue]["paused"])
             figures = {"live_workers": serving, "ready": counts[queue]["ready"], "paused": paused}
             if serving:
@@ -284,7 +275,7 @@ class Probe:
             )
         return checks
 
-    def scheduler_check(self, schedulers: list[tuple[str, float]], now: int) -> Check:
+    def scheduler_check(self, schedulers: list[Live], now: int) -> Check:
         where = " on this host" if self.host else ""
         if not schedulers:
             return Check(
@@ -295,7 +286,7 @@ class Probe:
                 figures={"live_schedulers": 0},
                 code=NO_SCHEDULER,
             )
-        last_step = max(0.0, (now - max(at for _, at in schedulers)) / 1000)
+        last_step = max(0.0, (now - max(s.seen_ms for s in schedulers)) / 1000)
         return Check(
             "scheduler",
             True,
