@@ -36,7 +36,7 @@ test: $(VENV)/.installed system-packages
 	$(BIN)/nox
 
 test-fast: $(VENV)/.installed system-packages lint
-	$(BIN)/pytest
+	$(BIN)/pytest --numprocesses=auto
 
 demo: $(VENV)/.installed
 	$(BIN)/python example_project/demo.py

@@ -94,6 +94,8 @@ def tests(session: nox.Session) -> None:
     middle = session.python not in (MATRIX[0][0], MATRIX[-1][0])
     session.run(
         "pytest",
+        # One process per core (pytest-xdist), each with a redis-server of its own.
+        "--numprocesses=auto",
         *(() if newest else ("-m", "not failover and not long")),
         *(f"--ignore={path}" for path in MIDDLE_PAIR_SKIPS if middle),
         *session.posargs,
@@ -110,5 +112,10 @@ def tests(session: nox.Session) -> None:
     if newest and not session.posargs:
         # The core, scheduler and admin tests again, on a Redis Cluster of 3 masters and
         # 3 replicas (tests/topology.py).
-        session.run("pytest", *CLUSTER_TESTS, env={"REDISQUEUE_TEST_TOPOLOGY": "cluster"})
+        session.run(
+            "pytest",
+            "--numprocesses=auto",
+            *CLUSTER_TESTS,
+            env={"REDISQUEUE_TEST_TOPOLOGY": "cluster"},
+        )
     session.run("python", "-m", "tests.django_suite")

@@ -34,6 +34,22 @@ def wait_until(predicate, timeout: float = 10.0, message: str = "condition"):
         time.sleep(0.01)
 
 
+def _utf8(text: str) -> str:
+    """``text`` with lone surrogates escaped: fuzz tests log them, and pytest-xdist
+    cannot send them from its workers."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    report.sections = [(title, _utf8(content)) for title, content in report.sections]
+    if report.longrepr is not None:
+        longrepr = str(report.longrepr)
+        if _utf8(longrepr) != longrepr:
+            report.longrepr = _utf8(longrepr)
+
+
 FIGURES: list[str] = []
 
 
@@ -91,6 +107,13 @@ def private_redis(*args: str) -> Iterator[RedisServer]:
 
 
 not_on_cluster = pytest.mark.skipif(ON_CLUSTER, reason="needs a single redis-server")
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings() -> None:
+    """Keep the test database's name as tests/settings.py gives it: already one file per
+    pytest-xdist worker, and the workers the tests start must find it by that name
+    (pytest-django would add a ``_gw0`` suffix)."""
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,6 +1,6 @@
 """Settings for the test suite. The suite starts a private redis-server and passes
 its URL in REDISQUEUE_TEST_URL, to this process and to the workers it starts; the
-database file's path goes the same way, in REDISQUEUE_TEST_DB."""
+database file's path goes the same way, in REDISQUEUE_TEST_DB_<xdist worker>."""
 
 import json
 import os
@@ -27,9 +27,10 @@ if django.VERSION < (6, 0):
     INSTALLED_APPS.append("django_tasks")
 
 # A file, not ":memory:", so that the workers the tests start see the rows the tests
-# commit. Its path travels to them in the environment, like the Redis URL.
+# commit. Its path travels to them in the environment, like the Redis URL, under a name
+# of each pytest-xdist worker's own: they inherit the controller's environment.
 DB_FILE = os.environ.setdefault(
-    "REDISQUEUE_TEST_DB",
+    f"REDISQUEUE_TEST_DB_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}",
     os.path.join(tempfile.gettempdir(), f"redisqueue-tests-{os.getpid()}.sqlite3"),
 )
 DATABASES = {

@@ -266,6 +266,8 @@ def test_rate_limits_read_as_people_write_them(rate, parsed):
         {"limit_key": "", "concurrency_limit": 1},
         {"limit_key": "k" * 201, "concurrency_limit": 1},
     ],
+    # ascii: a lone surrogate in a test id cannot cross to pytest-xdist's controller.
+    ids=ascii,
 )
 def test_a_wrong_limit_is_refused_where_it_is_written(options):
     with pytest.raises(ValueError):

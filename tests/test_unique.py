@@ -192,6 +192,8 @@ def test_eight_processes_enqueueing_one_key_at_once_make_one_job(r, report):
         {"unique": True, "unique_for": True},
         {"unique": "k\ud800"},  # a lone surrogate: no JSON reader of Redis's takes it
     ],
+    # ascii: a lone surrogate in a test id cannot cross to pytest-xdist's controller.
+    ids=ascii,
 )
 def test_a_wrong_unique_option_is_refused_where_it_is_written(options):
     with pytest.raises(ValueError):
