@@ -234,9 +234,10 @@ class LimitsModel:
                 self.count("unique keys freed")
 
     def m_hold_unique_again(self, job) -> None:
-        """An operator's retry of a failed unique job: it takes its key again, unless
-        another job holds it now."""
-        if job.unique and self.m_unique_holder(job.unique) is None:
+        """An operator's retry of a failed unique job: it takes its key again (with no
+        TTL: it is live, whatever is left of its window), unless another job holds it
+        now."""
+        if job.unique and self.m_unique_holder(job.unique) in (None, job.id):
             self.unique_keys[job.unique] = (job.id, False)
             self.count("unique keys taken again")
 

@@ -89,6 +89,22 @@ def test_an_operators_retry_of_a_failed_unique_job_takes_its_key_again(r, backen
     assert tasks.unique_report.enqueue("monday").id == first.id
 
 
+def test_an_operators_retry_within_the_window_holds_the_key_until_the_job_ends(r, backend):
+    first = tasks.rebuild_once_an_hour.enqueue()
+    claimed = backend.broker.claim(["default"], "w1")[1]
+    backend.broker.finish(Outcome(claimed.job_id, claimed.owner, "FAILED", error="{}"))
+    assert r.pttl(f"{P}:unique:rebuild") > 0  # ended: held for the rest of its window
+    assert backend.broker.operate("retry_failed", "default", limit=10) == 1
+    # Live again: held with no TTL, so the window running out cannot free the key.
+    assert holder(r, "rebuild") == first.id
+    assert r.pttl(f"{P}:unique:rebuild") == -1
+    r.hset(f"{P}:job:{first.id}", "unique_until", 1)  # the window passes
+    assert tasks.rebuild_once_an_hour.enqueue().id == first.id
+    claimed = backend.broker.claim(["default"], "w1")[1]
+    backend.broker.finish(Outcome(claimed.job_id, claimed.owner, "SUCCESSFUL", result="1"))
+    assert holder(r, "rebuild") is None  # ended past its window: free
+
+
 def test_unique_for_holds_the_key_for_its_window_even_after_the_job_ended(r, backend):
     first = tasks.rebuild_once_an_hour.enqueue()
     run_worker_here(backend)

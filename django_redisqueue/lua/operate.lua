@@ -47,9 +47,11 @@ for _, id in ipairs(ids) do
       redis.call('HDEL', job, 'finished_at', 'result', 'waiters')
       -- A waiter's token from the failure would end every later wait() at once.
       redis.call('DEL', job .. ':done')
-      -- A unique job takes its key again, unless another job holds it now.
+      -- A unique job takes its key again, unless another job holds it now; held
+      -- with no TTL, as for any live job, even when it still held it for its window.
       local unique = redis.call('HGET', job, 'unique')
-      if unique and not unique_holder(unique) then
+      local holder = unique and unique_holder(unique)
+      if unique and (not holder or holder == id) then
         hold_unique(id, {unique = unique}, clock_ms())
       end
       push_ready(id, queue, redis.call('HGET', job, 'priority'))
