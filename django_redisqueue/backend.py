@@ -447,6 +447,8 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
 
     def send_broadcast(self, job: Job, queue: str = "") -> int:
         """Send ``job`` to every live worker (or every worker serving ``queue``)."""
+        if not isinstance(queue, str):
+            raise TypeError(f"queue must be a queue name, or '' for every worker; got {queue!r}.")
         if queue and not QUEUE_NAME_RE.fullmatch(queue):
             raise ValueError(f"{queue!r} is not a queue name.")
         if self.queue_names and queue and queue not in self.queue_names:

@@ -207,6 +207,15 @@ class LimitState:
     next_look_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class Received:
+    """What one receive took: the broadcast messages to run (number, payload), and
+    whether unread messages remain past those it read."""
+
+    messages: list[tuple[int, str]]
+    more: bool
+
+
 class MissingJob(LookupError):
     """A job named to run after (``depends_on``) does not exist, or has expired."""
 
@@ -671,18 +680,20 @@ class Broker:
         queues: Sequence[str],
         ran: Sequence[tuple[int, str]] = (),
         most: int = 100,
-    ) -> list[tuple[int, str]]:
+    ) -> Received:
         """Record how the broadcast messages ``ran`` ended (number, SUCCESSFUL or
-        FAILED), then take the ones this worker has not read: (number, payload)."""
+        FAILED), then read up to ``most`` of the ones this worker has not read, and take
+        those for it: call again while ``more``, even when none was taken."""
         args: list[Any] = [worker_id, ",".join(queues), self.lease_ms, most]
         for number, status in ran:
             args += [number, status]
-        taken = self._run("receive", *args)
-        return [
+        more, *taken = self._run("receive", *args)
+        messages = [
             (int(n), text(p) or "")
             for n, p in zip(map(text, taken[::2]), taken[1::2], strict=True)
             if n and n.isdigit()  # a member written by hand is no message number
         ]
+        return Received(messages, bool(int(more)))
 
     def get_hash(self, key: str) -> dict[str, str] | None:
         """Every field of a hash, or None if it does not exist (or is not a hash)."""

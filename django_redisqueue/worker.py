@@ -421,12 +421,13 @@ class Worker:
             while True:
                 # The outcomes in hand are kept until a call stores them (a repeat after
                 # a lost reply writes the same again).
-                messages = self.broker.receive(self.worker_id, self.queues, self.unreported)
+                received = self.broker.receive(self.worker_id, self.queues, self.unreported)
                 self.unreported = []
-                if not messages:
-                    break
-                for number, body in messages:
+                for number, body in received.messages:
                     self.unreported.append((number, self._run_broadcast(number, body)))
+                # Those read may all have been for other queues: read on while any remain.
+                if not received.messages and not received.more:
+                    break
         except REDIS_ERRORS as exc:
             self.receive_failures += 1
             if self.receive_failures < RECEIVE_ATTEMPTS:

@@ -163,7 +163,7 @@ def test_the_broadcasts_page_lists_messages_and_what_each_worker_did(viewer, bac
     reload = broadcast(tasks.record.job("reload"))
     only_low = broadcast(tasks.record.job("low"), queue="low")
     broken = broker.broadcast("not json")
-    taken = broker.receive("worker-a", ["default"])
+    taken = broker.receive("worker-a", ["default"]).messages
     broker.receive("worker-a", ["default"], ran=[(reload, "SUCCESSFUL"), (broken, "FAILED")])
     broker.receive("worker-b", ["default"])
     assert [number for number, _ in taken] == [reload, broken]

@@ -215,10 +215,10 @@ def test_each_registered_worker_receives_a_broadcast_once(r, backend):
     broker.heartbeat("w2", {}, {})
     number = broadcast(tasks.record.job("hello"))
 
-    assert [n for n, _ in broker.receive("w1", ["default"])] == [number]
-    assert broker.receive("w1", ["default"], [(number, "SUCCESSFUL")]) == []
+    assert [n for n, _ in broker.receive("w1", ["default"]).messages] == [number]
+    assert broker.receive("w1", ["default"], [(number, "SUCCESSFUL")]).messages == []
     assert r.zcard(backend.keys.broadcast_unread) == 1  # w2 has not read it
-    assert [n for n, _ in broker.receive("w2", ["default"])] == [number]
+    assert [n for n, _ in broker.receive("w2", ["default"]).messages] == [number]
     assert r.zcard(backend.keys.broadcast_unread) == 0
     message = r.hgetall(backend.keys.broadcast_message(number))
     assert message["ran:w1"].startswith("SUCCESSFUL ")
@@ -226,7 +226,7 @@ def test_each_registered_worker_receives_a_broadcast_once(r, backend):
     assert 0 < r.ttl(backend.keys.broadcast_message(number)) <= backend.config.result_ttl
 
     broker.heartbeat("w3", {}, {})  # a worker that starts later replays nothing
-    assert broker.receive("w3", ["default"]) == []
+    assert broker.receive("w3", ["default"]).messages == []
 
 
 def test_a_broadcast_for_a_queue_reaches_only_its_workers(backend):
@@ -234,8 +234,8 @@ def test_a_broadcast_for_a_queue_reaches_only_its_workers(backend):
     broker.heartbeat("fast", {}, {})
     broker.heartbeat("slow", {}, {})
     number = broadcast(tasks.record.job("x"), queue="high")
-    assert [n for n, _ in broker.receive("fast", ["high", "default"])] == [number]
-    assert broker.receive("slow", ["low"]) == []
+    assert [n for n, _ in broker.receive("fast", ["high", "default"]).messages] == [number]
+    assert broker.receive("slow", ["low"]).messages == []
 
 
 def test_a_worker_runs_broadcasts_between_jobs(r, backend):
@@ -252,11 +252,28 @@ def test_a_worker_runs_broadcasts_between_jobs(r, backend):
     assert logged(r) == ["job", "everywhere"]
 
 
+def test_a_broadcast_behind_a_full_read_of_others_queues_runs(r, backend):
+    """More messages for other queues than one receive reads (100) come first: the
+    worker reads on past them, and runs the one for it."""
+    from django_redisqueue.worker import Worker
+
+    worker = Worker(backend, queues=["default"], burst=True)
+    worker.register()
+    for i in range(120):
+        broadcast(tasks.record.job(f"high {i}"), queue="high")
+    broadcast(tasks.record.job("everywhere"))
+    with patch("django_redisqueue.worker.close_old_connections"):
+        worker.run()
+    assert logged(r) == ["everywhere"]
+
+
 def test_a_broadcast_refuses_what_it_cannot_run(backend):
     with pytest.raises(ValueError, match="takes a context"):
         broadcast(tasks.attempt_number.job("x"))
     with pytest.raises(ValueError, match="not a queue name"):
         broadcast(tasks.noop.job(), queue="no such")
+    with pytest.raises(TypeError, match="queue"):
+        broadcast(tasks.noop.job(), queue=None)  # type: ignore[arg-type]
 
 
 # In tests, without Redis
@@ -376,7 +393,7 @@ def test_a_member_of_unread_that_is_no_number_is_passed_over(r, backend):
     backend.broker.heartbeat("w1", {}, {})
     number = broadcast(tasks.record.job("x"))
     r.zadd(backend.keys.broadcast_unread, {"abc": number + 1})
-    assert [n for n, _ in backend.broker.receive("w1", ["default"])] == [number]
+    assert [n for n, _ in backend.broker.receive("w1", ["default"]).messages] == [number]
 
 
 def test_a_spoilt_group_count_does_not_stop_a_member_ending(r, backend):

@@ -106,6 +106,7 @@ from django_redisqueue.broker import (
     MissingJob,
     NewJob,
     Outcome,
+    Received,
 )
 from django_redisqueue.compat import TaskResultDoesNotExist
 from django_redisqueue.exceptions import NotCancellable
@@ -768,14 +769,16 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
         ran: list[tuple[int, str]],
         most: int,
         window: tuple[int, int],
-    ) -> list[int]:
+    ) -> tuple[list[int], bool]:
+        """receive.lua: the messages taken, and whether unread ones remain past the
+        ``most`` read (for this worker's queues or not)."""
         for number, status in ran:
             if number in self.messages:
                 self.messages[number].ran[worker] = (status, *window)
         cursor = self.cursors.get(worker)
         if cursor is None:  # not registered: from now on, as a new worker
             self.cursors[worker] = self.last_message
-            return []
+            return [], False
         taken, last = [], cursor
         for number in sorted(n for n in self.unread if n > cursor)[:most]:
             last = number
@@ -788,7 +791,7 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
             self.m_trim_broadcasts()
         assert not self.received[worker] & set(taken), f"{worker} takes {taken} again"
         self.received[worker] |= set(taken)
-        return taken
+        return taken, any(n > last for n in self.unread)
 
     # Reading back what a script decided with its own clock.
 
@@ -1016,35 +1019,65 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
 
     def op_receive(
         self, worker: str, queues, report: str, most: int, lost: bool = False
-    ) -> list[int]:
+    ) -> tuple[list[int], bool]:
         """The worker reports how the messages it took ran (``report``: all SUCCESSFUL,
         all FAILED, alternately, or not yet), then takes the next ones: their numbers
-        (none when the reply is lost)."""
+        (none when the reply is lost), and whether unread messages remain."""
         statuses = {SUCCESSFUL: [SUCCESSFUL], FAILED: [FAILED], "mixed": [SUCCESSFUL, FAILED]}
         ran = []
         if report in statuses:
             cycle = statuses[report]
             ran = [(n, cycle[i % len(cycle)]) for i, n in enumerate(self.to_report[worker])]
         t0 = self.clock()
-        taken: list[tuple[int, str]] | None = None
+        received: Received | None = None
         try:
-            taken = self.broker.receive(worker, queues, ran, most=most)
+            received = self.broker.receive(worker, queues, ran, most=most)
         except redis.exceptions.ConnectionError:
             if not lost:
                 raise
         t1 = self.clock()
-        expected = self.m_receive(worker, queues, ran, most, (t0, t1))
+        expected, more = self.m_receive(worker, queues, ran, most, (t0, t1))
         if ran:
             self.to_report[worker] = []
         if lost:
-            return []  # the worker never learns what it took: it does not run them
-        assert taken is not None
-        got = [n for n, _ in taken]
+            return [], False  # the worker never learns what it took: it does not run them
+        assert received is not None
+        got = [n for n, _ in received.messages]
         assert got == expected, f"{worker} received {got} from {queues}, model {expected}"
-        assert all(payload == self.payload for _, payload in taken)
+        assert received.more == more, f"{worker}: more {received.more}, model {more}"
+        assert all(payload == self.payload for _, payload in received.messages)
         self.to_report[worker] += got
         RUN["messages received"] += len(got)
-        return got
+        RUN["receives past other queues' messages"] += bool(more and not got)
+        return got, more
+
+    def op_receive_loop(
+        self, worker: str, order, report: str, most: int, memory_fills: bool
+    ) -> None:
+        """A worker's broadcast loop (Worker._receive_broadcasts): it takes the messages
+        it has not read, runs them, and reports how they ended in its next call, until
+        a call takes nothing and says none remain (``report`` 'not yet': it stops after
+        one call). ``memory_fills``: Redis is out of memory from the second call on
+        (each call is refused whole, or runs whole)."""
+        taken, more = self.op_receive(worker, order, report, most)
+        if report == "not yet":
+            return
+        while taken or more:
+            call = partial(self.op_receive, worker, order, report, most)
+            if memory_fills:
+                reply = self.out_of_memory(call, snapshot(self.r))
+                if reply is None:  # refused: the worker backs off and tries later
+                    return
+                taken, more = reply
+            else:
+                taken, more = call()
+        # Its loop is over: nothing sent for its queues since it registered is left.
+        cursor = self.cursors.get(worker)
+        if cursor is not None:
+            missed = [
+                n for n in self.unread if n > cursor and self.messages[n].queue in ("", *order)
+            ]
+            assert not missed, f"{worker} stopped receiving before messages {missed}"
 
     def op_unregister(self, worker: str) -> None:
         self.broker.unregister_worker(worker)
@@ -1477,18 +1510,27 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
         memory_fills=st.sampled_from([False, False, False, True]),
     )
     def receive(self, worker, order, report, most, beat, memory_fills):
-        """A worker's broadcast loop (Worker._receive_broadcasts): it takes the messages
-        it has not read, runs them, and reports how they ended in its next call, until
-        a call takes nothing (``report`` 'not yet': it stops after one call). ``beat``:
-        its heartbeat ran just before, as a live worker's does every few seconds.
-        ``memory_fills``: Redis is out of memory from the second call on (each call is
-        refused whole, or runs whole)."""
+        """A worker's broadcast loop (Worker._receive_broadcasts). ``beat``: its
+        heartbeat ran just before, as a live worker's does every few seconds."""
         if beat:
             self.op_heartbeat(worker, {})
-        taken = self.op_receive(worker, order, report, most)
-        while taken and report != "not yet":
-            call = partial(self.op_receive, worker, order, report, most)
-            taken = self.out_of_memory(call, snapshot(self.r)) if memory_fills else call()
+        self.op_receive_loop(worker, order, report, most, memory_fills)
+
+    @rule(
+        worker=WORKER,
+        others=st.integers(1, 4),
+        most=st.sampled_from([1, 2]),
+        report=st.sampled_from([SUCCESSFUL, FAILED, "mixed"]),
+    )
+    def broadcasts_past_a_read(self, worker, others, most, report):
+        """A worker of one queue is sent more messages for another queue than one
+        receive reads, then one for every worker: its loop reads on past them."""
+        self.op_heartbeat(worker, {})
+        self.op_receive(worker, ("default",), "not yet", most)  # it has a cursor now
+        for _ in range(others):
+            self.op_broadcast("high", via_api=False)
+        self.op_broadcast("", via_api=False)
+        self.op_receive_loop(worker, ("default",), report, most, memory_fills=False)
 
     @rule(worker=WORKER, how=st.sampled_from(["falls silent", "unregisters"]))
     def worker_goes_away(self, worker, how):
@@ -2190,6 +2232,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "failed waiting jobs",
             "refused linked enqueues",
             "messages received",
+            "receives past other queues' messages",
             "lost fan-out replies",
             "parked",
             "unparked by a freed slot",

@@ -4,7 +4,10 @@
 -- ARGV[1] worker id, ARGV[2] the queues it serves, comma-separated, ARGV[3] liveness
 -- window (ms), ARGV[4] most messages to take, then pairs of message number and
 -- outcome (SUCCESSFUL or FAILED) of messages it ran
--- Returns {number, payload, ...}: the messages to run, in the order sent.
+-- Returns {more, number, payload, ...}: more is 1 when unread messages remain past the
+-- ones read (at most ARGV[4], for this worker or not), then the messages to run, in the
+-- order sent. A reply with no message may still have more: those read were for queues
+-- the worker does not serve.
 local worker, window, most = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = clock_ms()
 -- Not pcall: an out-of-memory Redis must refuse the whole call (this is its first
@@ -22,20 +25,20 @@ local function usable(key)
   return kind == 'zset' or kind == 'none'
 end
 if not usable(cursors) or not usable(unread) then
-  return {}
+  return {0}
 end
 local cursor = tonumber(redis.call('ZSCORE', cursors, worker))
 if not cursor then
   -- Not known (its heartbeat has not registered it, or it was silent for a whole
   -- window): it starts from now, as a new worker does.
   redis.call('ZADD', cursors, number(redis.pcall('GET', BROADCAST .. 'seq'), 0), worker)
-  return {}
+  return {0}
 end
 local serves = {}
 for queue in string.gmatch(ARGV[2], '[^,]+') do
   serves[queue] = true
 end
-local taken = {}
+local taken = {0}
 local last = cursor
 for _, n in ipairs(redis.call('ZRANGEBYSCORE', unread, '(' .. cursor, '+inf', 'LIMIT', 0,
                               most)) do
@@ -53,5 +56,8 @@ end
 if last > cursor then
   redis.call('ZADD', cursors, last, worker)
   trim_broadcasts(now, window)
+end
+if redis.call('ZRANGEBYSCORE', unread, '(' .. last, '+inf', 'LIMIT', 0, 1)[1] then
+  taken[1] = 1
 end
 return taken
