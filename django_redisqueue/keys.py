@@ -100,11 +100,16 @@ key                           type    contents (written by)
                                       TTL until the job ends (its ``unique`` field
                                       names the key); then deleted, or kept for
                                       the rest of its ``unique_until`` (store_outcome)
-``{P}:limit:<key>:running``   set     ids of the RUNNING jobs holding a slot of a
-                                      concurrency limit (claim adds; a finish, a
-                                      give-back or a recovery removes)
-``{P}:limit:<key>:starts``    zset    starts of a rate limit's jobs within its
-                                      period, by claim time (ms); TTL one period
+``{P}:limit:<key>:running``   set     ids of the key's RUNNING jobs, whatever their
+                                      limits (claim adds; a finish, a give-back or
+                                      a recovery removes)
+``{P}:limit:<key>:starts``    zset    ``<id>@<ms>``: starts of the key's jobs by
+                                      claim time (ms), the newest ``starts`` of its
+                                      window; TTL its window's ``ms`` (claim)
+``{P}:limit:<key>:window``    hash    ``starts`` (the largest rate) and ``ms`` (the
+                                      longest period) of the key's jobs; a day past
+                                      ``ms`` after the last enqueue or start of one
+                                      with a rate
 ``{P}:limit:<key>:parked``    zset    ids of READY jobs parked over the limit, by
                                       their queue score (claim parks; a freed
                                       slot or the tick unparks)
@@ -323,5 +328,5 @@ class KeySchema:
         return f"{self.prefix}:unique:{key}"
 
     def limit(self, key: str, part: str) -> str:
-        """A limit's ``running``, ``starts`` or ``parked`` key."""
+        """A limit key's ``running``, ``starts``, ``window`` or ``parked`` key."""
         return f"{self.limit_prefix}{key}:{part}"

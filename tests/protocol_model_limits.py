@@ -11,20 +11,27 @@ operator's retry of a failed unique job takes its key again if it is free. Windo
 last an hour: ``unique_window_passes`` ends one, deleting the key (its TTL ran out) or
 moving the job's ``unique_until`` into the past, as ``becomes_due`` does for a delay.
 
-Limits: jobs under a few limit keys, each with a fixed ``max_running`` (1 or 2) and/or
-a rate (a few starts an hour). A claim parks a job over its limit (a new place: READY,
-in no queue and no delayed set, in ``{P}:limit:<key>:parked`` at its queue score) and
-takes the next; a slot holder's finish (any outcome), give-back or recovery puts back
-the parked jobs that have room, and so does the tick when the key's ``{P}:limits``
-entry is due (a job in a paused queue takes no room). Real time never frees a start
-nor makes an entry due (both are an hour or a lease ahead): ``rate_window_passes``
-moves the oldest starts' scores to 0, and ``limit_look_comes_due`` the entry's.
+Limits: jobs under two limit keys, each job with limits of its own (LIMITS: at most
+1 or 2 RUNNING, a rate of a few starts an hour or two hours, or both), so that jobs
+of one key carry different kinds of limit and different periods, as two tasks sharing
+a key or a deploy that changed a limit make them, whatever state the jobs of the old
+limits are in. Every job of a key counts against every job's limits: each RUNNING job
+holds a slot; each start is a start, kept while the key's ``:window`` (the largest
+rate and longest period its rated jobs brought, by enqueue or start) can count it.
+A claim parks a job over its limit (a new place: READY, in no queue and no delayed
+set, in ``{P}:limit:<key>:parked`` at its queue score) and takes the next; a slot
+holder's finish (any outcome), give-back or recovery puts back the parked jobs that
+have room by their own limits, counting those put back before them, and so does the
+tick when the key's ``{P}:limits`` entry is due (a job in a paused queue takes no
+room). Real time never frees a start nor makes an entry due (both are an hour or a
+lease ahead): ``rate_window_passes`` moves starts an hour and a half into the past
+(out of a one-hour period, still in a two-hour one) or three hours (out of both), and
+``limit_look_comes_due`` moves the entry's score to 0.
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import NamedTuple
@@ -45,21 +52,32 @@ HOUR = 3_600_000  # ms: a rate's period, a unique window; longer than any run
 
 
 class Limit(NamedTuple):
-    """A limit key's settings, the same for every job under it."""
+    """A job's limits: its key, max_running, and a rate of starts per period."""
 
-    running: int | None  # max_running
-    rate: int | None  # starts per HOUR
+    key: str
+    running: int | None
+    rate: int | None
+    per: int = HOUR
 
 
+# Jobs pick their limits by name. Key "a" mixes every kind and two periods; "b" is a
+# key of its own, so that keys are seen to limit each other not at all.
 LIMITS = {
-    "both": Limit(2, 3),
-    "one": Limit(1, None),
-    "rate": Limit(None, 2),
-    "two": Limit(2, None),
+    "a-one": Limit("a", 1, None),
+    "a-two": Limit("a", 2, None),
+    "a-rate": Limit("a", None, 2),
+    "a-both": Limit("a", 2, 3),
+    "a-slow": Limit("a", None, 3, 2 * HOUR),
+    "b-one": Limit("b", 1, None),
+    "b-rate": Limit("b", None, 2),
 }
+LIMIT_KEYS = sorted({limit.key for limit in LIMITS.values()})
 # Most parked jobs a freed slot looks through (common.lua).
 FREED_LOOKS_AT = 20
-RATED = sorted(key for key, limit in LIMITS.items() if limit.rate)
+# How long a key remembers its rates past the longest period (common.lua, ms).
+RATE_MEMORY = 86_400_000
+# How far rate_window_passes moves starts into the past: out of an hour, or of two.
+AGES = {"past an hour": 3 * HOUR // 2, "past two hours": 3 * HOUR}
 UNIQUE_KEYS = ("u1", "u2")
 STATUSES = (SUCCESSFUL, FAILED, RETRY, RELEASE)
 
@@ -70,12 +88,19 @@ PASSED = (0, 0)
 
 @dataclass
 class Start:
-    """A start counted under a rate: the job, the window of its claim, and whether
-    the step that ages starts has moved it out of the period (score 0)."""
+    """A start of a job of a key: the job, the window of its claim, its claim ms once
+    read back (``at``), and how far the step that ages starts moved it into the past."""
 
     job_id: str
     window: tuple[int, int]
-    aged: bool = False
+    seq: int  # its claim's order: each claim of a step has a ms of its own
+    at: int | None = None
+    age: int = 0
+
+    @property
+    def score(self) -> int:
+        assert self.at is not None
+        return self.at - self.age
 
 
 # Strategies. Jobs with options go mostly to one queue and priority, so that limited
@@ -103,11 +128,11 @@ def options_json(unique: tuple[str, bool] | None, limit: str | None) -> str:
             options["unique_ms"] = HOUR
     if limit is not None:
         settings = LIMITS[limit]
-        options["limit"] = limit
+        options["limit"] = settings.key
         if settings.running:
             options["max_running"] = settings.running
         if settings.rate:
-            options["rate"], options["per"] = settings.rate, HOUR
+            options["rate"], options["per"] = settings.rate, settings.per
     return json.dumps(options) if options else ""
 
 
@@ -120,8 +145,9 @@ def task_with(unique: tuple[str, bool] | None, limit: str | None):
         changes |= {"unique": unique[0], "unique_for": HOUR / 1000}
     if limit is not None:
         settings = LIMITS[limit]
-        changes |= {"concurrency_limit": settings.running, "limit_key": limit}
-        changes["rate_limit"] = f"{settings.rate}/h" if settings.rate else None
+        changes |= {"concurrency_limit": settings.running, "limit_key": settings.key}
+        hours = settings.per // HOUR
+        changes["rate_limit"] = f"{settings.rate}/{hours}h" if settings.rate else None
     task = replace(task, **changes) if changes else task
     if unique is not None and not unique[1]:
         task = task.using(unique_key=unique[0])
@@ -135,56 +161,86 @@ class LimitsModel:
     def init_limits(self) -> None:
         # {P}:unique:<key> as it is: (the id it holds, whether it has a TTL).
         self.unique_keys: dict[str, tuple[str, bool]] = {}
-        self.starts: dict[str, list[Start]] = {key: [] for key in LIMITS}
+        # Per limit key: its starts (all, even those Redis no longer keeps), and its
+        # ``:window`` record (most starts kept, longest period), once a rate came.
+        self.starts: dict[str, list[Start]] = {key: [] for key in LIMIT_KEYS}
+        self.windows: dict[str, tuple[int, int]] = {}
         # The entries of {P}:limits: True once due (score 0), False while ahead.
         self.looks: dict[str, bool] = {}
+        self.claims = 0  # claims so far: the order in which jobs started
 
     # The model's moves, as common.lua makes them.
 
     def running_under(self, key: str) -> list:
         """Its RUNNING jobs; not one leaving RUNNING (its owner gone) in this step."""
-        return [j for j in self.job_list(RUNNING) if j.limit == key and j.owner]
+        running = self.job_list(RUNNING)
+        return [j for j in running if j.limit and LIMITS[j.limit].key == key and j.owner]
 
     def parked_under(self, key: str) -> list:
         """Its parked jobs, in the order of their queue scores (ZPOPMIN's)."""
-        parked = [j for j in self.job_list(PARKED) if j.limit == key]
+        parked = [j for j in self.job_list(PARKED) if LIMITS[j.limit].key == key]
         return sorted(parked, key=lambda j: (-j.priority, j.seq))
 
-    def m_limit_room(self, key: str) -> int:
-        """limit_room: how many jobs under ``key`` may start now; the starts out of
-        the period go."""
-        limit, room = LIMITS[key], 1 << 30
+    def in_period(self, key: str, per: int) -> list[Start]:
+        return [s for s in self.starts[key] if s.age < per]
+
+    def m_limit_room(self, name: str) -> int:
+        """limit_room: how many jobs under a job's limits may start now, counting every
+        job of its key."""
+        limit, room = LIMITS[name], 1 << 30
         if limit.running:
-            room = limit.running - len(self.running_under(key))
+            room = limit.running - len(self.running_under(limit.key))
         if limit.rate:
-            self.starts[key] = [s for s in self.starts[key] if not s.aged]
-            room = min(room, limit.rate - len(self.starts[key]))
+            room = min(room, limit.rate - len(self.in_period(limit.key, limit.per)))
         return max(room, 0)
 
+    def m_rate_window(self, name: str) -> None:
+        """rate_window: a job with a rate (enqueued, or starting) adds it to its key's
+        record of the starts to keep."""
+        limit = LIMITS[name]
+        if limit.rate:
+            starts, ms = self.windows.get(limit.key, (0, 0))
+            self.windows[limit.key] = (max(starts, limit.rate), max(ms, limit.per))
+
     def m_take_limit(self, job, window: tuple[int, int]) -> None:
-        """take_limit: the slot is the job's being RUNNING; a rate counts a start."""
-        if LIMITS[job.limit].rate:
-            self.starts[job.limit].append(Start(job.id, window))
+        """take_limit: the slot is the job's being RUNNING; its start is kept when the
+        key has a rate to count it, and the key keeps the newest of its starts, as many
+        as its largest rate (by score, then member: ``<id>@<ms>``)."""
+        self.m_rate_window(job.limit)
+        key = LIMITS[job.limit].key
+        if key not in self.windows:
+            return
+        starts = [*self.starts[key], Start(job.id, window, job.claim_order)]
+        # Starts of this step (their ms not read back yet) are the newest, in order.
+        starts.sort(key=lambda s: (0, s.score, s.job_id) if s.at is not None else (1, s.seq, ""))
+        keep = self.windows[key][0]
+        if len(starts) > keep:
+            self.count("starts forgotten past a window")
+        self.starts[key] = starts[-keep:]
 
     def m_park(self, job) -> None:
         job.place = PARKED
         # A look already asked for stays (sooner, or due); real time never reaches one.
-        self.looks.setdefault(job.limit, False)
+        self.looks.setdefault(LIMITS[job.limit].key, False)
         self.count("parked")
 
     def m_unpark(self, key: str, most: int, by: str) -> None:
         """unpark: of the first ``most`` parked jobs (in queue order), those with room
-        go back to their places in their queues; each takes a room, unless its queue
-        is paused (it cannot start). A key that still has parked jobs keeps a look: a
-        due one if every job looked at had room (those past ``most`` are next)."""
-        room, stayed = None, False
+        by their own limits go back to their places in their queues; each takes a room
+        of every kind, unless its queue is paused (it cannot start). A key that still
+        has parked jobs keeps a look: a due one if every job looked at had room (those
+        past ``most`` are next)."""
+        rooms: dict[tuple, int] = {}
+        starting, stayed = 0, False
         for job in self.parked_under(key)[:most]:
-            if room is None:
-                room = self.m_limit_room(key)
-            if room > 0:
+            limit = LIMITS[job.limit]
+            kind = (limit.running, limit.rate, limit.per if limit.rate else None)
+            if kind not in rooms:
+                rooms[kind] = self.m_limit_room(job.limit)
+            if rooms[kind] - starting > 0:
                 self.requeue(job)
                 self.count(f"unparked by {by}")
-                room -= job.queue not in self.paused
+                starting += job.queue not in self.paused
             else:
                 stayed = True
         if self.parked_under(key):
@@ -195,10 +251,10 @@ class LimitsModel:
                 self.count("looks at once past the first looked at")
 
     def m_free_slot(self, job) -> None:
-        """free_slot: a slot holder leaves RUNNING; its limit's parked jobs with room
-        go back."""
-        if job.limit and LIMITS[job.limit].running:
-            self.m_unpark(job.limit, FREED_LOOKS_AT, "a freed slot")
+        """free_slot: a job of a key leaves RUNNING; the key's parked jobs with room go
+        back."""
+        if job.limit:
+            self.m_unpark(LIMITS[job.limit].key, FREED_LOOKS_AT, "a freed slot")
 
     def m_tick_looks(self, batch: int) -> bool:
         """The tick's look at the due entries of {P}:limits (by score, then name): the
@@ -253,6 +309,8 @@ class LimitsModel:
         self.place_new(job_id, queue, priority, due, *window)
         job = self.jobs[job_id]
         job.limit = limit
+        if limit is not None:
+            self.m_rate_window(limit)
         if unique is not None:
             self.unique_keys[unique[0]] = (job_id, False)
             job.unique = unique[0]
@@ -346,16 +404,33 @@ class LimitsModel:
         self.op_enqueue_options([(queue, 0, "now", None, limit)] * count, via_api=False)
 
     @rule(
-        limit=st.sampled_from(sorted(LIMITS)),
-        count=st.integers(1, 3),
+        limits=st.lists(st.sampled_from(sorted(LIMITS)), min_size=1, max_size=3),
         workers=st.lists(st.sampled_from(["w1", "w2", "w3"]), min_size=1, max_size=3),
     )
-    def limited_rush(self, limit, count, workers):
-        """Urgent jobs under one limit arrive (at the head of their queue), and workers
-        claim one after the other: those over the limit are parked, the others run."""
-        self.op_enqueue_options([("default", 100, "now", None, limit)] * count, via_api=False)
+    def limited_rush(self, limits, workers):
+        """Urgent jobs under limits of any kind (mostly of one key) arrive at the head
+        of their queue, and workers claim one after the other: those over their limits,
+        by every job of their key, are parked, the others run."""
+        specs = [("default", 100, "now", None, limit) for limit in limits]
+        self.op_enqueue_options(specs, via_api=False)
         for worker in workers:
             self.op_claim(worker, ("default", "low"), None)
+
+    @rule(
+        picks=st.lists(PICK, min_size=1, max_size=3),
+        status=st.sampled_from(STATUSES),
+    )
+    def limited_jobs_end(self, picks, status):
+        """RUNNING jobs of a key end (or retry, or are given back), each freeing its
+        slot: the parked jobs of the key with room by their own limits go back."""
+        for pick in picks:
+            running = [j for j in self.job_list(RUNNING) if j.limit and j.owner]
+            job = self.pick(running, pick)
+            if job is None:
+                return
+            worker = job.owner.split("/")[0]
+            self.op_finish(worker, self.outcome(job.id, job.owner, status, 0))
+            self.count("limited jobs ended")
 
     @rule(
         steps=st.lists(LIMITED_STEP, min_size=1, max_size=3),
@@ -398,31 +473,42 @@ class LimitsModel:
         self.count("unique windows passed")
 
     @rule(
-        limit=st.sampled_from(RATED),
+        key=st.sampled_from(LIMIT_KEYS),
         oldest=st.integers(1, 3),
+        age=st.sampled_from(sorted(AGES)),
         look=st.sampled_from(["no", "due", "due and tick", "due and tick"]),
     )
-    def rate_window_passes(self, limit, oldest, look):
-        """Time passes for a rate: its oldest starts leave the period (score 0, as
-        ZREMRANGEBYSCORE then drops them); its look may come due too, as it would at
-        that time, and the scheduler's step follow."""
-        starts = self.r.zrange(self.keys.limit(limit, "starts"), 0, -1, withscores=True)
-        ahead = [member for member, score in starts if score > 0][:oldest]
-        if ahead:
-            self.r.zadd(self.keys.limit(limit, "starts"), dict.fromkeys(ahead, 0), xx=True)
-        # The oldest start of each job first (starts of one ms are ordered by name).
-        for member in ahead:
-            job_id = member.rsplit("@", 1)[0]
-            next(s for s in self.starts[limit] if s.job_id == job_id and not s.aged).aged = True
+    def rate_window_passes(self, key, oldest, age, look):
+        """Time passes for the starts of a key: its oldest starts Redis keeps move an
+        hour and a half, or three hours, into the past (out of the one-hour periods, or
+        of every period); its look may come due too, as it would at that time, and the
+        scheduler's step follow."""
+        shift = AGES[age]
+        kept = self.r.zrange(self.keys.limit(key, "starts"), 0, -1, withscores=True)
+        young = [(member, score) for member, score in kept if self.start(key, member).age < shift]
+        moved = young[:oldest]
+        if moved:
+            self.r.zadd(
+                self.keys.limit(key, "starts"),
+                {m: self.start(key, m).at - shift for m, _ in moved},
+                xx=True,
+            )
+        for member, _ in moved:
+            self.start(key, member).age = shift
         if look != "no":
-            self.make_look_due(limit)
+            self.make_look_due(key)
         if look == "due and tick":
             self.op_tick("s2", (), 100, True)
 
-    def make_look_due(self, limit: str) -> None:
-        if limit in self.looks:
-            self.r.zadd(self.keys.limits, {limit: 0}, xx=True)
-            self.looks[limit] = True
+    def start(self, key: str, member: str) -> Start:
+        """The model's start that a member of a key's starts (``<job id>@<ms>``) is."""
+        job_id, at = member.rsplit("@", 1)
+        return next(s for s in self.starts[key] if s.job_id == job_id and s.at == int(at))
+
+    def make_look_due(self, key: str) -> None:
+        if key in self.looks:
+            self.r.zadd(self.keys.limits, {key: 0}, xx=True)
+            self.looks[key] = True
 
     @rule(picks=st.lists(PICK, min_size=1, max_size=2), tick=st.sampled_from([None, 1, 100, 100]))
     def limit_look_comes_due(self, picks, tick):
@@ -464,16 +550,37 @@ class LimitsModel:
             self.op_cancel(job, via_api)
             self.count("parked jobs cancelled")
 
+    def settle_starts(self) -> None:
+        """Learn the claim ms of each new start from the key's starts in Redis (within
+        the window of its claim)."""
+        for key, starts in self.starts.items():
+            new = [s for s in starts if s.at is None]
+            if not new:
+                continue
+            members = self.r.zrange(self.keys.limit(key, "starts"), 0, -1)
+            taken = {(s.job_id, s.at) for s in starts if s.at is not None}
+            for start in new:
+                found = [
+                    int(at)
+                    for job_id, at in (m.rsplit("@", 1) for m in members)
+                    if job_id == start.job_id and (job_id, int(at)) not in taken
+                ]
+                assert len(found) == 1, f"{key}: start of {start.job_id}: {found} in {members}"
+                lo, hi = start.window
+                assert lo <= found[0] <= hi, f"{key}: start {found[0]} not in {start.window}"
+                start.at = found[0]
+                taken.add((start.job_id, start.at))
+
     # The invariants, read from Redis.
 
     def check_job_options(self, name: str, job, fields: dict[str, str]) -> None:
         limit = LIMITS.get(job.limit or "")
-        assert fields.get("limit") == job.limit, f"{name}: limit {fields.get('limit')}"
+        assert fields.get("limit") == (limit and limit.key), f"{name}: limit {fields}"
         running = limit and limit.running and str(limit.running)
         assert fields.get("max_running") == (running or None), f"{name}: max_running"
-        rate = limit and limit.rate and f"{limit.rate}/{HOUR}"
+        rate = limit and limit.rate and f"{limit.rate}/{limit.per}"
         assert fields.get("rate") == (rate or None), f"{name}: rate {fields.get('rate')}"
-        parked = job.limit if job.place == PARKED else None
+        parked = limit.key if limit and job.place == PARKED else None
         assert fields.get("parked") == parked, f"{name}: parked {fields.get('parked')}, {job}"
         assert fields.get("unique") == job.unique, f"{name}: unique {fields.get('unique')}"
         until = fields.get("unique_until")
@@ -484,19 +591,22 @@ class LimitsModel:
             assert until is not None and lo <= int(until) <= hi, f"{name}: until {until}"
 
     def check_limits(self) -> None:
-        """Unique keys hold what the model says; per limit: the slots are its RUNNING
-        jobs, never more than max_running; the starts in the period are the model's,
-        never more than the rate; the parked set holds its parked jobs in queue order
-        at their queue scores; a limit with parked jobs has a look or a slot holder
-        to unpark them."""
+        """Unique keys hold what the model says; per limit key: the slots are its
+        RUNNING jobs, whatever their limits; no RUNNING job started beside more jobs
+        of its key than its max_running allows; the starts kept are the newest the
+        key's window keeps, and the window is the model's; the parked set holds its
+        parked jobs in queue order at their queue scores; a key with parked jobs has a
+        look or a slot holder to unpark them."""
         k, pipe = self.keys, self.r.pipeline(transaction=False)
         for key in UNIQUE_KEYS:
             pipe.get(k.unique(key))
             pipe.pttl(k.unique(key))
-        for key in LIMITS:
+        for key in LIMIT_KEYS:
             pipe.smembers(k.limit(key, "running"))
             pipe.zrange(k.limit(key, "starts"), 0, -1, withscores=True)
             pipe.pttl(k.limit(key, "starts"))
+            pipe.hgetall(k.limit(key, "window"))
+            pipe.pttl(k.limit(key, "window"))
             pipe.zrange(k.limit(key, "parked"), 0, -1, withscores=True)
         pipe.zrange(k.limits, 0, -1, withscores=True)
         parked_jobs = self.job_list(PARKED)
@@ -510,18 +620,19 @@ class LimitsModel:
             if entry is not None:
                 assert (ttl > 0) == entry[1], f"unique:{key}: TTL {ttl} ms, model {entry}"
                 assert ttl <= HOUR, f"unique:{key}: TTL {ttl} ms, past its window"
-        per_limit = {key: [next(replies) for _ in range(4)] for key in LIMITS}
+        per_key = {key: [next(replies) for _ in range(6)] for key in LIMIT_KEYS}
         looks = next(replies)
         looked = {key for key, _ in looks}
         scores: dict[str, float] = {}
-        for key, limit in LIMITS.items():
-            slots, starts, starts_ttl, parked = per_limit[key]
-            running = {j.id for j in self.running_under(key)}
-            if limit.running:
-                assert len(running) <= limit.running, f"{key}: {len(running)} running"
-                assert slots == running, f"limit {key}: slots {slots}, running {running}"
-            else:
-                assert not slots, f"limit {key} has no max_running, yet slots {slots}"
+        for key in LIMIT_KEYS:
+            slots, starts, starts_ttl, window, window_ttl, parked = per_key[key]
+            running = self.running_under(key)
+            assert slots == {j.id for j in running}, f"{key}: slots {slots}, running {running}"
+            for job in running:
+                limit = LIMITS[job.limit].running
+                before = [j for j in running if j.claim_order < job.claim_order]
+                assert not limit or len(before) < limit, f"{key}: {job} started beside {before}"
+            self.check_window(key, window, window_ttl)
             self.check_starts(key, starts, starts_ttl)
             want = [j.id for j in self.parked_under(key)]
             got = [member for member, _ in parked]
@@ -536,37 +647,41 @@ class LimitsModel:
         for job in parked_jobs:
             assert float(next(replies)) == scores[job.id], f"job {job.n}: parked score"
 
+    def check_window(self, key: str, window: dict[str, str], ttl: int) -> None:
+        if key not in self.windows:
+            assert not window, f"{key}: window {window}, model none"
+            return
+        starts, ms = self.windows[key]
+        assert window == {"starts": str(starts), "ms": str(ms)}, f"{key}: window {window}"
+        assert 0 < ttl <= ms + RATE_MEMORY, f"{key}: window TTL {ttl} ms"
+
     def check_starts(self, key: str, starts: list, ttl: int) -> None:
-        model = self.starts[key]
+        """Redis keeps the newest of the key's starts, as many as its window says (the
+        model keeps them all): those counted in any period of its jobs' rates."""
+        model = sorted(self.starts[key], key=lambda s: (s.score, s.job_id))
         if not model:
             assert not starts, f"{key}: starts {starts}, model none"
             return
-        assert 0 < ttl <= HOUR, f"{key}: starts with TTL {ttl} ms"
-        aged = Counter(member.rsplit("@", 1)[0] for member, score in starts if score == 0)
-        assert aged == Counter(s.job_id for s in model if s.aged), f"{key}: aged {starts}"
-        current = [(*m.rsplit("@", 1), score) for m, score in starts if score != 0]
-        ahead = [s for s in model if not s.aged]
-        assert len(ahead) <= LIMITS[key].rate, f"{key}: {len(ahead)} starts in the period"
-        got = Counter(job_id for job_id, _, _ in current)
-        assert got == Counter(s.job_id for s in ahead), f"{key}: starts {current}, {ahead}"
-        for job_id, at, score in current:
-            windows = [s.window for s in ahead if s.job_id == job_id]
-            assert int(at) == score and any(lo <= score <= hi for lo, hi in windows), (
-                f"{key}: start {job_id}@{at} at {score}, model {windows}"
-            )
+        keep, ms = self.windows[key]
+        assert 0 < ttl <= ms, f"{key}: starts with TTL {ttl} ms"
+        kept = [(f"{s.job_id}@{s.at}", float(s.score)) for s in model[-keep:]]
+        assert starts == kept, f"{key}: starts {starts}, model {kept}"
 
     def expected_limit_keys(self, expires: dict[str, bool], required: set[str]) -> None:
         """The keys of unique jobs and limits, and whether they expire: a unique key
-        held for a window, and a rate's starts (one period), do."""
+        held for a window, a key's starts (its longest period) and its window record
+        do."""
         k = self.keys
         for key, (_, timed) in self.unique_keys.items():
             expires[k.unique(key)] = timed
             required.add(k.unique(key))
-        for key in LIMITS:
-            if self.running_under(key) and LIMITS[key].running:
+        for key in LIMIT_KEYS:
+            if self.running_under(key):
                 expires[k.limit(key, "running")] = False
             if self.starts[key]:
                 expires[k.limit(key, "starts")] = True
+            if key in self.windows:
+                expires[k.limit(key, "window")] = True
             if self.parked_under(key):
                 expires[k.limit(key, "parked")] = False
         if self.looks:
@@ -581,6 +696,7 @@ class LimitsModel:
                 (key, self.jobs[holder].n, timed)
                 for key, (holder, timed) in sorted(self.unique_keys.items())
             ),
-            tuple((len(s), sum(x.aged for x in s)) for s in self.starts.values()),
+            tuple(tuple(sorted(s.age for s in starts)) for starts in self.starts.values()),
+            tuple(sorted(self.windows.items())),
             tuple(sorted(self.looks.items())),
         )

@@ -380,6 +380,22 @@ def limited_two(label, hold):
     return label
 
 
+# Two tasks under one limit key, one limited to one at a time, one by a rate only: the
+# one at a time never starts while any job of the key runs.
+@task(concurrency_limit=1, limit_key="mixed")
+def mixed_alone(label, hold):
+    time.sleep(hold)
+    client().rpush(LIMITED_DONE, label)
+    return label
+
+
+@task(rate_limit="1000/s", limit_key="mixed")
+def mixed_rated(label, hold):
+    time.sleep(hold)
+    client().rpush(LIMITED_DONE, label)
+    return label
+
+
 @task
 def free_job(label):
     client().rpush(FREE_DONE, label)

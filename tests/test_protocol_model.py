@@ -30,15 +30,24 @@ cursor exists (heartbeats register it, receive moves it, unregister drops it, an
 tick, a broadcast or a receive drops the cursors of workers silent for a lease):
 each worker receives each message at most once, exactly those sent after it
 registered for the queues it serves, and the unread set keeps every message a live
-cursor has not passed.
+cursor has not passed. A worker's receive loop reads on while a reply says unread
+messages remain, also when the messages read were all for other queues (a read of 1
+or 2 behind several messages for another queue): once it ends, nothing for its queues
+is left unread.
 
 Unique jobs and limits are modelled in tests/protocol_model_limits.py (its docstring
 says how): enqueues under unique keys, held until the end or for a window, answered
-with the holder's id; jobs under concurrency and rate limits, parked by the claims
-over them (a place of their own) and unparked by a freed slot or the tick's look.
-After every step the unique keys, the slots, the starts within the period, the parked
-sets and the looks agree with the model, and no parked job is left without a look or
-a slot holder to bring it back.
+with the holder's id, and taken again by an operator's retry (also within the window
+of the job's own earlier end); jobs of two limit keys whose jobs carry limits of every
+kind and two periods (concurrency only, rate only, both; an hour and two hours), so
+that a key's jobs differ as after a deploy, whatever state the others are in
+(running, parked, recovered, given back); parked by the claims over their own limits
+counted against every job of the key (a place of their own) and unparked by a freed
+slot or the tick's look. After every step the unique keys, the slots (every RUNNING
+job of the key), the starts the key keeps and its window of rates, the parked sets
+and the looks agree with the model, no job started beside more jobs of its key than
+its max_running, and no parked job is left without a look or a slot holder to bring
+it back.
 
 How the test controls time
 --------------------------
@@ -327,7 +336,8 @@ class Job:
     # its ``unique_until`` (PASSED once the window ended), and its limit key.
     unique: str | None = None
     unique_until: tuple[int, int] | None = None
-    limit: str | None = None
+    limit: str | None = None  # the name of its limits in LIMITS
+    claim_order: int = 0  # when RUNNING: the order of its claim among every claim
 
     def __repr__(self) -> str:
         return f"<job #{self.n} {self.id[:8]} {self.queue}/{self.priority} {self.place}>"
@@ -439,6 +449,7 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
         self.to_report: dict[str, list[int]] = {w: [] for w in WORKERS}
         self.lease_ms = self.broker.lease_ms
         self.last_clock = 0
+        self.last_claim = 0  # Redis's clock after the last claim
         self.init_limits()
         assert self.backend.config.result_ttl == RESULT_TTL
         self.started = self.clock()
@@ -651,6 +662,8 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
                 if job.limit and not self.m_limit_room(job.limit):
                     self.m_park(job)
                     continue
+                self.claims += 1
+                job.claim_order = self.claims
                 if job.limit:
                     self.m_take_limit(job, window)
                 job.attempts += 1
@@ -695,6 +708,8 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
         for spec in batch:
             job = Job(spec.job_id, len(self.jobs), spec.queue, spec.priority)
             job.limit = spec.limit or None
+            if job.limit:
+                self.m_rate_window(job.limit)
             self.jobs[job.id] = job
             before = ""  # what the job it runs after is: 'waits' (not ended), or its end
             if spec.after == AFTER_GROUP:
@@ -817,6 +832,7 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
                     lo, hi = job.finish_window
                     assert lo <= int(stored) <= hi, f"job {job.n}: finished_at {stored}"
                     job.finished_at = int(stored)
+        self.settle_starts()
 
     # Operations: each calls the broker, then moves the model and compares the reply.
     # If the call raises, the model is left as it was. ``lost``: the call runs but its
@@ -1092,9 +1108,12 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
         """``woken_by``: the worker took that queue's wake-up token (BLPOP) first."""
         if woken_by:
             self.r.lpop(self.keys.wake(woken_by))
+        # A ms of its own: starts of one key are then ordered as they were claimed.
+        while self.clock() <= self.last_claim:
+            time.sleep(0.0002)
         t0 = self.clock()
         stored, claimed = self.broker.claim(order, worker, outcome, woken_by=woken_by)
-        t1 = self.clock()
+        t1 = self.last_claim = self.clock()
         expected_stored = self.m_finish(outcome, (t0, t1))
         job = self.m_claim(order, worker, (t0, t1))
         if woken_by in QUEUES and woken_by not in self.paused:
@@ -2235,6 +2254,8 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "receives past other queues' messages",
             "lost fan-out replies",
             "parked",
+            "limited jobs ended",
+            "starts forgotten past a window",
             "unparked by a freed slot",
             "unparked by the tick",
             "parked jobs cancelled",

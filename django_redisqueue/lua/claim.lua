@@ -80,18 +80,14 @@ for i = first_queue, #ARGV do
     elseif not final(fields[1]) then
       -- A job over its limit is parked, and the jobs behind it go on.
       local limit = limits_of(fields[11], fields[12], fields[13])
-      local room, wake = 1, nil
-      if limit then
-        room, wake = limit_room(limit, now, lease)
-      end
-      if room > 0 then
+      if not limit or limit_room(limit, now) > 0 then
         claimed = claim(id, fields)
         if limit then
           take_limit(id, limit, now)
         end
         break
       end
-      park(id, limit, popped[2], wake)
+      park(id, limit, popped[2], next_look(limit, now, lease, 0))
       parked = parked + 1
     end -- else a job that has ended, left in a queue by hand: it does not run again
   end

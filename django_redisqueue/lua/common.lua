@@ -157,8 +157,81 @@ local function hold_unique(id, options, now)
   end
 end
 
+-- Limits (docs/protocol.md, "Unique jobs and limits"): jobs that share a limit key
+-- may have at most ``max_running`` RUNNING at once and start at most ``rate`` times in
+-- any ``per`` ms, each by its own fields (jobs of one key may differ: two tasks, or a
+-- deploy that changed a limit), and every job of the key counts against every job's
+-- limits: each RUNNING job of the key holds a slot, and each start is a start, whatever
+-- limits the job itself carries. The claim checks them; a job over its limit is parked
+-- (in no queue, READY, its ``parked`` field naming the key) and comes back to its place
+-- in its queue when it has room: a finish, a give-back or a recovery of a job of the
+-- key looks through the first parked jobs, and the tick looks at all of them at the
+-- time the key's entry in LIMITS gives (when a rate window frees a start, or a lease
+-- later as a safety net).
+
+-- A job's limits from its hash fields (key, max_running, rate), or nil for none. What
+-- garbage a field holds reads as no limit of that kind, never as a stricter one.
+local function limits_of(key, max_running, rate)
+  if type(key) ~= 'string' or key == '' then
+    return nil
+  end
+  local starts, per = string.match(type(rate) == 'string' and rate or '', '^(%d+)/(%d+)$')
+  local limit = {key = key, running = number(max_running, nil),
+                 rate = tonumber(starts), per = tonumber(per)}
+  if limit.running then
+    limit.running = math.max(math.floor(limit.running), 1)
+  end
+  if not limit.per or limit.per < 1 or not limit.rate or limit.rate < 1 then
+    limit.rate = nil
+  end
+  return limit
+end
+
+-- A key of a limit (or LIMITS itself) as the type it must be: one that holds another
+-- type (spoilt by hand) is deleted, as it holds nothing a limit can read.
+local function typed(key, kind)
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= kind and found ~= 'none' then
+    redis.call('DEL', key)
+  end
+  return key
+end
+
+local function limit_key(suffix, kind, limit)
+  return typed(LIMIT .. limit.key .. suffix, kind)
+end
+
+-- How long (ms) a key remembers the rates of its jobs past the longest period, after
+-- the last enqueue or start of a job with a rate: starts are kept while a job of the
+-- key may still be held to them.
+local RATE_MEMORY = 86400000
+
+-- The starts a key keeps, as its ``:window`` hash records them from the rates of its
+-- jobs: the newest ``starts`` (the largest rate), for ``ms`` (the longest period).
+-- That is every start any of its rates can count. A job with a rate (enqueued, or
+-- starting) adds its rate to the record. Returns starts, ms (0, 0: no rate, and no
+-- start is kept).
+local function rate_window(limit)
+  local window = limit_key(':window', 'hash', limit)
+  local f = redis.call('HMGET', window, 'starts', 'ms')
+  local starts, ms = math.floor(number(f[1], 0)), math.floor(number(f[2], 0))
+  if limit.rate then
+    if limit.rate > starts then
+      starts = limit.rate
+      redis.call('HSET', window, 'starts', starts)
+    end
+    if limit.per > ms then
+      ms = limit.per
+      redis.call('HSET', window, 'ms', ms)
+    end
+    redis.call('PEXPIRE', window, ms + RATE_MEMORY)
+  end
+  return starts, ms
+end
+
 -- Write a job's limits (job_options) in its hash, where the claim reads them:
--- ``limit`` (the key), ``max_running``, ``rate`` ("<starts>/<ms>").
+-- ``limit`` (the key), ``max_running``, ``rate`` ("<starts>/<ms>"); the key learns the
+-- rate (rate_window).
 local function store_limits(job, options)
   if options and type(options.limit) == 'string' then
     redis.call('HSET', job, 'limit', options.limit)
@@ -166,7 +239,9 @@ local function store_limits(job, options)
       redis.call('HSET', job, 'max_running', options.max_running)
     end
     if options.rate and options.per then
-      redis.call('HSET', job, 'rate', string.format('%.0f/%.0f', options.rate, options.per))
+      local rate = string.format('%.0f/%.0f', options.rate, options.per)
+      redis.call('HSET', job, 'rate', rate)
+      rate_window(limits_of(options.limit, nil, rate))
     end
   end
 end
@@ -493,53 +568,10 @@ local function forget_attempt(job)
   end
 end
 
--- Limits (docs/protocol.md, "Unique jobs and limits"): jobs that share a limit key
--- may have at most ``max_running`` RUNNING at once and start at most ``rate`` times in
--- any ``per`` ms, each by its own fields (jobs of one key may differ: two tasks, or a
--- deploy that changed a limit). The claim checks them; a job over its limit is parked
--- (in no queue, READY, its ``parked`` field naming the key) and comes back to its
--- place in its queue when it has room: a finish, a give-back or a recovery of a job
--- of the key looks through the first parked jobs, and the tick looks at all of them
--- at the time the key's entry in LIMITS gives (when a rate window frees a start, or a
--- lease later as a safety net).
-
--- A job's limits from its hash fields (key, max_running, rate), or nil for none. What
--- garbage a field holds reads as no limit of that kind, never as a stricter one.
-local function limits_of(key, max_running, rate)
-  if type(key) ~= 'string' or key == '' then
-    return nil
-  end
-  local starts, per = string.match(type(rate) == 'string' and rate or '', '^(%d+)/(%d+)$')
-  local limit = {key = key, running = number(max_running, nil),
-                 rate = tonumber(starts), per = tonumber(per)}
-  if limit.running then
-    limit.running = math.max(math.floor(limit.running), 1)
-  end
-  if not limit.per or limit.per < 1 or not limit.rate or limit.rate < 1 then
-    limit.rate = nil
-  end
-  return limit
-end
-
--- A key of a limit (or LIMITS itself) as the type it must be: one that holds another
--- type (spoilt by hand) is deleted, as it holds nothing a limit can read.
-local function typed(key, kind)
-  local found = redis.call('TYPE', key)['ok']
-  if found ~= kind and found ~= 'none' then
-    redis.call('DEL', key)
-  end
-  return key
-end
-
-local function limit_key(suffix, kind, limit)
-  return typed(LIMIT .. limit.key .. suffix, kind)
-end
-
--- How many jobs under `limit` may start now, and the time (ms) to look again at its
--- parked jobs: when the oldest start leaves the rate window (those started now fill
--- it), or, for running slots, a lease from now at the latest (a finish unparks sooner).
-local function limit_room(limit, now, lease)
-  local room, wake = math.huge, nil
+-- How many jobs under `limit` may start now: a job's own limits, against every job of
+-- its key.
+local function limit_room(limit, now)
+  local room = math.huge
   if limit.running then
     local slots, held = limit_key(':running', 'set', limit), 0
     -- A slot is held while its job is RUNNING; one whose job is not (a slot left by a
@@ -552,28 +584,50 @@ local function limit_room(limit, now, lease)
       end
     end
     room = limit.running - held
-    wake = now + lease
   end
   if limit.rate then
     local starts = limit_key(':starts', 'zset', limit)
-    redis.call('ZREMRANGEBYSCORE', starts, '-inf', now - limit.per)
-    room = math.min(room, limit.rate - redis.call('ZCARD', starts))
-    local oldest = redis.call('ZRANGE', starts, 0, 0, 'WITHSCORES')[2]
-    local frees = number(oldest, now) + limit.per
-    wake = wake and math.min(wake, frees) or frees
+    room = math.min(room, limit.rate - redis.call('ZCOUNT', starts, '(' .. (now - limit.per), '+inf'))
   end
-  return math.max(room, 0), wake or now + lease
+  return math.max(room, 0)
 end
 
--- Count a start of job `id` under `limit` (the claim, once it took the job).
-local function take_limit(id, limit, now)
-  if limit.running then
-    redis.call('SADD', limit_key(':running', 'set', limit), id)
-  end
+-- When a job under `limit` that has no room may have some, with `starting` more jobs
+-- of its key about to start (put back by unpark): when enough starts leave its rate
+-- window to free one, or, for a running slot (or when its rate has room), a lease from
+-- now at the latest (a finish unparks sooner).
+local function next_look(limit, now, lease, starting)
+  local wake = now + lease
   if limit.rate then
+    local starts, since = LIMIT .. limit.key .. ':starts', '(' .. (now - limit.per)
+    local counted = redis.call('ZCOUNT', starts, since, '+inf')
+    -- The start whose leaving frees one: the rate-th from the newest, counting those
+    -- about to start (now) as the newest.
+    local leaving = counted + starting - limit.rate
+    local frees = nil
+    if leaving >= counted then
+      frees = now + limit.per
+    elseif leaving >= 0 then
+      frees = number(redis.call('ZRANGEBYSCORE', starts, since, '+inf', 'WITHSCORES', 'LIMIT',
+                                leaving, 1)[2], now) + limit.per
+    end
+    if frees and (not limit.running or frees < wake) then
+      wake = frees
+    end
+  end
+  return wake
+end
+
+-- Count a start of job `id` under `limit` (the claim, once it took the job): it holds a
+-- slot while RUNNING, and its start is kept while the key's rates can count it.
+local function take_limit(id, limit, now)
+  redis.call('SADD', limit_key(':running', 'set', limit), id)
+  local keep, ms = rate_window(limit)
+  if keep > 0 and ms > 0 then
     local starts = limit_key(':starts', 'zset', limit)
     redis.call('ZADD', starts, now, id .. '@' .. now)
-    redis.call('PEXPIRE', starts, limit.per)
+    redis.call('ZREMRANGEBYRANK', starts, 0, -keep - 1)
+    redis.call('PEXPIRE', starts, ms)
   end
 end
 
@@ -600,36 +654,39 @@ local function park(id, limit, score, wake)
 end
 
 -- Put back on their queues, at their places, the first `most` parked jobs of a limit
--- key that have room by their own limits (counting those put back before them: they
--- will start). One in a paused queue takes no room: it cannot start. Then, if jobs stay
--- parked, ask for a look when the first of their limits may have room. Returns how
--- many went back.
+-- key that have room by their own limits (counting those put back before them, under
+-- whatever limits: they will start, and hold a slot and a start of the key). One in a
+-- paused queue takes no room: it cannot start. Then, if jobs stay parked, ask for a
+-- look when the first of their limits may have room. Returns how many went back.
 local function unpark(key, most, now, lease, ttl)
   local parked = typed(LIMIT .. key .. ':parked', 'zset')
-  local rooms, wake, back = {}, nil, 0
+  local rooms, wake, back, starting = {}, nil, 0, 0
   for _, id in ipairs(redis.call('ZRANGE', parked, 0, most - 1)) do
     local f = is_job(id) and redis.call('HMGET', JOB .. id, 'status', 'parked', 'max_running',
                                         'rate', 'queue')
     if not (f and f[1] == 'READY' and f[2]) then
       redis.call('ZREM', parked, id) -- ended, or gone: not parked any more
     else
+      -- The room of each kind of limit, as Redis holds it, read once.
       local kind = (f[3] or '') .. '|' .. (f[4] or '')
       local room = rooms[kind]
       if room == nil then
         local limit = limits_of(key, f[3], f[4])
-        room = limit and {limit_room(limit, now, lease)} or {math.huge, now + lease}
+        room = {limit and limit_room(limit, now) or math.huge, limit}
         rooms[kind] = room
       end
-      if room[1] > 0 then
+      if room[1] - starting > 0 then
         redis.call('ZREM', parked, id)
         redis.call('HDEL', JOB .. id, 'parked')
         requeue(id, now, ttl)
         back = back + 1
         if redis.call('SISMEMBER', PAUSED, f[5] or '') == 0 then
-          room[1] = room[1] - 1
+          starting = starting + 1
         end
-      else -- it stays parked: look again when its limit may have room
-        wake = wake and math.min(wake, room[2]) or room[2]
+      elseif not room[3] then -- it stays parked: look again when its limit may have room
+        -- (the first of a kind to stay decides: the later ones see more starting)
+        room[3] = room[2] and next_look(room[2], now, lease, starting) or now + lease
+        wake = wake and math.min(wake, room[3]) or room[3]
       end
     end
   end
