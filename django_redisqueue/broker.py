@@ -27,7 +27,7 @@ from redis.retry import Retry
 
 from .connection import Client, describe
 from .exceptions import InvalidPayload
-from .jobs import MAX_TIMESTAMP, Envelope
+from .jobs import MAX_TIMESTAMP, QUEUE_NAME_RE, Envelope
 from .keys import KeySchema
 
 logger = logging.getLogger(__name__)
@@ -419,9 +419,14 @@ class Broker:
         return [_enqueued(reply) for replies_of_call in replies for reply in replies_of_call]
 
     def known_queues(self) -> list[str]:
-        """The names of the queues jobs were enqueued to (kept when QUEUES is empty)."""
+        """The names of the queues jobs were enqueued to (kept when QUEUES is empty), in
+        alphabetical order. Every reader of the set (workers, the scheduler, the
+        dashboard, the metrics, the health probe) comes here: a member that breaks the
+        queue-name rule (written by hand, by an older version, by a bug) is skipped, as
+        its name could not be enqueued to, nor put in a URL or a key."""
         names = _read_leniently(lambda: sync(self.client.smembers(self.keys.known_queues)))
-        return sorted(text(name) or "" for name in names or ())
+        members = (text(member) or "" for member in names or ())
+        return sorted(name for name in members if QUEUE_NAME_RE.fullmatch(name))
 
     def cancel(self, job_id: str, error: str) -> str | None:
         """Cancel a READY job; return "CANCELLED", or the status that prevents it."""
