@@ -428,6 +428,13 @@ class Broker:
         members = (text(member) or "" for member in names or ())
         return sorted(name for name in members if QUEUE_NAME_RE.fullmatch(name))
 
+    def knows_queue(self, name: str) -> bool:
+        """Whether ``name`` is one of ``known_queues()``, asked without reading them."""
+        if not QUEUE_NAME_RE.fullmatch(name):
+            return False
+        key = self.keys.known_queues
+        return bool(_read_leniently(lambda: sync(self.client.sismember(key, name))))
+
     def cancel(self, job_id: str, error: str) -> str | None:
         """Cancel a READY job; return "CANCELLED", or the status that prevents it."""
         return text(self._run("cancel", job_id, self.result_ttl, error, acked=True)) or None
@@ -818,27 +825,29 @@ class Broker:
 
     def counts(self, queues: Sequence[str]) -> dict[str, dict[str, int | bool]]:
         """Ready, delayed and failed jobs per queue, and whether it is paused (a key of
-        another type, spoilt by hand, reads as empty)."""
+        another type, spoilt by hand, reads as empty). Reads only what concerns
+        ``queues``, however many other queues there are or are paused."""
         pipe = self._pipeline(transaction=False)
         pipe.time()
         for queue in queues:
             pipe.zcard(self.keys.queue(queue))
             pipe.zcard(self.keys.delayed(queue))
-        pipe.smembers(self.keys.paused)
+        if queues:
+            pipe.smismember(self.keys.paused, list(queues))
         replies = [_readable(reply) for reply in self._execute(pipe, raise_on_error=False)]
-        (seconds, _), *per_queue, paused = replies
+        (seconds, _), *per_queue = replies
+        paused = per_queue.pop() if queues else None
         failed_since = (int(seconds) - self.result_ttl) * 1000
         pipe = self._pipeline(transaction=False)
         for queue in queues:
             pipe.zcount(self.keys.failed(queue), failed_since, "+inf")
         failed = [_readable(reply) for reply in self._execute(pipe, raise_on_error=False)]
-        paused_names = {text(name) for name in paused or ()}
         return {
             queue: {
                 "ready": int(per_queue[2 * i] or 0),
                 "delayed": int(per_queue[2 * i + 1] or 0),
                 "failed": int(failed[i] or 0),
-                "paused": queue in paused_names,
+                "paused": bool(paused and paused[i]),
             }
             for i, queue in enumerate(queues)
         }
