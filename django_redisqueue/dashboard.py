@@ -38,7 +38,7 @@ LIVE_READ_LIMIT = 200
 CHART_MINUTES = 60
 # Queues a page names outside the overview's list (the menu, a worker's queues): the
 # others are a link away, in the overview's pages and its filter.
-MENU_QUEUES = 20
+MENU_QUEUES = 10
 # Members of a group whose status the group page counts: a larger group's counts are
 # of its first members only, so that a refresh never reads a huge group whole.
 MEMBER_COUNT_LIMIT = 10_000
