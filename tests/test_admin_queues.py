@@ -5,6 +5,7 @@ stays small and costs as many Redis commands as with a few."""
 import os
 import re
 import time
+from html import escape
 from urllib.parse import urljoin
 
 import pytest
@@ -183,3 +184,42 @@ def test_every_queue_is_reached_through_the_overview_pages_and_its_filter(viewer
     many = viewer.get(ANY, {"q": "q01", "page": 3}).text  # the filter holds across pages
     assert "101&ndash;150 of 1000" in many and "page 3 of 20" in many
     assert 'href="?q=q01&amp;page=4"' in many
+
+
+@pytest.mark.parametrize(
+    "number", ["-1", "0", "99999999999999999999", "9" * 5000, "abc", "1e3", "2.5", "\x00", ""]
+)
+def test_any_page_number_gives_a_page_of_queues(viewer, number):
+    add_queues(task_backends["anyqueue"], [f"q{i:05d}" for i in range(2 * PAGE_SIZE + 1)])
+    for query in ({"page": number}, {"page": number, "q": "Q", "partial": "1"}):
+        response = viewer.get(ANY, query)
+        assert response.status_code == 200, query
+        assert 1 <= len(re.findall(r"<tr data-queue=", response.text)) <= PAGE_SIZE, query
+
+
+def test_the_queue_filter_is_shown_escaped(viewer):
+    add_queues(task_backends["anyqueue"], [f"q{i:05d}" for i in range(2 * PAGE_SIZE)])
+    for search in ("<script>alert(1)</script>", '"><svg onload=alert(1)>'):
+        page = viewer.get(ANY, {"q": search}).text
+        assert "<script>alert" not in page and "<svg onload" not in page
+        assert page.count(escape(search)) == 2  # in the field and in the empty row
+
+
+def test_names_in_the_other_sets_the_dashboard_reads_never_break_a_page(manager):
+    backend = task_backends["anyqueue"]
+    keys, raw, now = backend.keys, raw_client(), backend.broker.clock_ms()
+    raw.sadd(keys.known_queues, "good")
+    raw.sadd(keys.periodic, *NOT_QUEUE_NAMES)
+    raw.sadd(keys.paused, *NOT_QUEUE_NAMES)
+    for key in (keys.workers, keys.running, keys.groups, keys.broadcast_sent, keys.limits):
+        raw.zadd(key, dict.fromkeys(NOT_QUEUE_NAMES, now))
+    for key in (keys.queue("good"), keys.delayed("good"), keys.failed("good")):
+        raw.zadd(key, dict.fromkeys(NOT_QUEUE_NAMES, now))
+    raw.hset(keys.worker("with space"), mapping={"queues": b",".join(NOT_QUEUE_NAMES)})
+    for page in ["", "queue/good/", "delayed/good/", "failed/good/", "running/", "groups/"]:
+        for partial in ({}, {"partial": 1}):
+            response = manager.get(ANY + page, partial)
+            assert response.status_code == 200, page
+            assert "<script>alert" not in response.text, page
+    for page in ["broadcasts/", "schedules/"]:
+        assert manager.get(ANY + page).status_code == 200, page
