@@ -27,10 +27,11 @@ from django.views.decorators.http import require_GET, require_POST
 
 from .backend import RedisQueueBackend
 from .compat import TaskResultDoesNotExist, task_backends
-from .dashboard import FILTER_SCAN_LIMIT, FailedScan
+from .dashboard import FILTER_SCAN_LIMIT, MENU_QUEUES, FailedScan
 from .dashboard import Dashboard as DashboardData
 from .exceptions import NotCancellable
 from .jobs import JOB_ID_RE, from_ms
+from .metrics import QUEUE_SERIES_LIMIT
 from .models import Dashboard
 from .periodic import PeriodicTaskError, run_now, schedules_of
 from .rows import PAGE_SIZE, JobRow, Page, is_path, page_number
@@ -196,6 +197,7 @@ class DashboardAdmin(admin.ModelAdmin):
         *,
         live: bool = True,
         overview: bool = False,
+        served: list[str] | None = None,
         **context: object,
     ) -> TemplateResponse:
         """Render a dashboard page, or with ``?partial=1`` only its live part.
@@ -203,8 +205,16 @@ class DashboardAdmin(admin.ModelAdmin):
         A ``live`` page has a ``<name>_live.html`` part that the page's script fetches
         again every ``REFRESH_SECONDS``. A page that is not live (one holding a form to
         fill in) never refreshes, and has no part to ask for: ``?partial=1`` is a 404.
+        ``served``: the queues served, when the view has read them already.
         """
         backend = cast(RedisQueueBackend, task_backends[alias])
+        if served is None:
+            served = backend.served_queues()
+        # The menu names the first MENU_QUEUES queues, and the page's own.
+        menu = served[:MENU_QUEUES]
+        queue = context.get("queue")
+        if isinstance(queue, str) and queue and queue not in menu:
+            menu.append(queue)
         partial = bool(request.GET.get("partial"))
         query = request.GET.copy()
         query.pop("partial", None)
@@ -232,7 +242,8 @@ class DashboardAdmin(admin.ModelAdmin):
             "breadcrumbs_as_list": BREADCRUMBS_AS_LIST,
             # Redis's clock, which the times shown were taken by: "3 seconds ago" of it.
             "now": from_ms(backend.broker.clock_ms()),
-            "queues": backend.served_queues(),
+            "queues": menu,
+            "more_queues": len(served) - len(menu),
             "can_manage": allowed(request, MANAGE),
             "refresh_seconds": REFRESH_SECONDS if live else 0,
             # Where an action goes back to: this page, also when only its part is rendered.
@@ -268,7 +279,7 @@ class DashboardAdmin(admin.ModelAdmin):
             return 1
 
     def _queue(self, backend: RedisQueueBackend, queue: str) -> str:
-        if queue not in backend.served_queues():
+        if not backend.serves(queue):
             raise Http404(f"No queue {queue!r} in backend {backend.alias!r}")
         return queue
 
@@ -283,10 +294,24 @@ class DashboardAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(reverse("admin:redisqueue_overview", args=[aliases[0]]))
 
     def overview_view(self, request: HttpRequest, alias: str) -> HttpResponse:
+        """The overview: a page of the queues (``?page=``), or of those whose name
+        holds ``?q=``, with the workers, schedulers and limits of the backend."""
         backend = self._backend(request, alias)
-        data = DashboardData(backend).overview()
+        data = DashboardData(backend)
+        search = request.GET.get("q", "").strip()
+        page = data.queue_page(self._page_number(request), search)
+        whole = page.total == len(data.queues) and page.pages == 1
         return self._render(
-            request, "overview.html", alias, "Queue dashboard", overview=True, **data
+            request,
+            "overview.html",
+            alias,
+            "Queue dashboard",
+            overview=True,
+            served=data.queues,
+            page=page,
+            search=search,
+            queue_count=len(data.queues),
+            **data.overview(None if whole else page.rows),
         )
 
     def queue_view(self, request: HttpRequest, alias: str, queue: str) -> HttpResponse:
@@ -332,9 +357,9 @@ class DashboardAdmin(admin.ModelAdmin):
 
     def _first_queue_with(self, request: HttpRequest, alias: str, kind: str) -> HttpResponse:
         """The ``kind`` page (failed, delayed) of the first queue that has such jobs, or
-        of the first queue if none has."""
+        of the first queue if none has; among as many queues as the metrics show."""
         backend = self._backend(request, alias)
-        counts = backend.broker.counts(backend.served_queues())
+        counts = backend.broker.counts(backend.served_queues()[:QUEUE_SERIES_LIMIT])
         if not counts:
             return HttpResponseRedirect(reverse("admin:redisqueue_overview", args=[alias]))
         queue = next((q for q, row in counts.items() if row[kind]), next(iter(counts)))

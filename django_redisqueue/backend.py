@@ -274,6 +274,12 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         queue name is valid, every queue jobs were enqueued to, in alphabetical order."""
         return list(self.queue_names) or self.broker.known_queues()
 
+    def serves(self, queue: str) -> bool:
+        """Whether ``queue`` is one of ``served_queues()``, asked without reading them."""
+        if self.queue_names:
+            return queue in self.queue_names
+        return self.broker.knows_queue(queue)
+
     @cached_property
     def keys(self) -> KeySchema:
         return KeySchema.for_backend(self.config.key_prefix)

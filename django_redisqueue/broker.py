@@ -27,7 +27,7 @@ from redis.retry import Retry
 
 from .connection import Client, describe
 from .exceptions import InvalidPayload
-from .jobs import MAX_TIMESTAMP, Envelope
+from .jobs import MAX_TIMESTAMP, QUEUE_NAME_RE, Envelope
 from .keys import KeySchema
 
 logger = logging.getLogger(__name__)
@@ -428,9 +428,21 @@ class Broker:
         return [_enqueued(reply) for replies_of_call in replies for reply in replies_of_call]
 
     def known_queues(self) -> list[str]:
-        """The names of the queues jobs were enqueued to (kept when QUEUES is empty)."""
+        """The names of the queues jobs were enqueued to (kept when QUEUES is empty), in
+        alphabetical order. Every reader of the set (workers, the scheduler, the
+        dashboard, the metrics, the health probe) comes here: a member that breaks the
+        queue-name rule (written by hand, by an older version, by a bug) is skipped, as
+        its name could not be enqueued to, nor put in a URL or a key."""
         names = _read_leniently(lambda: sync(self.client.smembers(self.keys.known_queues)))
-        return sorted(text(name) or "" for name in names or ())
+        members = (text(member) or "" for member in names or ())
+        return sorted(name for name in members if QUEUE_NAME_RE.fullmatch(name))
+
+    def knows_queue(self, name: str) -> bool:
+        """Whether ``name`` is one of ``known_queues()``, asked without reading them."""
+        if not QUEUE_NAME_RE.fullmatch(name):
+            return False
+        key = self.keys.known_queues
+        return bool(_read_leniently(lambda: sync(self.client.sismember(key, name))))
 
     def cancel(self, job_id: str, error: str) -> str | None:
         """Cancel a READY job; return "CANCELLED", or the status that prevents it."""
@@ -824,27 +836,29 @@ class Broker:
 
     def counts(self, queues: Sequence[str]) -> dict[str, dict[str, int | bool]]:
         """Ready, delayed and failed jobs per queue, and whether it is paused (a key of
-        another type, spoilt by hand, reads as empty)."""
+        another type, spoilt by hand, reads as empty). Reads only what concerns
+        ``queues``, however many other queues there are or are paused."""
         pipe = self._pipeline(transaction=False)
         pipe.time()
         for queue in queues:
             pipe.zcard(self.keys.queue(queue))
             pipe.zcard(self.keys.delayed(queue))
-        pipe.smembers(self.keys.paused)
+        if queues:
+            pipe.smismember(self.keys.paused, list(queues))
         replies = [_readable(reply) for reply in self._execute(pipe, raise_on_error=False)]
-        (seconds, _), *per_queue, paused = replies
+        (seconds, _), *per_queue = replies
+        paused = per_queue.pop() if queues else None
         failed_since = (int(seconds) - self.result_ttl) * 1000
         pipe = self._pipeline(transaction=False)
         for queue in queues:
             pipe.zcount(self.keys.failed(queue), failed_since, "+inf")
         failed = [_readable(reply) for reply in self._execute(pipe, raise_on_error=False)]
-        paused_names = {text(name) for name in paused or ()}
         return {
             queue: {
                 "ready": int(per_queue[2 * i] or 0),
                 "delayed": int(per_queue[2 * i + 1] or 0),
                 "failed": int(failed[i] or 0),
-                "paused": queue in paused_names,
+                "paused": bool(paused and paused[i]),
             }
             for i, queue in enumerate(queues)
         }

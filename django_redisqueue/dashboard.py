@@ -4,8 +4,9 @@ the templates. Views live in ``admin.py``; every Redis command is the broker's."
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from django.utils.timezone import localtime
@@ -35,6 +36,9 @@ SCHEDULER_ALIVE_MS = 15_000
 # Workers and schedulers read for the overview, the heard from last first.
 LIVE_READ_LIMIT = 200
 CHART_MINUTES = 60
+# Queues a page names outside the overview's list (the menu, a worker's queues): the
+# others are a link away, in the overview's pages and its filter.
+MENU_QUEUES = 10
 # Members of a group whose status the group page counts: a larger group's counts are
 # of its first members only, so that a refresh never reads a huge group whole.
 MEMBER_COUNT_LIMIT = 10_000
@@ -94,9 +98,14 @@ class Live:
         # A worker's record names its host; ids are <host>:<pid>:<random> too.
         return self.info.get("host") or self.id.rsplit(":", 2)[0]
 
+    @property
+    def queues(self) -> list[str]:
+        """The queues a worker's record says it serves ([] for every one)."""
+        return [name for name in self.info.get("queues", "").split(",") if name]
+
     def serves(self, queue: str) -> bool:
         """Whether this worker serves ``queue``: one given no queue serves every one."""
-        names = set(self.info.get("queues", "").split(",")) - {""}
+        names = self.queues
         return not names or queue in names
 
 
@@ -122,7 +131,20 @@ class Dashboard:
         self.backend = backend
         self.broker = backend.broker
         self.keys = backend.keys
-        self.queues = backend.served_queues()
+
+    @cached_property
+    def queues(self) -> list[str]:
+        """The queues served, read once, when a page needs them."""
+        return self.backend.served_queues()
+
+    def queue_page(self, number: int, search: str = "") -> Page[str]:
+        """Page ``number`` of the queues served, in their order; with ``search``, of
+        those whose name holds it (in any case)."""
+        needle = search.casefold()
+        names = [name for name in self.queues if needle in name.casefold()]
+        page: Page[str] = Page(number=page_number(number, len(names)), total=len(names))
+        page.rows = names[page.offset : page.offset + page.size]
+        return page
 
     def _rows(
         self, scored: Iterable[tuple[str, float]], fields: tuple[str, ...] = JOB_FIELDS
@@ -277,8 +299,13 @@ class Dashboard:
     def job(self, job_id: str) -> JobRow:
         return self._rows([(job_id, 0.0)])[0]
 
-    def overview(self) -> dict[str, Any]:
-        counts = self.broker.counts(self.queues)
+    def overview(self, queues: Sequence[str] | None = None) -> dict[str, Any]:
+        """What the overview shows, with the counts of ``queues`` (a page of them; by
+        default every queue served). The totals of the ready, delayed and failed jobs
+        are those of every queue or None: they would cost commands per queue. Running
+        and finished jobs are read for all queues at once anyway."""
+        every = queues is None
+        counts = self.broker.counts(self.queues if queues is None else queues)
         running = self.running(RUNNING_FIELDS)
         minutes = self.broker.finished_per_minute(CHART_MINUTES)
         for queue, row in counts.items():
@@ -299,7 +326,9 @@ class Dashboard:
             {
                 "id": worker.id,
                 "info": worker.info,
-                "queues": worker.info.get("queues", "").replace(",", ", "),
+                "queues": ", ".join(worker.queues),
+                "queues_shown": worker.queues[:MENU_QUEUES],
+                "queues_left": max(0, len(worker.queues) - MENU_QUEUES),
                 "heartbeat_age": (now - worker.seen_ms) / 1000,
                 "seen_at": from_ms(worker.seen_ms),
                 "job": current.get(worker.id),
@@ -310,16 +339,21 @@ class Dashboard:
             {"id": s.id, "seen_at": from_ms(s.seen_ms)}
             for s in live_schedulers(self.backend, now, LIVE_READ_LIMIT)
         ]
+        drawn = chart(minutes)
+        totals: dict[str, object] = {
+            name: sum(int(row[name]) for row in counts.values()) if every else None
+            for name in ("ready", "running", "delayed", "failed", "finished")
+        }
+        if not every:
+            totals.update(running=len(running), finished=drawn["total"])
         return {
             "counts": counts,
-            "totals": {
-                name: sum(int(row[name]) for row in counts.values())
-                for name in ("ready", "running", "delayed", "failed", "finished")
-            },
+            "totals": totals,
+            "every_queue": every,
             "running_jobs": len(running),
             "workers": workers,
             "schedulers": schedulers,
-            "chart": chart(minutes),
+            "chart": drawn,
             "limits": [
                 LimitRow(limit.key, limit.running, limit.parked, from_ms(limit.next_look_ms))
                 for limit in self.broker.limits()

@@ -49,7 +49,9 @@ key                           type    contents (written by)
 ``{P}:paused``                set     names of paused queues (workers skip them)
 ``{P}:queues``                set     names of the queues used, kept when QUEUES
                                       is empty (any name valid) for workers,
-                                      schedulers and the dashboard (enqueue)
+                                      schedulers and the dashboard (enqueue); read
+                                      by Broker.known_queues only, which skips a
+                                      member that is no queue name
 ``{P}:workers``               zset    worker ids by last heartbeat (ms)
 ``{P}:worker:<id>``           hash    a worker's queues, pid, host, start time,
                                       jobs done; 60 s TTL, renewed by heartbeat

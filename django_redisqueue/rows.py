@@ -287,6 +287,10 @@ class Page(Generic[Row]):
     def first_index(self) -> int:
         return self.offset + 1
 
+    @property
+    def last_index(self) -> int:
+        return self.offset + len(self.rows)
+
 
 @dataclass
 class GroupRow:
