@@ -175,9 +175,10 @@ class Command(BaseCommand):
             type=metrics_address,
             default=None,
             metavar="[HOST:]PORT",
-            help="serve Prometheus metrics of the backends at /metrics on PORT (every "
-            "interface unless HOST is given); each endpoint shows the whole backend's "
-            "numbers: scrape one",
+            help="serve Prometheus metrics of the backends at /metrics on PORT, without "
+            "authentication, on 127.0.0.1 unless HOST is given (0.0.0.0:PORT or [::]:PORT "
+            "for every interface); each endpoint shows the whole backend's numbers: "
+            "scrape one",
         )
         parser.add_argument(
             "--log-format",
