@@ -314,6 +314,48 @@ def test_json_log_has_one_object_per_line_and_one_line_per_job(r, backend):
     assert any(m.endswith("stopped after 3 job(s)") for m in messages)
 
 
+@pytest.mark.parametrize(
+    "project_logging", ["django-debug", "root", "django", "app", "unconfigured", ""]
+)
+def test_every_line_is_json_whatever_the_project_s_logging(r, backend, project_logging):
+    ok = tasks.add.enqueue(2, 3)
+    failed = tasks.fail.enqueue("boom")
+    logging_task = tasks.logs_and_warns.enqueue("careful")
+    env = {
+        **child_env(),
+        "DJANGO_SETTINGS_MODULE": "tests.settings_logging",
+        "REDISQUEUE_TEST_LOGGING": project_logging,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "runworker", "--burst", "--log-format", "json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+    output = (done.stdout + done.stderr).splitlines()
+    not_json = [line for line in output if not is_json_object(line)]
+    assert not not_json, "\n".join(not_json[:20])
+    lines = [json.loads(line) for line in output]
+    job_lines = {line["job_id"]: line for line in lines if "job_id" in line}
+    assert job_lines.keys() == {ok.id, failed.id, logging_task.id}
+    assert "ValueError: boom" in job_lines[failed.id]["error"]
+    assert "careful\nsecond line" in {line["message"] for line in lines}
+    assert any("KeyError: 'careful'" in line.get("error", "") for line in lines)
+    assert any("RuntimeWarning: careful" in line["message"] for line in lines)
+    assert any("(tests.W001) a warning of the project's" in line["message"] for line in lines)
+
+
+def is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
 some_text = st.text(st.characters(codec="utf-8"), max_size=30) | st.sampled_from(
     ["\n", "\r\n", '"}\n{"', "\u2028", "\x00"]
 )
