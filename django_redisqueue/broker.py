@@ -955,7 +955,8 @@ class Broker:
         """PING Redis on a fresh connection that gives up after ``timeout`` seconds,
         without retries; raise what the connection raised. ``write``: then send a write
         that changes nothing, which Redis refuses as it would the heartbeats' when it
-        is out of memory (OOM) or a read-only replica (READONLY)."""
+        is out of memory (OOM) or a read-only replica (READONLY). Redis refuses those
+        before it runs a command, so WRONGTYPE (the key spoilt by hand) is no refusal."""
         pool = self._server().connection_pool
         kwargs = {
             **pool.connection_kwargs,
@@ -972,7 +973,7 @@ class Broker:
                 # XX adds no member and GT never lowers a score to -inf: a no-op on
                 # whatever the set holds, refused or not as the heartbeat's ZADD is.
                 connection.send_command("ZADD", self.keys.workers, "XX", "GT", "-inf", "")
-                connection.read_response()
+                _read_leniently(connection.read_response)
         finally:
             connection.disconnect()
 
