@@ -563,6 +563,11 @@ class Broker:
         pipe.zrem(self.keys.broadcast_cursors, worker_id)
         self._execute(pipe)
 
+    def unregister_scheduler(self, scheduler_id: str) -> None:
+        """The twin of unregister_worker: a scheduler that stopped is no longer live
+        (its step registers it; see ``tick``)."""
+        self.client.zrem(self.keys.schedulers, scheduler_id)
+
     # Fan-out: groups, chains, broadcast (docs/protocol.md, "Fan-out")
 
     def enqueue_linked(

@@ -179,7 +179,8 @@ class Exposition:
         self.scheduler_age = Family(
             "redisqueue_scheduler_last_step_age_seconds",
             "gauge",
-            "Seconds since a scheduler last stepped (absent: none ever did).",
+            "Seconds since a scheduler last stepped (absent: none is registered; one "
+            "that stops cleanly unregisters).",
         )
         self.finished = Family(
             "redisqueue_jobs_total",
