@@ -4,6 +4,8 @@ An unmanaged model (``models.Dashboard``) puts it on the admin index; its pages 
 extra admin URLs wrapped in ``admin_site.admin_view``. Looking needs
 ``django_redisqueue.view_dashboard``; acting needs ``django_redisqueue.manage_queues``.
 Actions are POST with CSRF; destructive ones are confirmed on a page of their own.
+No page may be framed (X-Frame-Options: DENY), with or without the project's
+XFrameOptionsMiddleware.
 The waiting, delayed and failed lists also act on the jobs selected on a page, and the
 failed list filters by task and exception class among a queue's newest failures.
 """
@@ -23,6 +25,7 @@ from django.urls import URLPattern, path, register_converter, reverse
 from django.utils.encoding import escape_uri_path
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext
+from django.views.decorators.clickjacking import xframe_options_deny
 from django.views.decorators.http import require_GET, require_POST
 
 from .backend import RedisQueueBackend
@@ -151,16 +154,17 @@ class DashboardAdmin(admin.ModelAdmin):
         return False
 
     def get_urls(self) -> list[URLPattern]:
+        def page(function: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+            # No page may be framed (clickjacking: a click on an action or a confirm
+            # page's button), whether or not the project has XFrameOptionsMiddleware.
+            return xframe_options_deny(self.admin_site.admin_view(function))
+
         def view(function: Callable[..., HttpResponse], route: str, name: str) -> URLPattern:
-            return path(route, self.admin_site.admin_view(function), name=f"redisqueue_{name}")
+            return path(route, page(function), name=f"redisqueue_{name}")
 
         return [
             # The admin index links to the model's "changelist": the overview.
-            path(
-                "",
-                self.admin_site.admin_view(self.index_view),
-                name="django_redisqueue_dashboard_changelist",
-            ),
+            path("", page(self.index_view), name="django_redisqueue_dashboard_changelist"),
             view(self.overview_view, "<str:alias>/", "overview"),
             view(self.queue_view, "<str:alias>/queue/<str:queue>/", "queue"),
             view(self.delayed_index_view, "<str:alias>/delayed/", "delayed_index"),

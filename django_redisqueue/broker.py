@@ -584,6 +584,11 @@ class Broker:
         pipe.zrem(self.keys.broadcast_cursors, worker_id)
         self._execute(pipe)
 
+    def unregister_scheduler(self, scheduler_id: str) -> None:
+        """The twin of unregister_worker: a scheduler that stopped is no longer live
+        (its step registers it; see ``tick``)."""
+        self.client.zrem(self.keys.schedulers, scheduler_id)
+
     # Fan-out: groups, chains, broadcast (docs/protocol.md, "Fan-out")
 
     def enqueue_linked(
@@ -980,7 +985,8 @@ class Broker:
         """PING Redis on a fresh connection that gives up after ``timeout`` seconds,
         without retries; raise what the connection raised. ``write``: then send a write
         that changes nothing, which Redis refuses as it would the heartbeats' when it
-        is out of memory (OOM) or a read-only replica (READONLY)."""
+        is out of memory (OOM) or a read-only replica (READONLY). Redis refuses those
+        before it runs a command, so WRONGTYPE (the key spoilt by hand) is no refusal."""
         pool = self._server().connection_pool
         kwargs = {
             **pool.connection_kwargs,
@@ -997,7 +1003,7 @@ class Broker:
                 # XX adds no member and GT never lowers a score to -inf: a no-op on
                 # whatever the set holds, refused or not as the heartbeat's ZADD is.
                 connection.send_command("ZADD", self.keys.workers, "XX", "GT", "-inf", "")
-                connection.read_response()
+                _read_leniently(connection.read_response)
         finally:
             connection.disconnect()
 

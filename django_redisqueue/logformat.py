@@ -6,14 +6,23 @@ fields the worker passes with ``extra=`` (``job_fields``): ``job_id``, ``task``,
 ``queue``, ``status``, ``duration_ms``, ``attempt``, and ``wait_ms`` when known (the
 first attempt's time from ready to started). Any other ``extra=`` field of a log call
 is added as it is, so a project's own log calls can add fields too.
+
+``json_everywhere`` makes every line the process writes to stdout or stderr such a line,
+whatever the project's LOGGING: it changes formats only, never which records are
+written, nor how many times.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import sys
+import threading
+import warnings
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from .worker import JobEvent
@@ -61,3 +70,85 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             line["stack"] = self.formatStack(record.stack_info)
         return json.dumps(line, default=str)
+
+
+def json_everywhere() -> None:
+    """Make every line the process writes to stdout or stderr a JSON object: give the
+    JSON format to every handler that writes there (of the loggers configured so far,
+    and Python's last resort, which prints the records of loggers without a handler),
+    and print as JSON lines what Python prints itself: warnings, uncaught exceptions."""
+    for handler in _console_handlers():
+        handler.setFormatter(JsonFormatter())
+    warnings.showwarning = _show_warning
+    sys.excepthook = _on_uncaught
+    threading.excepthook = _on_uncaught_in_thread
+
+
+def _console_handlers() -> list[logging.Handler]:
+    loggers = [logging.getLogger()] + [
+        logger for logger in logging.Logger.manager.loggerDict.values()
+        if isinstance(logger, logging.Logger)
+    ]  # fmt: skip
+    handlers = [handler for logger in loggers for handler in logger.handlers]
+    if logging.lastResort is not None:
+        handlers.append(logging.lastResort)
+    consoles = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    return [h for h in handlers if isinstance(h, logging.StreamHandler) and h.stream in consoles]
+
+
+def json_line(name: str, level: int, message: str, exc_info: Any = None) -> str:
+    """``message`` as a JSON line of logger ``name``, without going through logging:
+    for what is printed whatever the project's LOGGING."""
+    record = logging.LogRecord(name, level, "", 0, message, None, exc_info)
+    return JsonFormatter().format(record) + "\n"
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    text = warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n")
+    (file or sys.stderr).write(json_line("py.warnings", logging.WARNING, text))
+
+
+def _on_uncaught(
+    kind: type[BaseException], error: BaseException, trace: TracebackType | None
+) -> None:
+    line = json_line("py.uncaught", logging.CRITICAL, "Uncaught exception", (kind, error, trace))
+    sys.stderr.write(line)
+
+
+def _on_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:  # ends its thread quietly, as by default
+        return
+    kind, name = args.exc_type, args.thread.name if args.thread else "?"
+    exc_info = (kind, args.exc_value or kind(), args.exc_traceback)
+    sys.stderr.write(
+        json_line("py.uncaught", logging.ERROR, f"Exception in thread {name}", exc_info)
+    )
+
+
+class JsonLines(io.TextIOBase):
+    """A text stream that writes what it is given to ``stream`` as JSON lines: a
+    command's stdout or stderr under ``--log-format json``, where Django writes the
+    system checks' findings and a CommandError's message."""
+
+    def __init__(self, stream: TextIO, name: str, level: int) -> None:
+        self.stream = stream
+        self.name = name
+        self.level = level
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text.strip():
+            self.stream.write(json_line(self.name, self.level, text.rstrip("\n")))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()

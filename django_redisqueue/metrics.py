@@ -21,10 +21,12 @@ it with prometheus_client's parser.
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import socket
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +55,10 @@ RUNNING_READ_LIMIT = 10_000
 ALIVE_READ_LIMIT = 10_000
 QUEUE_SERIES_LIMIT = 1000
 SEPARATOR = "|"  # in the hash's field names: not in queue names nor task paths
+# runworker --metrics-port: seconds a client has to send its request (and to take the
+# answer), and the most requests served at once; a connection past them is closed.
+REQUEST_TIMEOUT = 5.0
+MAX_REQUEST_THREADS = 4
 
 
 def _bucket(bounds: Sequence[float], value: float) -> str:
@@ -173,7 +179,8 @@ class Exposition:
         self.scheduler_age = Family(
             "redisqueue_scheduler_last_step_age_seconds",
             "gauge",
-            "Seconds since a scheduler last stepped (absent: none ever did).",
+            "Seconds since a scheduler last stepped (absent: none is registered; one "
+            "that stops cleanly unregisters).",
         )
         self.finished = Family(
             "redisqueue_jobs_total",
@@ -307,8 +314,40 @@ def redisqueue_backends() -> list[RedisQueueBackend]:
     return [cast("RedisQueueBackend", task_backends[alias]) for alias, _ in our_backends()]
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A request's socket, read against one deadline for the whole request: a client
+    that sends a byte at a time (a slowloris) cannot hold a thread for longer."""
+
+    def __init__(self, connection: socket.socket, seconds: float) -> None:
+        self.connection = connection
+        self.deadline = time.monotonic() + seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request took too long to arrive")
+        self.connection.settimeout(left)
+        return self.connection.recv_into(buffer)
+
+
 class _MetricsHandler(BaseHTTPRequestHandler):
     backends: Sequence[RedisQueueBackend] = ()
+    # The socket's timeout (StreamRequestHandler's), for writing the answer; a timeout
+    # ends the request (handle_one_request catches it).
+    timeout = REQUEST_TIMEOUT
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # else it keeps the socket open after the request
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, REQUEST_TIMEOUT))
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()  # reads the headers
+        self.connection.settimeout(self.timeout)  # the answer's, whatever reading left
+        return parsed
 
     def do_GET(self) -> None:
         if self.path.split("?")[0] not in ("/", "/metrics"):
@@ -331,20 +370,48 @@ class _MetricsHandler(BaseHTTPRequestHandler):
 
 
 def parse_address(value: str) -> tuple[str, int]:
-    """``PORT`` (every IPv4 interface), ``HOST:PORT`` or ``[IPv6]:PORT``, as
-    ``--metrics-port`` takes it; port 0 picks a free one. Raises ValueError for
-    anything else."""
+    """``PORT`` (on loopback: the endpoint has no authentication), ``HOST:PORT`` or
+    ``[IPv6]:PORT``, as ``--metrics-port`` takes it; port 0 picks a free one. Raises
+    ValueError for anything else."""
     host, _, port = value.rpartition(":")
     number = int(port)
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not 0 <= number <= 65535 or (host and not host.strip()) or "[" in host or "]" in host:
         raise ValueError(value)
-    return host or "0.0.0.0", number
+    return host or "127.0.0.1", number
 
 
 class _MetricsServer(ThreadingHTTPServer):
+    """A thread per request, at most MAX_REQUEST_THREADS at once: a connection that
+    comes when they are all busy is closed at once, so that no number of clients can
+    make the process grow."""
+
     daemon_threads = True
+    # Connections the kernel holds until accepted: past Python's default of 5, a burst
+    # of clients makes the next ones (a scraper's too) retry their connect a second later.
+    request_queue_size = 64
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.slots = threading.BoundedSemaphore(MAX_REQUEST_THREADS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            logger.debug("Metrics endpoint: busy; a connection from %s closed", client_address)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)  # starts the thread
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A scraper that hung up first (BrokenPipeError) is no error of ours; the

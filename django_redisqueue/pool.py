@@ -4,8 +4,9 @@ small supervisor.
 Processes, not threads: jobs run in parallel on every core, one crashing job takes
 down one process only, and each process runs its job on its main thread, where
 signals (and time limits) work. The supervisor runs no job; it forwards SIGTERM/SIGINT
-to the children, restarts a child that dies unexpectedly, and exits when all children
-have exited.
+to the children, and exits when all children have exited. Until it is told to stop,
+it replaces every child that exits, whatever its exit code: one that crashed, and one
+that stopped cleanly on a SIGTERM (or two) sent to it alone. Not in burst mode.
 
 A child that stops to be recycled (``--max-jobs`` reached, or past ``--max-memory``)
 exits with RECYCLED_EXIT_CODE and is replaced at once, with no crash-loop delay; in
@@ -32,7 +33,7 @@ from .worker import Worker
 
 logger = logging.getLogger(__name__)
 
-# A child that dies sooner than this after its start counts towards a crash loop: the
+# A child that exits sooner than this after its start counts towards a crash loop: the
 # next restart waits, doubling up to RESTART_DELAY_MAX, instead of forking in a loop.
 QUICK_EXIT = 5.0
 RESTART_DELAY_MAX = 30.0
@@ -51,8 +52,8 @@ class Child:
 class Pool:
     """One worker process per entry of ``makers`` (each makes its process's worker).
 
-    ``restart``: replace a child that dies from a signal or an error, or that stops to
-    be recycled (not in burst mode, where children exit once the queues are empty).
+    ``restart``: replace every child that exits while the supervisor is not stopping
+    (False in burst mode, where children exit once the queues are empty).
     ``stop_signals``: the signals on which the supervisor stops its children (under
     ``--reload`` the reloading parent forwards Ctrl-C as SIGTERM, so SIGINT is left out).
     """
@@ -90,19 +91,27 @@ class Pool:
                 continue
             slot, lived = child.slot, time.monotonic() - child.started
             code = os.waitstatus_to_exitcode(status)
-            if code == 0:
+            if self._ended_as_expected(code):
                 continue
-            if self.stopping and code in (-signal.SIGTERM, RECYCLED_EXIT_CODE):
+            if code == RECYCLED_EXIT_CODE:  # restarting and not stopping
+                logger.info("Worker process %d recycled; starting a new one", pid)
+                self._spawn(slot)
                 continue
-            if code == RECYCLED_EXIT_CODE:
-                if self.restart:
-                    logger.info("Worker process %d recycled; starting a new one", pid)
-                    self._spawn(slot)
-                continue
-            logger.error("Worker process %d exited with %d after %.1f s", pid, code, lived)
             if not self.restart or self.stopping:
+                logger.error("Worker process %d exited with %d after %.1f s", pid, code, lived)
                 exit_code = 1
                 continue
+            # Not asked to stop by this supervisor: a crash, or a signal sent to the child
+            # alone (its graceful stop exits 0). Either way the pool must stay whole.
+            if code == 0:
+                logger.warning(
+                    "Worker process %d exited (code 0) while the pool was not stopping, "
+                    "after %.1f s (a SIGTERM sent to it alone?)",
+                    pid,
+                    lived,
+                )
+            else:
+                logger.error("Worker process %d exited with %d after %.1f s", pid, code, lived)
             quick_exits = quick_exits + 1 if lived < QUICK_EXIT else 0
             if quick_exits:
                 delay = min(0.5 * 2 ** (quick_exits - 1), RESTART_DELAY_MAX)
@@ -112,6 +121,14 @@ class Pool:
                 time.sleep(delay)
             self._spawn(slot)
         return exit_code
+
+    def _ended_as_expected(self, code: int) -> bool:
+        """Whether a child that exited with ``code`` did as it was asked, and is not to
+        be replaced: stopped by this supervisor, or, in burst mode, out of work or
+        recycled."""
+        if self.stopping:
+            return code in (0, -signal.SIGTERM, RECYCLED_EXIT_CODE)
+        return not self.restart and code in (0, RECYCLED_EXIT_CODE)
 
     def stop(self) -> None:
         """Stop every child: each finishes its job in hand. A second call gives the

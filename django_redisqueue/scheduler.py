@@ -80,8 +80,12 @@ class Scheduler:
     def run(self) -> None:
         """Promote and recover until stopped (or, in burst mode, until nothing is due)."""
         logger.info("Scheduler %s started (backend %r)", self.scheduler_id, self.backend.alias)
-        with contextlib.suppress(_Interrupted):
-            self._loop()
+        try:
+            with contextlib.suppress(_Interrupted):
+                self._loop()
+        finally:
+            with contextlib.suppress(*REDIS_ERRORS):  # else it ages out of the live ones
+                self.broker.unregister_scheduler(self.scheduler_id)
         logger.info("Scheduler %s stopped", self.scheduler_id)
 
     def _loop(self) -> None:

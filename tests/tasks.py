@@ -2,9 +2,11 @@
 can see what ran, in which order, across processes."""
 
 import json
+import logging
 import os
 import signal
 import time
+import warnings
 
 import redis
 
@@ -57,6 +59,18 @@ def record(label):
 @task
 def fail(message):
     raise ValueError(message)
+
+
+@task
+def logs_and_warns(message):
+    """Log as a project's task does (a warning, an exception), and warn."""
+    logger = logging.getLogger(__name__)
+    logger.warning("%s\nsecond line", message)
+    try:
+        raise KeyError(message)
+    except KeyError:
+        logger.exception("caught %s", message)
+    warnings.warn(message, RuntimeWarning, stacklevel=1)
 
 
 @task

@@ -102,6 +102,18 @@ def test_actions_refuse_get_and_need_csrf(manager):
     assert strict.post(BASE + "act/pause/", {"queue": "low"}).status_code == 403
 
 
+def test_pages_and_actions_refuse_to_be_framed_without_the_middleware(manager, settings):
+    assert "django.middleware.clickjacking.XFrameOptionsMiddleware" not in settings.MIDDLEWARE
+    job_id = tasks.noop.enqueue().id
+    responses = {url: manager.get(url) for url in PAGES}
+    responses.update({url: manager.post(url, data) for url, data in ACTIONS})
+    confirm_selected = {"queue": "default", "action": "cancel", "job_id": [job_id]}
+    responses["selected"] = manager.post(BASE + "selected/", confirm_selected)
+    assert "Yes, I'm sure" in responses["selected"].text  # a confirm page
+    for url, response in responses.items():
+        assert response.get("X-Frame-Options") == "DENY", url
+
+
 def test_overview_counts_match_redis(manager, backend, r):
     for _ in range(3):
         tasks.add.enqueue(1, 1)

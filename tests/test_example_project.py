@@ -126,6 +126,14 @@ def test_a_log_is_analysed_by_a_group_of_chunk_jobs_and_summarised_by_its_callba
         assert "1 failed" in browser.get(f"/logs/{lossy_id}/")
 
 
+def test_the_example_site_refuses_to_be_framed(tmp_path):
+    """Its middleware says so for every page, the admin's too (clickjacking)."""
+    with _example_site(tmp_path / "db.sqlite3") as (browser, _):
+        for path in ("/", "/admin/login/"):
+            with browser.opener.open(browser.base + path, timeout=10) as response:
+                assert response.headers["X-Frame-Options"] == "DENY", path
+
+
 def test_the_nightly_purge_is_a_periodic_job(tmp_path):
     """The example's PERIODIC purge-old-logs: a scheduler registers it; once a night
     passed (its ``last`` set back a day), the next scheduler step enqueues the purge,

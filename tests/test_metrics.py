@@ -4,6 +4,7 @@ Redis or a backend's name can break it or add series."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -19,6 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from django_redisqueue.broker import RETRY
 from django_redisqueue.metrics import (
     CONTENT_TYPE,
+    MAX_REQUEST_THREADS,
+    REQUEST_TIMEOUT,
     UNREGISTERED,
     Exposition,
     Family,
@@ -270,7 +273,8 @@ def test_an_outcome_redis_refused_is_not_counted(backend):
 @pytest.mark.parametrize(
     ("given", "address"),
     [
-        ("9808", ("0.0.0.0", 9808)),
+        ("9808", ("127.0.0.1", 9808)),  # loopback unless a host is given
+        ("0.0.0.0:9808", ("0.0.0.0", 9808)),
         ("127.0.0.1:0", ("127.0.0.1", 0)),
         ("h:1", ("h", 1)),
         ("[::]:9808", ("::", 9808)),
@@ -314,6 +318,52 @@ def test_runworker_serves_the_metrics_of_its_pool(procs):
     procs.stop(worker)
     with pytest.raises(urllib.error.URLError):  # no child kept the socket open
         scrape(port)
+
+
+def threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
+
+
+def closed_by_the_server(connection: socket.socket) -> bool:
+    try:
+        return connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False  # open, and nothing sent
+    except ConnectionResetError:
+        return True
+
+
+def test_runworker_serves_metrics_on_loopback_unless_told_otherwise(procs):
+    port = free_port()
+    worker = procs.start("runworker", "--concurrency", "2", "--metrics-port", str(port))
+    procs.expect(worker, f"Metrics served on http://127.0.0.1:{port}/metrics")
+    assert value(scrape(port), "redisqueue_up") == 1
+
+
+def test_idle_and_slow_connections_hold_a_few_threads_for_a_few_seconds(procs):
+    port = free_port()
+    # The pool's supervisor serves the metrics and runs nothing else but its main thread.
+    worker = procs.start("runworker", "--concurrency", "2", "--metrics-port", f"127.0.0.1:{port}")
+    procs.expect(worker, f"Metrics served on http://127.0.0.1:{port}/metrics")
+    before = threads(worker.pid)
+    slow = socket.create_connection(("127.0.0.1", port), timeout=5)
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(300)]
+
+    def bounded_and_closed(connections: list[socket.socket]) -> bool:
+        now = threads(worker.pid)
+        assert now <= before + MAX_REQUEST_THREADS, f"{now} threads, {before} before"
+        with contextlib.suppress(OSError):  # once the server closed it
+            slow.send(b"G")  # a byte at a time: a request line that never ends
+        return all(closed_by_the_server(c) for c in connections)
+
+    try:
+        wait_until(lambda: bounded_and_closed(idle), 3 * REQUEST_TIMEOUT, "idle ones closed")
+        wait_until(lambda: bounded_and_closed([slow]), 3 * REQUEST_TIMEOUT, "slow one closed")
+        assert value(scrape(port), "redisqueue_up") == 1
+    finally:
+        for connection in [slow, *idle]:
+            connection.close()
 
 
 def test_runworker_refuses_a_port_in_use_or_malformed():

@@ -216,6 +216,41 @@ def test_unknown_or_invalid_queue_names_are_a_command_error():
         probe("--backend", "missing")
 
 
+SPOILABLE = {
+    "queue": lambda keys: keys.queue("default"),
+    "delayed": lambda keys: keys.delayed("default"),
+    "failed": lambda keys: keys.failed("default"),
+    "paused": lambda keys: keys.paused,
+    "workers": lambda keys: keys.workers,
+    "worker": lambda keys: keys.worker("w1"),
+    "schedulers": lambda keys: keys.schedulers,
+    "metrics": lambda keys: keys.metrics,
+    "known_queues": lambda keys: keys.known_queues,
+}
+
+
+@pytest.mark.parametrize("spoilt", SPOILABLE)
+@pytest.mark.parametrize("holding", ["string", "list"])
+def test_a_key_of_another_type_is_no_redis_failure(r, backend, spoilt, holding):
+    """Spoilt by hand: the probe reads it as empty, as the dashboard does."""
+    for alias in ("default", "anyqueue"):  # anyqueue: every queue used is known
+        spoilt_backend = task_backends[alias]
+        healthy(spoilt_backend)
+        tasks.noop.using(backend=alias).enqueue()
+        key = SPOILABLE[spoilt](spoilt_backend.keys)
+        r.delete(key)
+        if holding == "string":
+            r.set(key, "spoilt")
+        else:
+            r.rpush(key, "spoilt")
+
+        code, out = probe("--backend", alias)
+
+        assert code != queuehealth.REDIS_UNHEALTHY, out
+        assert out.startswith("OK   redis: answered and accepts writes in "), out
+        assert "Redis" not in out.partition("\n")[2], out
+
+
 @not_on_cluster
 def test_unreachable_redis_exits_3_without_a_traceback(backend):
     with private_redis() as server:

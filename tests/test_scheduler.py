@@ -16,6 +16,7 @@ from django.utils import timezone
 from django_redisqueue import TaskFailed
 from django_redisqueue.broker import now_ms
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
+from django_redisqueue.dashboard import live_schedulers
 from django_redisqueue.exceptions import NotCancellable
 from django_redisqueue.scheduler import Scheduler
 from tests import tasks
@@ -105,6 +106,22 @@ def test_sigterm_stops_an_idle_scheduler(r):
     scheduler = start_manage("runscheduler")
     wait_until(lambda: blocked_clients(r), 30, "the scheduler to block on Redis")
     assert "stopped" in stop(scheduler)
+
+
+def test_a_scheduler_that_stops_cleanly_is_no_longer_live_at_once(r, backend):
+    def live() -> list[str]:
+        return [s.id for s in live_schedulers(backend, backend.broker.clock_ms(), 10)]
+
+    scheduler = start_manage("runscheduler")
+    wait_until(live, 30, "the scheduler's first step")
+    stop(scheduler)  # SIGTERM
+    assert live() == []
+    done = manage("queuehealth", "--no-workers")
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "FAIL scheduler: no live scheduler" in done.stdout
+
+    assert manage("runscheduler", "--burst").returncode == 0
+    assert live() == []
 
 
 def test_the_job_of_a_killed_worker_runs_again_after_its_lease(r):

@@ -1,5 +1,5 @@
-"""Running workers in production and development: ``runworker --max-memory``,
-``--reload`` and ``--log-format json``."""
+"""Running workers in production and development: the pool's children replaced,
+``runworker --max-memory``, ``--reload`` and ``--log-format json``."""
 
 import json
 import logging
@@ -117,6 +117,53 @@ def start_worker(app, procs):
 def live_worker_pids(backend) -> set[int]:
     """The pids of the workers registered now (a worker id is host:pid:random)."""
     return {int(worker.split(":")[-2]) for worker, _ in backend.broker.alive(backend.keys.workers)}
+
+
+# The pool
+
+
+def process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("sigterms", [1, 2], ids=["sigterm", "sigterm-twice"])
+def test_the_pool_replaces_a_child_that_someone_else_stopped(r, backend, procs, sigterms):
+    """One SIGTERM: the child finishes its job and exits 0; two: it gives the job back
+    and exits 0. Either way the supervisor was not stopping, so it starts a new one."""
+    pool = procs.start("runworker", "--concurrency", "2")
+    wait_until(lambda: len(live_worker_pids(backend)) == 2, 30, "two workers")
+    held = tasks.block_until_released.enqueue("held", 30)
+    wait_until(lambda: r.lrange(tasks.LOG, 0, -1) == ["started:held"], 30, "the job's start")
+    victim = int(backend.get_result(held.id).worker_ids[0].split(":")[-2])
+
+    os.kill(victim, signal.SIGTERM)
+    procs.expect(pool, "SIGTERM received, finishing the job in hand")
+    if sigterms == 2:
+        os.kill(victim, signal.SIGTERM)
+        procs.expect(pool, "SIGTERM again, giving the running job back to its queue")
+        # Until the victim exits, Redis holds its BLPOP, which would take the release.
+        wait_until(lambda: not process_exists(victim), 30, "the victim's exit")
+    r.rpush("test:release", 1)  # the job ends, in the victim or, given back, elsewhere
+    assert held.wait(timeout=30) is True
+
+    def two_workers_without_the_victim() -> set[int] | None:
+        pids = live_worker_pids(backend)
+        return pids if len(pids) == 2 and victim not in pids else None
+
+    pids = wait_until(two_workers_without_the_victim, 30, "a new worker in the victim's place")
+    a = tasks.rendezvous.enqueue("a", "b", 20)  # they meet only if both run at once
+    b = tasks.rendezvous.enqueue("b", "a", 20)
+    assert a.wait(timeout=30) is True and b.wait(timeout=30) is True
+    ran_on = {backend.get_result(job.id).worker_ids[-1].split(":")[-2] for job in (a, b)}
+    assert {int(pid) for pid in ran_on} == pids
+
+    output = procs.stop(pool)
+    assert pool.returncode == 0, output
+    assert f"Worker process {victim} exited (code 0) while the pool was not stopping" in output
 
 
 # --max-memory
@@ -265,6 +312,48 @@ def test_json_log_has_one_object_per_line_and_one_line_per_job(r, backend):
     messages = [line["message"] for line in lines]
     assert any(m.startswith("django-redisqueue worker, backend 'default'") for m in messages)
     assert any(m.endswith("stopped after 3 job(s)") for m in messages)
+
+
+@pytest.mark.parametrize(
+    "project_logging", ["django-debug", "root", "django", "app", "unconfigured", ""]
+)
+def test_every_line_is_json_whatever_the_project_s_logging(r, backend, project_logging):
+    ok = tasks.add.enqueue(2, 3)
+    failed = tasks.fail.enqueue("boom")
+    logging_task = tasks.logs_and_warns.enqueue("careful")
+    env = {
+        **child_env(),
+        "DJANGO_SETTINGS_MODULE": "tests.settings_logging",
+        "REDISQUEUE_TEST_LOGGING": project_logging,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "runworker", "--burst", "--log-format", "json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+    output = (done.stdout + done.stderr).splitlines()
+    not_json = [line for line in output if not is_json_object(line)]
+    assert not not_json, "\n".join(not_json[:20])
+    lines = [json.loads(line) for line in output]
+    job_lines = {line["job_id"]: line for line in lines if "job_id" in line}
+    assert job_lines.keys() == {ok.id, failed.id, logging_task.id}
+    assert "ValueError: boom" in job_lines[failed.id]["error"]
+    assert "careful\nsecond line" in {line["message"] for line in lines}
+    assert any("KeyError: 'careful'" in line.get("error", "") for line in lines)
+    assert any("RuntimeWarning: careful" in line["message"] for line in lines)
+    assert any("(tests.W001) a warning of the project's" in line["message"] for line in lines)
+
+
+def is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 some_text = st.text(st.characters(codec="utf-8"), max_size=30) | st.sampled_from(

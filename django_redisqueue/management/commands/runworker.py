@@ -6,14 +6,14 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO, cast
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.compat import task_backends
 from django_redisqueue.jobs import QUEUE_NAME_RE
-from django_redisqueue.logformat import JsonFormatter
+from django_redisqueue.logformat import JsonFormatter, JsonLines, json_everywhere
 from django_redisqueue.metrics import parse_address, serve
 from django_redisqueue.pool import run_workers
 from django_redisqueue.registry import registry
@@ -53,8 +53,8 @@ def serve_metrics(address: tuple[str, int], backends: list[RedisQueueBackend]) -
 
 def configure_logging(verbosity: int, log_format: str = "text") -> None:
     """Show the worker's log lines unless the project's LOGGING already routes them
-    (``log_format`` "json": one JSON object per line, and over the project's handlers'
-    own format too)."""
+    (``log_format`` "json": one JSON object per line, in the app's handlers and in
+    every handler that writes to stdout or stderr, over the project's formats)."""
     logger = logging.getLogger("django_redisqueue")
     logger.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
     if not logger.handlers:
@@ -70,9 +70,8 @@ def configure_logging(verbosity: int, log_format: str = "text") -> None:
         for name in TASKS_FRAMEWORK_LOGGERS:
             framework = logging.getLogger(name)
             if not framework.handlers:
-                handler = logging.StreamHandler(sys.stderr)
-                handler.setFormatter(JsonFormatter())
-                framework.addHandler(handler)
+                framework.addHandler(logging.StreamHandler(sys.stderr))
+        json_everywhere()
 
 
 def get_backend(
@@ -175,20 +174,32 @@ class Command(BaseCommand):
             type=metrics_address,
             default=None,
             metavar="[HOST:]PORT",
-            help="serve Prometheus metrics of the backends at /metrics on PORT (every "
-            "interface unless HOST is given); each endpoint shows the whole backend's "
-            "numbers: scrape one",
+            help="serve Prometheus metrics of the backends at /metrics on PORT, without "
+            "authentication, on 127.0.0.1 unless HOST is given (0.0.0.0:PORT or [::]:PORT "
+            "for every interface); each endpoint shows the whole backend's numbers: "
+            "scrape one",
         )
         parser.add_argument(
             "--log-format",
             choices=["text", "json"],
             default="text",
-            help="json: one JSON object per log line, with the job's id, task, queue, "
-            "status, duration_ms, attempt and wait_ms on each job's line (default: text)",
+            help="json: every line of output is a JSON object, whatever the project's "
+            "LOGGING, with the job's id, task, queue, status, duration_ms, attempt and "
+            "wait_ms on each job's line (default: text)",
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        # Before the system checks, which write their findings to the command's stderr.
         configure_logging(options["verbosity"], options["log_format"])
+        if options["log_format"] == "json":
+            # cast: django-stubs wants a TextIO, which no io class is to mypy.
+            out = JsonLines(sys.stdout, __name__, logging.INFO)
+            err = JsonLines(sys.stderr, __name__, logging.WARNING)
+            self.stdout = OutputWrapper(cast(TextIO, out))
+            self.stderr = OutputWrapper(cast(TextIO, err))
+        return super().execute(*args, **options)
+
+    def handle(self, *args: Any, **options: Any) -> None:
         watcher = None
         if options["reload"]:
             if not is_reload_child():
