@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any
 
+import redis
 from django.db import transaction
 
 from . import broker as broker_module
@@ -379,10 +380,7 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
                 "the master fails first; enqueueing them again may run them twice."
             ) from exc
         except REDIS_ERRORS as exc:
-            raise BrokerUnavailable(
-                f"Could not enqueue {_names(results)}: the {self.alias!r} task backend's "
-                f"Redis did not answer or refused it ({type(exc).__name__}: {exc})."
-            ) from exc
+            raise self._unavailable(f"enqueue {_names(results)}", exc) from exc
         taken = []
         holders: dict[str, RedisTaskResult | None] = {}
         for result, enqueued_at in zip(results, enqueued, strict=True):
@@ -451,6 +449,16 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         self.push_linked(results, after)
         return results
 
+    def _unavailable(self, what: str, exc: Exception) -> BrokerUnavailable:
+        """The error for a call to Redis that failed: it did not answer (a lost
+        connection, a timeout), or it answered with a refusal (out of memory, a
+        read-only replica, loading), which the message quotes."""
+        answered = isinstance(exc, (redis.ResponseError, redis.BusyLoadingError))
+        return BrokerUnavailable(
+            f"Could not {what}: the {self.alias!r} task backend's Redis "
+            f"{'refused it' if answered else 'did not answer'} ({type(exc).__name__}: {exc})."
+        )
+
     def send_broadcast(self, job: Job, queue: str = "") -> int:
         """Send ``job`` to every live worker (or every worker serving ``queue``)."""
         if not isinstance(queue, str):
@@ -471,10 +479,7 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         try:
             return self.broker.broadcast(result._payload, queue)
         except REDIS_ERRORS as exc:
-            raise BrokerUnavailable(
-                f"Could not broadcast {_names([result])}: the {self.alias!r} task backend's "
-                f"Redis did not answer or refused it ({type(exc).__name__}: {exc})."
-            ) from exc
+            raise self._unavailable(f"broadcast {_names([result])}", exc) from exc
 
     def get_group(self, group_id: str) -> GroupResult:
         """The handle of a group queued earlier (from any process)."""

@@ -36,6 +36,11 @@ key                           type    contents (written by)
                                       client waits. TTL once finished.
 ``{P}:job:<id>:done``         list    one token pushed on finish when a client
                                       waits; 60 s TTL
+``{P}:job:<id>:then``         list    ids of the jobs waiting for this one (chains,
+                                      ``depends_on``; its ``then`` field counts
+                                      them); deleted with the field when it ends,
+                                      which lets them go or fails them
+                                      (enqueue_linked, store_outcome)
 ``{P}:failed:<name>``         zset    ids of the queue's FAILED jobs (cancelled
                                       ones excepted) by finish time (ms); expires
                                       with the result TTL, trimmed by the tick
@@ -69,7 +74,9 @@ key                           type    contents (written by)
 ``{P}:group:<gid>:done``      list    one token pushed when the last member
                                       ends, for ``wait()``; 60 s TTL
 ``{P}:groups``                zset    group ids by creation (ms), for the
-                                      dashboard; trimmed to the result TTL
+                                      dashboard; no TTL: a group's enqueue trims
+                                      the groups created over a result TTL ago
+                                      whose record is gone, never a live one
 ``{P}:broadcast:seq``         string  the last broadcast message's number
 ``{P}:broadcast:unread``      zset    numbers of the messages some live worker
                                       has not read yet, by number (broadcast;
@@ -282,6 +289,10 @@ class KeySchema:
             "GROUP": self.group_prefix,
             "GROUPS": self.groups,
             "BROADCAST": self.broadcast_prefix,
+            "BROADCAST_SEQ": self.broadcast_seq,
+            "CURSORS": self.broadcast_cursors,
+            "UNREAD": self.broadcast_unread,
+            "SENT": self.broadcast_sent,
             "UNIQUE": self.unique(""),
             "LIMIT": self.limit_prefix,
             "LIMITS": self.limits,
@@ -310,6 +321,9 @@ class KeySchema:
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}:worker:{worker_id}"
+
+    def dependents(self, job_id: str) -> str:
+        return f"{self.job_prefix}{job_id}:then"
 
     def group(self, group_id: str) -> str:
         return f"{self.group_prefix}{group_id}"

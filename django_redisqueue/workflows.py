@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 from .broker import REDIS_ERRORS, Reconnector
-from .compat import task_backends
+from .compat import TaskResultDoesNotExist, task_backends
 from .exceptions import ResultTimeout
 
 if TYPE_CHECKING:
@@ -195,9 +195,17 @@ class GroupResult:
         return self._backend().group_results(self.id)
 
     @property
-    def members(self) -> list[RedisTaskResult]:
+    def members(self) -> list[RedisTaskResult | None]:
+        """The members' results, in order; None for one whose record is gone (deleted
+        by an operator, or expired with its result)."""
         backend = task_backends[self.backend]
-        return [cast("RedisTaskResult", backend.get_result(job_id)) for job_id in self.member_ids]
+        members: list[RedisTaskResult | None] = []
+        for job_id in self.member_ids:
+            try:
+                members.append(cast("RedisTaskResult", backend.get_result(job_id)))
+            except TaskResultDoesNotExist:
+                members.append(None)
+        return members
 
     @property
     def callback(self) -> RedisTaskResult | None:

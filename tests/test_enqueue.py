@@ -12,7 +12,7 @@ from django_redisqueue.compat import (
     TaskResultStatus,
     task_backends,
 )
-from django_redisqueue.exceptions import ConfigurationError
+from django_redisqueue.exceptions import BrokerUnavailable, ConfigurationError
 from tests import tasks
 from tests.conftest import not_on_cluster, run_worker_here
 from tests.topology import keys_server
@@ -163,3 +163,13 @@ def test_enqueue_many_of_a_delayed_task_fills_the_delayed_set(r, backend):
         (res.id, int(res.task.run_after.timestamp() * 1000)) for res in results
     )
     assert queued(r) == []
+
+
+@not_on_cluster
+def test_a_refusal_is_told_from_no_answer(r):
+    r.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(BrokerUnavailable, match=r"Redis refused it .*OutOfMemoryError"):
+            tasks.add.enqueue(1, 2)
+    finally:
+        r.config_set("maxmemory", 0)

@@ -93,7 +93,7 @@ def test_a_finished_group_expires_with_its_results(r, backend):
     run_worker_here(backend)
 
     assert result.wait(timeout=5) == [3]
-    for key in [*group_keys, backend.keys.groups]:
+    for key in group_keys:
         assert 0 < r.ttl(key) <= backend.config.result_ttl, key
 
 
@@ -387,6 +387,68 @@ def test_spoilt_broadcast_keys_never_stop_a_worker_from_running_jobs(r, backend,
     job = tasks.add.enqueue(1, 2)
     run_worker_here(backend)
     assert backend.get_result(job.id).status == SUCCESSFUL
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("broadcast_seq", "abc"), ("broadcast_seq", "5.5"), ("broadcast_cursors", "x"),
+     ("broadcast_unread", "x"), ("broadcast_sent", "x"), ("workers", "x")],
+)  # fmt: skip
+def test_a_broadcast_is_sent_and_delivered_whatever_its_keys_hold(r, backend, key, value):
+    from django_redisqueue.worker import Worker
+
+    worker = Worker(backend, queues=["default"], burst=True)
+    worker.register()
+    broadcast(tasks.record.job("before"))  # numbers past the spoilt counter's
+    with patch("django_redisqueue.worker.close_old_connections"):
+        worker.run()
+    r.set(getattr(backend.keys, key), value)
+    worker.register()  # its heartbeat goes on
+    number = broadcast(tasks.record.job("after"))
+    assert number > 1
+    with patch("django_redisqueue.worker.close_old_connections"):
+        worker.run()
+    assert logged(r) == ["before", "after"]
+    assert [int(n) for n in r.zrange(backend.keys.broadcast_sent, 0, -1)][-1] == number
+
+
+def test_a_group_is_enqueued_whole_whatever_the_groups_index_holds(r, backend):
+    r.set(backend.keys.groups, "spoilt")
+    result = group([tasks.add.job(1, 2)], callback=tasks.collect.job("cb")).enqueue()
+    assert r.zrange(backend.keys.groups, 0, -1) == [result.id]
+    run_worker_here(backend)
+    assert result.wait(timeout=5) == [3]
+
+
+def test_a_live_group_stays_in_the_groups_index_however_old(r, backend):
+    """The index is trimmed of groups gone (their records expired), never of live ones."""
+    old = group([tasks.add.job(1, 2)]).enqueue()
+    gone = group([tasks.add.job(1, 2)]).enqueue()
+    r.zadd(backend.keys.groups, {old.id: 1, gone.id: 2})  # created long ago
+    r.delete(backend.keys.group(gone.id))  # its record expired
+    new = group([tasks.add.job(3, 4)]).enqueue()
+    assert r.zrange(backend.keys.groups, 0, -1) == [old.id, new.id]
+    assert r.ttl(backend.keys.groups) == -1  # nor does the index expire under a live group
+    r.delete(backend.keys.group(old.id))
+    backend.broker.tick("s1", ["default"], batch=10, lost_limit=2, lost_error="{}")
+    assert r.zrange(backend.keys.groups, 0, -1) == [new.id]  # the tick trims it too
+
+
+def test_the_members_of_a_group_are_read_when_one_was_deleted(r, backend):
+    result = group([tasks.add.job(1, 2), tasks.add.job(3, 4)]).enqueue()
+    assert backend.broker.operate("empty", "default", job_ids=[result.member_ids[0]]) == 1
+    members = backend.get_group(result.id).members
+    assert members[0] is None and members[1].id == result.member_ids[1]
+
+
+def test_many_jobs_depending_on_one_cost_the_same_to_enqueue(r, backend):
+    """Each depends_on adds to the parent's list of dependents: it does not rewrite it."""
+    parent = tasks.add.enqueue(1, 1)
+    for i in range(300):
+        tasks.record.using(depends_on=parent).enqueue(f"d{i}")
+    assert r.hget(backend.keys.job(parent.id), "then") == "300"
+    run_worker_here(backend)
+    assert sorted(logged(r)) == sorted(f"d{i}" for i in range(300))
 
 
 def test_a_member_of_unread_that_is_no_number_is_passed_over(r, backend):

@@ -99,6 +99,7 @@ def keys_without_ttl(rr, *, workers_live):
             keys.running,
             keys.scheduler_wake,
             keys.metrics,  # counters: monotonic for as long as Redis keeps them
+            keys.groups,  # trimmed of the groups gone (tick, enqueue)
         }
         if workers_live:
             allowed.add(keys.broadcast_cursors)

@@ -365,6 +365,9 @@ class Group:
     failed: int = 0
     finished: tuple[int, int] | None = None  # the window of the call that completed it
     cancelled: bool = False
+    indexed: bool = True  # in the groups index
+    aged: bool = False  # created over a result TTL ago (its index score moved to 0)
+    gone: bool = False  # its record expired (a result TTL after it ended)
 
 
 @dataclass
@@ -569,7 +572,8 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
             job.done.append(status)
         if job.group is not None:
             self.count_in_group(job, status, window, pending)
-        for next_id in job.then:
+        then, job.then = job.then, []  # the list and the field go
+        for next_id in then:
             if status == SUCCESSFUL:
                 self.release(self.jobs[next_id], window)
             else:
@@ -705,6 +709,7 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
             group = self.groups.get(gid)
             if group is None:
                 group = self.groups[gid] = Group(gid, len(self.groups), window)
+                self.m_trim_groups()
         for spec in batch:
             job = Job(spec.job_id, len(self.jobs), spec.queue, spec.priority)
             job.limit = spec.limit or None
@@ -743,7 +748,7 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
     ) -> int:
         """cancel_group.lua, slice by slice (``calls``: only that many calls ran)."""
         group = self.groups.get(gid)
-        if group is None:
+        if group is None or group.gone:
             return 0
         cancelled, start, made = 0, 0, 0
         while start >= 0 and not (calls and made == calls):
@@ -758,6 +763,16 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
                 cancelled += self.m_cancel(self.jobs[job_id], error, window)
             start = start + slice_size if len(ids) == slice_size else -1
         return cancelled
+
+    def m_trim_groups(self) -> None:
+        """trim_groups: of the groups created over a result TTL ago (their index score
+        is 0: ordered by id), the first 100 are looked at, and those whose record is
+        gone leave the index."""
+        old = sorted((g for g in self.groups.values() if g.indexed and g.aged), key=lambda g: g.id)
+        for group in old[:100]:
+            if group.gone:
+                group.indexed = False
+                RUN["groups trimmed from the index"] += 1
 
     def m_trim_broadcasts(self) -> None:
         """Drop the cursors of workers silent for a lease (or gone from the workers),
@@ -1250,6 +1265,7 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
         # Then the limits whose look is due; the next look counts for the next step.
         full = self.m_tick_looks(batch) or full
         later += [score for _, score in self.r.zrange(self.keys.limits, 0, 0, withscores=True)]
+        self.m_trim_groups()
         # More cursors than live workers: a dead worker's cursor to drop.
         if recover and len(self.cursors) > len(self.heartbeats - self.silent):
             self.m_trim_broadcasts()
@@ -1505,6 +1521,33 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
             self.op_operate("retry_failed", job.queue, [job.id], 0)
             if then_cancel:
                 self.op_cancel(job, via_api=False)
+
+    @rule(
+        picks=st.lists(PICK, min_size=1, max_size=3),
+        expires=st.booleans(),
+        then=st.sampled_from(["nothing", "a group", "a tick"]),
+    )
+    def groups_age(self, picks, expires, then):
+        """A result TTL passes for groups: created that long ago (their index score
+        moves to 0), and, for one that ended a result TTL ago, its record expires.
+        Then a new group's enqueue, or the tick, trims the index of the groups gone,
+        never of one that lives."""
+        for pick in picks:
+            indexed = [g for g in self.groups.values() if g.indexed]
+            ended = [g for g in indexed if g.finished and not g.gone]
+            group = self.pick(ended if expires and ended else indexed, pick)
+            if group is None:
+                break
+            self.r.zadd(self.keys.groups, {group.id: 0}, xx=True)
+            group.aged = True
+            if expires and group.finished and not group.gone:
+                k = self.keys
+                self.r.delete(k.group(group.id), k.group_members(group.id), k.group_done(group.id))
+                group.gone = True
+        if then == "a group":
+            self.op_linked([("default", 0, "now", "none", 0)], self.ids.new_job_id())
+        elif then == "a tick":
+            self.op_tick("s1", (), 100, False)
 
     @rule(pick=PICK, via_api=st.booleans(), slice_size=st.sampled_from([1, 2, 1000]))
     def cancel_a_group(self, pick, via_api, slice_size):
@@ -1879,6 +1922,7 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
             pipe.hgetall(k.job(job.id))
             pipe.ttl(k.job(job.id))
             pipe.lrange(k.done(job.id), 0, -1)
+            pipe.lrange(k.dependents(job.id), 0, -1)
         groups = list(self.groups.values())
         for group in groups:
             pipe.hgetall(k.group(group.id))
@@ -1932,16 +1976,20 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
         assert next(replies) <= 1, "more than one scheduler wake-up token"
 
         for job in jobs:
-            fields, ttl, done = next(replies), next(replies), next(replies)
+            fields, ttl, done, then = (next(replies) for _ in range(4))
             self.check_job(job, fields, ttl, done, where.get(job.id, []), queue_scores)
+            assert then == job.then, f"job {job.n}: then {self.names(then)}, {job.then}"
         untracked = set(where) - set(self.jobs)
         assert not untracked, f"sets hold jobs nobody enqueued: {untracked}"
 
         for group in groups:
             self.check_group(group, next(replies), next(replies), next(replies))
         index = dict(next(replies))
-        assert set(index) == set(self.groups), f"{k.groups}: {index}"
-        assert all(in_window(index[g.id], g.created) for g in groups), index
+        indexed = [g for g in groups if g.indexed]
+        assert set(index) == {g.id for g in indexed}, f"{k.groups}: {index}"
+        assert all(
+            index[g.id] == 0 if g.aged else in_window(index[g.id], g.created) for g in indexed
+        ), index
         self.check_broadcasts(messages, replies)
         self.check_limits()
         self.check_counts()
@@ -1980,7 +2028,8 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
         )
         stored_due = fields.get("due")
         assert (stored_due and int(float(stored_due))) == job.run_after, f"{name}: due"
-        assert fields.get("then", "") == ",".join(job.then), f"{name}: then {fields.get('then')}"
+        count = str(len(job.then)) if job.then else None
+        assert fields.get("then") == count, f"{name}: then {fields.get('then')}, {job.then}"
         if job.place == FINISHED:
             assert 0 < ttl <= RESULT_TTL, f"{name}: finished with TTL {ttl}"
             assert int(fields["finished_at"]) == job.finished_at
@@ -2013,6 +2062,9 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
         once, finished when sealed and every member ended, the callback waiting until
         then and let go at the end (or cancelled, with the group)."""
         name = f"group {group.n} ({group.id})"
+        if group.gone:
+            assert not fields and not members and not done, f"{name}: expired, yet {fields}"
+            return
         counted = [self.jobs[m].counted for m in group.members]
         assert group.ended == len([c for c in counted if c]), f"{name}: ended, model"
         assert group.failed == counted.count(FAILED), f"{name}: failed, model"
@@ -2099,8 +2151,12 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
                 expires[k.job(job.id)] = job.place == FINISHED
             if job.done:
                 expires[k.done(job.id)] = True
+            if job.then:
+                expires[k.dependents(job.id)] = False
         required: set[str] = set()
         for group in self.groups.values():
+            if group.gone:
+                continue
             ongoing = group.total is not None and not group.finished
             expires[k.group(group.id)] = not ongoing
             required.add(k.group(group.id))
@@ -2108,8 +2164,8 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
                 expires[k.group_members(group.id)] = not ongoing
             if group.finished:
                 expires[k.group_done(group.id)] = True
-        if self.groups:
-            expires[k.groups] = True
+        if any(g.indexed for g in self.groups.values()):
+            expires[k.groups] = False
         if self.unread:
             expires[k.broadcast_unread] = True
         if self.messages:
@@ -2250,6 +2306,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "released",
             "failed waiting jobs",
             "refused linked enqueues",
+            "groups trimmed from the index",
             "messages received",
             "receives past other queues' messages",
             "lost fan-out replies",

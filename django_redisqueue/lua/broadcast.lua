@@ -5,23 +5,27 @@
 -- ARGV[3] result TTL (s), ARGV[4] liveness window (ms): a worker silent that long is
 -- dead and does not hold messages
 -- Returns the message's number.
+-- Nothing stored stops a send half-way: the broadcast keys of another type (spoilt by
+-- hand) are replaced, and the message's number is past every number a cursor or an
+-- unread message holds, whatever the counter holds (garbage, or deleted).
 local now, ttl = clock_ms(), tonumber(ARGV[3])
-local number = redis.call('INCR', BROADCAST .. 'seq')
-local message = BROADCAST .. 'msg:' .. number
+local cursors, unread, sent = typed(CURSORS, 'zset'), typed(UNREAD, 'zset'), typed(SENT, 'zset')
+local n = string.format('%.0f', last_broadcast() + 1)
+redis.call('SET', BROADCAST_SEQ, n)
+local message = BROADCAST .. 'msg:' .. n
+redis.call('DEL', message)
 redis.call('HSET', message, 'payload', ARGV[1], 'queue', ARGV[2], 'sent_at', now)
 redis.call('EXPIRE', message, ttl)
-local unread = BROADCAST .. 'unread'
-redis.call('ZADD', unread, number, number)
+redis.call('ZADD', unread, n, n)
 redis.call('EXPIRE', unread, ttl)
-local sent = BROADCAST .. 'sent'
-redis.call('ZADD', sent, now, number)
+redis.call('ZADD', sent, now, n)
 redis.call('ZREMRANGEBYSCORE', sent, '-inf', now - ttl * 1000)
 redis.call('EXPIRE', sent, ttl)
 trim_broadcasts(now, tonumber(ARGV[4]))
 -- Wake the idle workers that will read it (the busy ones see it at their next claim).
-for _, worker in ipairs(redis.call('ZRANGE', BROADCAST .. 'cursors', 0, -1)) do
+for _, worker in ipairs(redis.call('ZRANGE', cursors, 0, -1)) do
   local wake = BROADCAST .. 'wake:' .. worker
   leave_wake_token(wake)
   redis.call('EXPIRE', wake, 60)
 end
-return number
+return n

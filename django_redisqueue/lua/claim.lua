@@ -104,5 +104,5 @@ if valid_queue(woken_by) and redis.call('ZCARD', QUEUE .. woken_by) > 0
   leave_wake_token(WAKE .. woken_by)
 end
 -- The number as a whole number, whatever the key holds (a worker compares it).
-local broadcast = string.format('%.0f', math.max(number(redis.pcall('GET', BROADCAST .. 'seq'), 0), 0))
+local broadcast = string.format('%.0f', math.max(number(redis.pcall('GET', BROADCAST_SEQ), 0), 0))
 return {stored, claimed, broadcast}

@@ -20,6 +20,8 @@ local PAUSED, FAILED, STATS = P .. 'paused', P .. 'failed:', P .. 'stats:'
 local SCHEDULERS, WORKERS, WORKER = P .. 'schedulers', P .. 'workers', P .. 'worker:'
 local KNOWN_QUEUES = P .. 'queues'
 local GROUP, GROUPS, BROADCAST = P .. 'group:', P .. 'groups', P .. 'broadcast:'
+local BROADCAST_SEQ, CURSORS = BROADCAST .. 'seq', BROADCAST .. 'cursors'
+local UNREAD, SENT = BROADCAST .. 'unread', BROADCAST .. 'sent'
 local UNIQUE, LIMIT, LIMITS = P .. 'unique:', P .. 'limit:', P .. 'limits'
 
 -- How long the per-minute finish counts are kept (s): the dashboard shows an hour.
@@ -302,6 +304,40 @@ local function dependency_error(parent, root)
   })
 end
 
+-- Add job `id` to the jobs waiting for job `parent`: its `:then` list, which its
+-- ``then`` field counts (one push, however many wait). A field an older version wrote
+-- holds the ids, comma-separated: they move to the list first.
+local function add_dependent(parent, id)
+  local job = JOB .. parent
+  local list = typed(job .. ':then', 'list')
+  local count = redis.call('HGET', job, 'then')
+  if count and not tonumber(count) then
+    for old in string.gmatch(count, '[^,]+') do
+      redis.call('RPUSH', list, old)
+    end
+  end
+  redis.call('HSET', job, 'then', redis.call('RPUSH', list, id))
+end
+
+-- The ids of the jobs waiting for job `id`, whose ``then`` field is `field`, taken
+-- from its `:then` list, or from the field itself as an older version wrote it: the
+-- list and the field go, as these jobs are let go or failed now. A list spoilt by hand
+-- holds none.
+local function take_dependents(id, field)
+  local ids = {}
+  redis.call('HDEL', JOB .. id, 'then')
+  if tonumber(field) then
+    local list = JOB .. id .. ':then'
+    local listed = redis.pcall('LRANGE', list, 0, -1)
+    redis.call('DEL', list)
+    return listed.err and ids or listed
+  end
+  for next_id in string.gmatch(field, '[^,]+') do
+    ids[#ids + 1] = next_id
+  end
+  return ids
+end
+
 -- Let a waiting job go (its job before succeeded, or its group ended): into its queue,
 -- or its delayed set while its run_after is ahead. Anything else (a job that ended,
 -- cancelled meanwhile) is left alone. A job naming no valid queue is queued to
@@ -440,7 +476,7 @@ local function store_outcome(id, status, now, result, error, ttl, pending, root)
     count_in_group(job, fields[4], status, now, ttl, pending)
   end
   if fields[5] then
-    for next_id in string.gmatch(fields[5], '[^,]+') do
+    for _, next_id in ipairs(take_dependents(id, fields[5])) do
       if status == 'SUCCESSFUL' then
         release(next_id, now, pending)
       else
@@ -500,9 +536,9 @@ end
 -- messages for ever), then the broadcast messages every remaining worker has read.
 -- With no live worker left, no message will be read: all go.
 local function trim_broadcasts(now, window)
-  local cursors, unread = BROADCAST .. 'cursors', BROADCAST .. 'unread'
+  local cursors, unread = CURSORS, UNREAD
   -- Keys of another type (spoilt by hand) are left alone: a hint must not stop a step.
-  for _, key in ipairs({cursors, unread}) do
+  for _, key in ipairs({cursors, unread, WORKERS}) do
     local kind = redis.call('TYPE', key)['ok']
     if kind ~= 'zset' and kind ~= 'none' then
       return
@@ -520,6 +556,38 @@ local function trim_broadcasts(now, window)
   else
     redis.call('DEL', unread)
   end
+end
+
+-- Most entries of the groups index older than a result TTL one call looks at.
+local GROUPS_TRIMMED = 100
+
+-- Trim the groups index of groups gone: created over a result TTL ago (`ttl`, s) and
+-- whose record no longer exists (it expired a result TTL after the group ended). It
+-- has no TTL, so that a group lives in it as long as its record, however long that
+-- is. A group's enqueue and the tick trim it, a few at a time.
+local function trim_groups(now, ttl)
+  local old = redis.pcall('ZRANGEBYSCORE', GROUPS, '-inf', now - ttl * 1000, 'LIMIT', 0,
+                          GROUPS_TRIMMED)
+  for _, gid in ipairs(old.err and {} or old) do
+    if redis.call('EXISTS', GROUP .. gid) == 0 then
+      redis.call('ZREM', GROUPS, gid)
+    end
+  end
+end
+
+-- The number of the last broadcast message: the counter's, or past it the highest
+-- number a cursor, an unread message or the last message sent holds, so that a
+-- counter holding garbage, or deleted, never numbers a message below a cursor (which
+-- would pass over it) nor reuses a number. A key of another type counts for none.
+local function last_broadcast()
+  local highest = number(redis.pcall('GET', BROADCAST_SEQ), 0)
+  for _, key in ipairs({CURSORS, UNREAD, SENT}) do
+    local top = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if not top.err then -- SENT is scored by time: its member is the number
+      highest = math.max(highest, number(key == SENT and top[1] or top[2], 0))
+    end
+  end
+  return math.floor(highest)
 end
 
 -- A queue member that is not a job (an implausible id, or a key of another type) is

@@ -42,9 +42,9 @@ if gid ~= '' and redis.call('EXISTS', group) == 0 then
   -- Until sealed it expires by itself: a group whose enqueue failed half-way leaves
   -- nothing behind (its members still run; it has no callback yet).
   redis.call('EXPIRE', group, ttl)
-  redis.call('ZADD', GROUPS, now, gid)
-  redis.call('ZREMRANGEBYSCORE', GROUPS, '-inf', now - ttl * 1000)
-  redis.call('EXPIRE', GROUPS, ttl)
+  -- The dashboard's index of groups (of another type, spoilt by hand: replaced).
+  redis.call('ZADD', typed(GROUPS, 'zset'), now, gid)
+  trim_groups(now, ttl)
 end
 
 local pending = {}
@@ -73,8 +73,7 @@ for at = first_job, #ARGV, 7 do
       before = redis.call('HGET', JOB .. after, 'status')
       if not final(before) then
         before = 'waits'
-        local waiting = redis.call('HGET', JOB .. after, 'then')
-        redis.call('HSET', JOB .. after, 'then', waiting and (waiting .. ',' .. id) or id)
+        add_dependent(after, id)
       end
     end
     if before == 'waits' or before == 'FAILED' then

@@ -14,13 +14,13 @@ for i = 5, pairs_at - 1, 2 do
   redis.pcall('HSET', record, ARGV[i], ARGV[i + 1])
 end
 redis.call('EXPIRE', record, ARGV[3])
-redis.call('ZADD', WORKERS, now, worker)
+-- The workers and the cursors of another type (spoilt by hand) are replaced.
+redis.call('ZADD', typed(WORKERS, 'zset'), now, worker)
 redis.call('ZREMRANGEBYSCORE', WORKERS, '-inf', now - 3600000)
 -- A worker reads the broadcast messages sent after it first registered, none before.
-local cursors = BROADCAST .. 'cursors'
--- pcall: a key of another type (spoilt by hand) answers an error, and is left alone.
-if not redis.pcall('ZSCORE', cursors, worker) then
-  redis.call('ZADD', cursors, number(redis.pcall('GET', BROADCAST .. 'seq'), 0), worker)
+local cursors = typed(CURSORS, 'zset')
+if not redis.call('ZSCORE', cursors, worker) then
+  redis.call('ZADD', cursors, last_broadcast(), worker)
 end
 
 local lost = {}

@@ -18,7 +18,7 @@ for i = 5, #ARGV, 2 do
     redis.call('HSET', message, 'ran:' .. worker, ARGV[i + 1] .. ' ' .. now)
   end
 end
-local cursors, unread = BROADCAST .. 'cursors', BROADCAST .. 'unread'
+local cursors, unread = CURSORS, UNREAD
 -- Keys of another type (spoilt by hand): nothing to receive, and the worker goes on.
 local function usable(key)
   local kind = redis.call('TYPE', key)['ok']
@@ -31,7 +31,7 @@ local cursor = tonumber(redis.call('ZSCORE', cursors, worker))
 if not cursor then
   -- Not known (its heartbeat has not registered it, or it was silent for a whole
   -- window): it starts from now, as a new worker does.
-  redis.call('ZADD', cursors, number(redis.pcall('GET', BROADCAST .. 'seq'), 0), worker)
+  redis.call('ZADD', cursors, last_broadcast(), worker)
   return {0}
 end
 local serves = {}

@@ -1,6 +1,6 @@
 -- The scheduler's step: promote due delayed jobs to their queues, recover RUNNING
--- jobs whose lease has passed (their worker died or stalled), and unpark jobs held by
--- their limits when their limit's look is due. Atomic, so any number
+-- jobs whose lease has passed (their worker died or stalled), unpark jobs held by
+-- their limits when their limit's look is due, and trim the groups index. Atomic, so any number
 -- of schedulers may run: each due job is promoted, and each lost job recovered, once.
 -- ARGV[1] scheduler id, ARGV[2] most jobs to move per kind, ARGV[3] how many times a
 -- job may be recovered before it fails, ARGV[4] result TTL (s), ARGV[5] error JSON
@@ -28,7 +28,7 @@ end
 -- Who is alive, for the dashboard; entries silent for an hour are dropped. This is
 -- the first write, and one Redis refuses when out of memory: then the whole step is
 -- refused, as the workers' heartbeats are, so no lease is taken from a live worker.
-redis.call('ZADD', SCHEDULERS, now, ARGV[1])
+redis.call('ZADD', typed(SCHEDULERS, 'zset'), now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', SCHEDULERS, '-inf', now - 3600000)
 
 local promoted, full = 0, false
@@ -95,12 +95,14 @@ end
 full = full or #looks == batch
 consider(redis.call('ZRANGE', limits, 0, 0, 'WITHSCORES')[2])
 
+trim_groups(now, ttl)
+
 -- Dead workers' cursors go, and with them the messages only they had not read; held
 -- like the recovery, as the heartbeats that prove a worker alive were held too. Every
 -- live worker has a cursor, so more cursors than live workers means a dead one: the
 -- full pass over the cursors runs only then.
-if recover and redis.call('ZCARD', BROADCAST .. 'cursors')
-    > redis.call('ZCOUNT', WORKERS, now - window, '+inf') then
+if recover and redis.call('ZCARD', typed(CURSORS, 'zset'))
+    > redis.call('ZCOUNT', typed(WORKERS, 'zset'), now - window, '+inf') then
   trim_broadcasts(now, window)
 end
 
