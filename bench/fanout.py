@@ -1,13 +1,17 @@
-"""Fan-out figures: how fast a large group is enqueued, and how soon its callback
-starts after its last member ends.
+"""Fan-out figures: how fast a large group is enqueued, how soon its callback starts
+after its last member ends, and what many jobs waiting for one job cost.
 
     .venv/bin/python -m bench.fanout [--members 10000] [--runs 5] [--groups 200]
+        [--dependents 20000]
 
 On a private redis-server: a group of ``--members`` jobs (plus a callback) enqueued
 ``--runs`` times, against ``enqueue_many()`` of as many jobs; then ``--groups`` groups
 of 4 members run by ``runworker --concurrency 2``, timing from the moment the last
 member's task returned to the moment the callback's task started (both on this host's
-clock, recorded by the tasks).
+clock, recorded by the tasks). Last, ``--dependents`` jobs enqueued one by one with
+``depends_on`` one job: the time per enqueue, for the first and the last thousand, and
+the time Redis spends in the script that ends that job and lets them all go (its
+SLOWLOG entry).
 """
 
 import argparse
@@ -75,11 +79,39 @@ def callback_delays(groups: int, client) -> list[float]:
     return delays
 
 
+def dependents_costs(count: int, client) -> tuple[float, float, float]:
+    """ms per depends_on enqueue for the first and the last 1,000 of ``count``, and ms
+    of Redis time in the finish that lets them go."""
+    from bench import tasks
+    from django_redisqueue.broker import Outcome
+    from django_redisqueue.compat import task_backends
+
+    client.flushall()
+    parent = tasks.noop.enqueue()
+    waiting = tasks.noop.using(depends_on=parent)
+    per_enqueue = []
+    for _ in range(count):
+        started = time.perf_counter()
+        waiting.enqueue()
+        per_enqueue.append((time.perf_counter() - started) * 1000)
+    broker = task_backends["default"].broker
+    claimed = broker.claim(["default"], "bench")[1]
+    client.config_set("slowlog-log-slower-than", 0)
+    client.slowlog_reset()
+    broker.finish(Outcome(claimed.job_id, claimed.owner, "SUCCESSFUL", result="null"))
+    slowest = max(entry["duration"] for entry in client.slowlog_get(128)) / 1000
+    client.config_set("slowlog-log-slower-than", 10_000)
+    client.flushall()
+    first = statistics.median(per_enqueue[:1000])
+    return first, statistics.median(per_enqueue[-1000:]), slowest
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--members", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--groups", type=int, default=200)
+    parser.add_argument("--dependents", type=int, default=20_000)
     options = parser.parse_args()
 
     with RedisServer() as server:
@@ -105,6 +137,12 @@ def main() -> None:
             f"last member's end -> callback's start, {options.groups} groups of 4: "
             f"p50 {percentile(delays, 0.5):.2f} ms, p99 {percentile(delays, 0.99):.2f} ms, "
             f"max {max(delays):.2f} ms"
+        )
+        first, last, release = dependents_costs(options.dependents, client)
+        print(
+            f"{options.dependents:,} jobs depending on one: enqueue median {first:.3f} ms "
+            f"(first 1,000), {last:.3f} ms (last 1,000); the finish letting them go: "
+            f"{release:.1f} ms in Redis"
         )
 
 
