@@ -320,6 +320,8 @@ class PeriodicMachine(RuleBasedStateMachine):
         self.queues: dict[str, dict[str, int]] = {}  # queue -> {job id: score}
         self.wakes: set[str] = set()
         self.known_queues: set[str] = set()
+        # A limit key's window: the largest rate and longest period of its jobs.
+        self.windows: dict[str, tuple[int, int]] = {}
         self.seq = 0
         # The settings, the schedulers, and per "all" schedule the start of the span
         # (base, last] in which every occurrence has a job.
@@ -402,6 +404,9 @@ class PeriodicMachine(RuleBasedStateMachine):
                 job["max_running"] = str(options["max_running"])
             if "rate" in options and "per" in options:
                 job["rate"] = f"{options['rate']}/{options['per']}"
+                starts, ms = self.windows.get(options["limit"], (0, 0))
+                window = (max(starts, options["rate"]), max(ms, options["per"]))
+                self.windows[options["limit"]] = window
         if "unique" in options:
             self.unique[options["unique"]] = (job_id, False)
             job["unique"] = options["unique"]
@@ -1022,6 +1027,9 @@ class PeriodicMachine(RuleBasedStateMachine):
             want[keys.job_prefix + job_id] = ("hash", job, job_id in self.ended)
         for unique, (holder, window) in self.unique.items():
             want[f"{keys.prefix}:unique:{unique}"] = ("string", holder, window)
+        for key, (starts, ms) in self.windows.items():
+            record = {"starts": str(starts), "ms": str(ms)}
+            want[keys.limit(key, "window")] = ("hash", record, True)
         for job_id, job in self.taken.items():
             want[keys.job_prefix + job_id] = ("hash", job, True)
         for queue, members in self.queues.items():

@@ -655,7 +655,8 @@ local function limit_room(limit, now)
   end
   if limit.rate then
     local starts = limit_key(':starts', 'zset', limit)
-    room = math.min(room, limit.rate - redis.call('ZCOUNT', starts, '(' .. (now - limit.per), '+inf'))
+    local counted = redis.call('ZCOUNT', starts, '(' .. (now - limit.per), '+inf')
+    room = math.min(room, limit.rate - counted)
   end
   return math.max(room, 0)
 end
