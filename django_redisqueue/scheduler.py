@@ -167,6 +167,7 @@ class Scheduler:
         if wait <= 0:
             return
         self.waiting = True
+        started = time.monotonic()
         try:
             if wait < LOCAL_SLEEP_BELOW:
                 time.sleep(wait)
@@ -174,6 +175,12 @@ class Scheduler:
                 self.broker.wait_for_schedule(wait - LOCAL_SLEEP_BELOW / 2)
         finally:
             self.waiting = False
+        # A wait that overran was held on its way (a busy script, CLIENT PAUSE, a stalled
+        # host), as were the workers' heartbeats meanwhile, and no error said so: as
+        # after a held step, leases are left to them for a lease.
+        lease = self.backend.config.lease
+        if time.monotonic() - started > wait + HELD_SHARE_OF_LEASE * lease:
+            self.recover_after = time.monotonic() + lease
 
     def stop(self) -> None:
         self.stopping = True

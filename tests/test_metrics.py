@@ -301,11 +301,21 @@ def scrape(port: int) -> dict:
         return samples(response.read().decode())
 
 
-def test_runworker_serves_the_metrics_of_its_pool(procs):
+def test_runworker_serves_the_metrics_of_its_pool(procs, r, backend):
     port = free_port()
     worker = procs.start("runworker", "--concurrency", "2", "--metrics-port", f"127.0.0.1:{port}")
     procs.expect(worker, f"Metrics served on http://127.0.0.1:{port}/metrics")
-    wait_until(lambda: value(scrape(port), "redisqueue_workers_alive") == 2, 30, "2 workers")
+    alive: list[float] = []
+
+    def two_alive() -> bool:
+        alive.append(value(scrape(port), "redisqueue_workers_alive"))
+        return alive[-1] == 2
+
+    try:
+        wait_until(two_alive, 30, "2 workers alive")
+    except AssertionError as exc:  # say what it saw, and which workers Redis knows
+        known = r.zrange(backend.keys.workers, 0, -1)
+        raise AssertionError(f"{exc}: saw {alive[-3:]}; workers {known}") from exc
     result = tasks.add.enqueue(2, 3)
     wait_until(
         lambda: (

@@ -291,3 +291,25 @@ def test_a_step_that_redis_held_recovers_no_lease(r, caplog):
     assert "Redis held a step" in caplog.text
     Scheduler(backend, burst=True).run()  # a step in time recovers it
     assert r.zscore("{drq:leased}:running", claimed.job_id) is None
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_a_scheduler_whose_wait_was_held_leaves_expired_leases_to_their_workers(r, held):
+    """A blocking wait Redis held (a busy script, CLIENT PAUSE) says no error: the
+    workers' heartbeats were held alike, so the next step recovers no lease."""
+    backend = task_backends["leased"]
+    scheduler = Scheduler(backend, burst=True)
+    job = tasks.add.using(backend="leased").enqueue(1, 2)
+    backend.broker.claim(["default"], "w1")
+    r.zadd(backend.keys.running, {job.id: 0})  # its lease ran out while Redis was held
+
+    def wait_held(timeout: float) -> bool:
+        time.sleep(timeout + backend.config.lease)  # the stall being simulated
+        return False
+
+    wait = wait_held if held else backend.broker.wait_for_schedule
+    with mock.patch.object(scheduler.broker, "wait_for_schedule", wait):
+        scheduler.sleep(0.3)
+    scheduler.run()  # one step
+    recovered = r.hget(backend.keys.job(job.id), "owner") is None
+    assert recovered != held
