@@ -1,6 +1,9 @@
 """The test matrix: ``nox`` runs ruff and mypy once, then on every supported (Python,
-Django) pair the test suite and Django's own ``tests/tasks/`` against this backend (on
-the newest pair also the failover tests, and the core suites on a Redis Cluster);
+Django) pair the tests that meet Django or Python (the app, its commands, the admin),
+and Django's own ``tests/tasks/`` against this backend. The suites that test Redis and
+the Lua scripts alone (the protocol models, Redis errors, faults, fuzzing of what Redis
+holds), which no Django version changes, run once, on the oldest pair; the failover and
+long tests, and the core suites again on a Redis Cluster, on the newest.
 ``nox -s tests-3.11`` runs one pair, ``nox -s lint`` ruff and mypy.
 
 The ``tests`` sessions need ``redis-server`` on the PATH: the suites start their own.
@@ -20,13 +23,22 @@ MATRIX = [
     ("3.13", "6.1", "dev,hiredis"),
 ]
 
-# Left out on the middle pair: the browser tests compare the oldest and newest Django's
-# admin, and the protocol models test the Lua scripts, which no Django version changes.
-MIDDLE_PAIR_SKIPS = [
-    "tests/test_browser.py",
+# The suites of Redis and the Lua scripts alone: on the oldest pair only.
+REDIS_SUITES = [
     "tests/test_protocol_model.py",
     "tests/test_periodic_model.py",
+    "tests/test_redis_errors.py",
+    "tests/test_faults.py",
+    "tests/test_fanout_faults.py",
+    "tests/test_fuzz.py",
+    "tests/test_replication.py",
+    "tests/test_topology_servers.py",
+    "tests/test_limits.py",
+    "tests/test_unique.py",
+    "tests/test_broker.py",
 ]
+# The browser tests compare the oldest and the newest Django's admin.
+BROWSER = "tests/test_browser.py"
 
 # The suites that run a second time on a Redis Cluster.
 CLUSTER_TESTS = [
@@ -86,28 +98,18 @@ def tests(session: nox.Session) -> None:
     django, extras = next((d, e) for p, d, e in MATRIX if p == session.python)
     session.install("-e", f".[{extras}]", f"django~={django}.0")
     session.run("python", "-m", "django", "--version")
-    newest = session.python == MATRIX[-1][0]
-    # The failover tests (Sentinel and Cluster chaos) and the long ones take minutes: on
-    # the newest pair.
-    # The model-based tests run their full number of examples there too; a third of it
-    # on the older pairs, which share the protocol (its Lua) with the newest.
-    middle = session.python not in (MATRIX[0][0], MATRIX[-1][0])
+    oldest, newest = session.python == MATRIX[0][0], session.python == MATRIX[-1][0]
+    ignored = [] if oldest else [*REDIS_SUITES, *([] if newest else [BROWSER])]
     session.run(
         "pytest",
         # One process per core (pytest-xdist), each with a redis-server of its own.
         "--numprocesses=auto",
+        # The failover tests (Sentinel and Cluster chaos) and the long ones take minutes.
         *(() if newest else ("-m", "not failover and not long")),
-        *(f"--ignore={path}" for path in MIDDLE_PAIR_SKIPS if middle),
+        *(f"--ignore={path}" for path in ignored),
         *session.posargs,
-        env={
-            # The browser tests' screenshots of every page, light and dark, per Django.
-            "REDISQUEUE_SCREENSHOTS": "test-artifacts/screenshots",
-            **(
-                {}
-                if newest
-                else {"REDISQUEUE_MODEL_EXAMPLES": "100", "REDISQUEUE_PERIODIC_EXAMPLES": "80"}
-            ),
-        },
+        # The browser tests' screenshots of every page, light and dark, per Django.
+        env={"REDISQUEUE_SCREENSHOTS": "test-artifacts/screenshots"},
     )
     if newest and not session.posargs:
         # The core, scheduler and admin tests again, on a Redis Cluster of 3 masters and
