@@ -894,7 +894,8 @@ class Broker:
         return [(text(member) or "", score) for member, score in rows or ()]
 
     def size(self, key: str) -> int:
-        return int(sync(self.client.zcard(key)))
+        """How many members a sorted set has (0 for a key of another type)."""
+        return int(_read_leniently(lambda: self.client.zcard(key)) or 0)
 
     def finished_per_minute(self, minutes: int) -> list[tuple[int, dict[str, int]]]:
         """Jobs finished per minute over the last ``minutes``, oldest first."""

@@ -275,7 +275,7 @@ class Worker:
                     self._refresh_queues()
                     # With a broadcast to receive, only store the outcome: the worker
                     # runs broadcasts holding no job, so no lease waits on them.
-                    receiving = self.broker.last_broadcast > self.broadcast_seen
+                    receiving = self.broker.last_broadcast != self.broadcast_seen
                     queues = self.order.next() if wanted and not receiving else []
                     stored, job = self.broker.claim(
                         queues, self.worker_id, _outcome(finished), woken_by=self.woken_by
@@ -294,7 +294,7 @@ class Worker:
                 if finished is not None:
                     self._report(finished, bool(stored))
                     finished = None
-                if job is None and self.broker.last_broadcast > self.broadcast_seen:
+                if job is None and self.broker.last_broadcast != self.broadcast_seen:
                     self._receive_broadcasts(backoff)
                     continue
                 if job is None and receiving:  # the claim did not look at the queues

@@ -231,7 +231,7 @@ class LimitsModel:
         has parked jobs keeps a look: a due one if every job looked at had room (those
         past ``most`` are next)."""
         rooms: dict[tuple, int] = {}
-        starting, stayed = 0, False
+        starting, stayed = 0, 0
         for job in self.parked_under(key)[:most]:
             limit = LIMITS[job.limit]
             kind = (limit.running, limit.rate, limit.per if limit.rate else None)
@@ -242,9 +242,13 @@ class LimitsModel:
                 self.count(f"unparked by {by}")
                 starting += job.queue not in self.paused
             else:
-                stayed = True
-        if self.parked_under(key):
-            if stayed:
+                stayed += 1
+        left = len(self.parked_under(key))
+        if left:
+            if by == "a freed slot" and left > stayed:  # some it did not look at
+                self.looks[key] = True
+                self.count("looks at once past the first looked at")
+            elif stayed:
                 self.looks.setdefault(key, False)
             else:  # all it looked at had room: the rest are looked at at once
                 self.looks[key] = True

@@ -225,6 +225,61 @@ def test_garbage_in_a_job_hash_never_makes_a_script_fail(r, broker, backend):
     assert claim_one(broker).job_id == job.id  # requeued with a fresh place
 
 
+# A key of the protocol's spoilt by hand (another type): no move fails half-way, no job
+# it did not hold is lost, and the other queues go on.
+
+
+def tick(broker):
+    return broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
+
+
+def test_a_running_set_of_another_type_loses_no_job(r, broker, backend):
+    running = tasks.noop.enqueue()
+    first = claim_one(broker)
+    r.delete(backend.keys.running)
+    r.rpush(backend.keys.running, "spoilt")
+    waiting = tasks.noop.enqueue()
+    assert claim_one(broker).job_id == waiting.id  # replaced: the claim goes on
+    assert r.zscore(backend.keys.running, waiting.id) is not None
+    # The heartbeat of the worker running the first puts its lease back.
+    assert broker.heartbeat("w1", {}, {running.id: first.owner}) == []
+    assert r.zscore(backend.keys.running, running.id) is not None
+    assert broker.finish(Outcome(running.id, first.owner, SUCCESSFUL, result="1"))
+    assert backend.get_result(running.id).status == SUCCESSFUL
+
+
+def test_an_arrival_counter_holding_garbage_loses_no_job(r, broker, backend):
+    before = tasks.noop.enqueue()
+    due = tasks.noop.using(delay=3600).enqueue()
+    r.set(backend.keys.seq, "abc")
+    r.zadd(backend.keys.delayed("default"), {due.id: 0})
+    assert tick(broker).promoted == 1  # it was lost here: out of its delayed set
+    after = tasks.noop.enqueue()
+    assert claim_all(broker) == [before.id, due.id, after.id]  # FIFO kept
+
+
+def test_a_queue_of_another_type_holds_back_no_other_queue(r, broker, backend):
+    r.set(backend.keys.queue("default"), "spoilt")
+    low = tasks.noop.using(queue_name="low").enqueue()
+    assert claim_one(broker).job_id == low.id  # past the spoilt queue
+    again = tasks.noop.enqueue()  # replaces it: it held no job
+    assert claim_one(broker).job_id == again.id
+    r.set(backend.keys.delayed("default"), "spoilt")
+    later = tasks.noop.using(delay=3600).enqueue()
+    r.zadd(backend.keys.delayed("default"), {later.id: 0})
+    assert tick(broker).promoted == 1
+    assert claim_one(broker).job_id == later.id
+
+
+def test_a_paused_set_of_another_type_pauses_nothing(r, broker, backend):
+    r.set(backend.keys.paused, "spoilt")
+    job = tasks.noop.enqueue()
+    assert claim_one(broker).job_id == job.id
+    assert broker.operate("pause", "default") == 1  # replaced
+    tasks.noop.enqueue()
+    assert claim_one(broker) is None
+
+
 def test_a_scheduler_can_leave_expired_leases_alone(r, broker):
     tasks.noop.enqueue()
     claimed = claim_one(broker)

@@ -13,6 +13,7 @@ from django.test import override_settings
 from django_redisqueue import chain, group
 from django_redisqueue.broker import MissingJob, NewJob
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
+from django_redisqueue.dashboard import Dashboard
 from django_redisqueue.workflows import Progress, broadcast
 from tests import tasks
 from tests.conftest import run_worker_here, wait_until
@@ -391,8 +392,9 @@ def test_spoilt_broadcast_keys_never_stop_a_worker_from_running_jobs(r, backend,
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("broadcast_seq", "abc"), ("broadcast_seq", "5.5"), ("broadcast_cursors", "x"),
-     ("broadcast_unread", "x"), ("broadcast_sent", "x"), ("workers", "x")],
+    [("broadcast_seq", "abc"), ("broadcast_seq", "5.5"), ("broadcast_seq", None),
+     ("broadcast_cursors", "x"), ("broadcast_cursors", None), ("broadcast_unread", "x"),
+     ("broadcast_sent", "x"), ("workers", "x")],
 )  # fmt: skip
 def test_a_broadcast_is_sent_and_delivered_whatever_its_keys_hold(r, backend, key, value):
     from django_redisqueue.worker import Worker
@@ -402,7 +404,10 @@ def test_a_broadcast_is_sent_and_delivered_whatever_its_keys_hold(r, backend, ke
     broadcast(tasks.record.job("before"))  # numbers past the spoilt counter's
     with patch("django_redisqueue.worker.close_old_connections"):
         worker.run()
-    r.set(getattr(backend.keys, key), value)
+    if value is None:
+        r.delete(getattr(backend.keys, key))
+    else:
+        r.set(getattr(backend.keys, key), value)
     worker.register()  # its heartbeat goes on
     number = broadcast(tasks.record.job("after"))
     assert number > 1
@@ -412,7 +417,34 @@ def test_a_broadcast_is_sent_and_delivered_whatever_its_keys_hold(r, backend, ke
     assert [int(n) for n in r.zrange(backend.keys.broadcast_sent, 0, -1)][-1] == number
 
 
+def test_a_worker_whose_cursors_were_deleted_reads_the_next_broadcast(r, backend):
+    backend.broker.heartbeat("w1", {}, {})
+    r.delete(backend.keys.broadcast_cursors)  # before its next heartbeat: no cursor
+    number = broadcast(tasks.record.job("x"))
+    assert [n for n, _ in backend.broker.receive("w1", ["default"]).messages] == [number]
+
+
+def test_a_broadcast_counter_set_back_by_hand_still_delivers(r, backend):
+    from django_redisqueue.worker import Worker
+
+    worker = Worker(backend, queues=["default"], burst=True)
+    worker.register()
+    r.set(backend.keys.broadcast_seq, 1000)
+    with patch("django_redisqueue.worker.close_old_connections"):
+        worker.run()  # it saw the counter at 1000
+    r.delete(backend.keys.broadcast_seq)
+    worker.register()
+    broadcast(tasks.record.job("after"))  # numbered 1
+    with patch("django_redisqueue.worker.close_old_connections"):
+        worker.run()
+    assert logged(r) == ["after"]
+
+
 def test_a_group_is_enqueued_whole_whatever_the_groups_index_holds(r, backend):
+    r.set(backend.keys.groups, "spoilt")
+    assert Dashboard(backend).groups(1).rows == []  # read as empty
+    backend.broker.tick("s1", ["default"], batch=10, lost_limit=2, lost_error="{}")
+    assert r.type(backend.keys.groups) == "none"  # replaced by the scheduler's step
     r.set(backend.keys.groups, "spoilt")
     result = group([tasks.add.job(1, 2)], callback=tasks.collect.job("cb")).enqueue()
     assert r.zrange(backend.keys.groups, 0, -1) == [result.id]

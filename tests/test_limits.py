@@ -259,6 +259,24 @@ def test_limits_changed_under_running_parked_and_recovered_jobs(r, broker):
     assert claim(broker, "w8") is None and parked(r, "shared") == [new.id]
 
 
+def test_a_parked_job_with_room_behind_more_than_a_finish_looks_at_waits_no_lease(r, broker):
+    """A finish looks at the first 20 parked jobs of its key; a job behind them that has
+    room is looked at by the scheduler's next step, not a lease later."""
+    holder = shared(concurrency_limit=2).enqueue("long")
+    assert claim(broker, "w1").job_id == holder.id
+    ones = [shared(concurrency_limit=1).enqueue(f"one{i}") for i in range(25)]
+    twos = [shared(concurrency_limit=2).enqueue(f"two{i}") for i in range(2)]
+    first = claim(broker, "w2")  # the 25 parked, the first "two" runs beside the holder
+    assert first.job_id == twos[0].id
+    assert claim(broker, "w3") is None and parked(r, "shared")[-1] == twos[1].id
+    finish(broker, first)  # looks at the first 20: no room for them
+    look = r.zscore(f"{P}:limits", "shared")
+    assert look <= broker.clock_ms()  # the rest at once
+    broker.tick("s1", QUEUES, batch=500, lost_limit=2, lost_error="{}")
+    assert claim(broker, "w3").job_id == twos[1].id
+    assert len(parked(r, "shared")) == len(ones)
+
+
 def test_a_parked_job_of_a_paused_queue_takes_no_room(r, broker, backend):
     held = [tasks.limited_two.enqueue(f"H{i}", 0) for i in range(2)]
     running = [claim(broker, f"w{i}") for i in range(2)]

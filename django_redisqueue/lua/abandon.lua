@@ -7,7 +7,7 @@
 local prefix = ARGV[1] .. '/'
 local now, ttl = clock_ms(), tonumber(ARGV[2])
 local given = {}
-for _, id in ipairs(redis.call('ZRANGE', RUNNING, 0, -1)) do
+for _, id in ipairs(redis.call('ZRANGE', typed(RUNNING, 'zset'), 0, -1)) do
   local job = JOB .. id
   if is_job(id) then
     local owner = redis.call('HGET', job, 'owner')

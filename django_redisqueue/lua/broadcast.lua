@@ -16,12 +16,21 @@ local message = BROADCAST .. 'msg:' .. n
 redis.call('DEL', message)
 redis.call('HSET', message, 'payload', ARGV[1], 'queue', ARGV[2], 'sent_at', now)
 redis.call('EXPIRE', message, ttl)
+-- Every live worker reads it: one without a cursor (its cursors lost, replaced or
+-- deleted by hand, since its heartbeat set one) gets one, from just before it.
+local window = tonumber(ARGV[4])
+local live = redis.pcall('ZRANGEBYSCORE', WORKERS, now - window, '+inf')
+for _, worker in ipairs(failed(live) and {} or live) do
+  if not redis.call('ZSCORE', cursors, worker) then
+    redis.call('ZADD', cursors, n - 1, worker)
+  end
+end
 redis.call('ZADD', unread, n, n)
 redis.call('EXPIRE', unread, ttl)
 redis.call('ZADD', sent, now, n)
 redis.call('ZREMRANGEBYSCORE', sent, '-inf', now - ttl * 1000)
 redis.call('EXPIRE', sent, ttl)
-trim_broadcasts(now, tonumber(ARGV[4]))
+trim_broadcasts(now, window)
 -- Wake the idle workers that will read it (the busy ones see it at their next claim).
 for _, worker in ipairs(redis.call('ZRANGE', cursors, 0, -1)) do
   local wake = BROADCAST .. 'wake:' .. worker

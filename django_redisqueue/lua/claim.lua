@@ -40,9 +40,9 @@ local function claim(id, fields)
   local owner = worker .. '/' .. attempts
   local workers = fields[4] and (fields[4] .. ',' .. worker) or worker
   local started = fields[7] or now
+  zadd(RUNNING, now + lease, id)
   redis.call('HSET', job, 'status', 'RUNNING', 'owner', owner, 'attempts', attempts,
              'workers', workers, 'last_attempted_at', now, 'started_at', started)
-  redis.call('ZADD', RUNNING, now + lease, id)
   local reply = {id, owner, 'status', 'RUNNING', 'attempts', attempts, 'workers', workers,
                  'last_attempted_at', now, 'started_at', started}
   for i, name in ipairs(READ) do -- the rest as read (absent fields left out)
@@ -58,13 +58,14 @@ local claimed, parked = {}, 0
 for i = first_queue, #ARGV do
   local name = ARGV[i]
   local queue = QUEUE .. name
-  while redis.call('SISMEMBER', PAUSED, name) == 0 do
+  while not is_paused(name) do
     if parked >= MOST_PARKED then
       leave_wake_token(WAKE .. name)
       break
     end
-    local popped = redis.call('ZPOPMIN', queue)
-    local id = popped[1]
+    -- pcall: a queue of another type (written by hand) holds no job to claim.
+    local popped = redis.pcall('ZPOPMIN', queue)
+    local id = not failed(popped) and popped[1]
     if not id then
       break
     end
@@ -99,8 +100,8 @@ end
 -- queue still holds jobs, for the next idle worker (it may itself have claimed from
 -- another queue). A busy worker took no token and has none to pass on: every idle
 -- worker is blocked on a token that an enqueue, a promotion or a pass-on leaves.
-if valid_queue(woken_by) and redis.call('ZCARD', QUEUE .. woken_by) > 0
-    and redis.call('SISMEMBER', PAUSED, woken_by) == 0 then
+local waiting = valid_queue(woken_by) and redis.pcall('ZCARD', QUEUE .. woken_by)
+if waiting and not failed(waiting) and waiting > 0 and not is_paused(woken_by) then
   leave_wake_token(WAKE .. woken_by)
 end
 -- The number as a whole number, whatever the key holds (a worker compares it).

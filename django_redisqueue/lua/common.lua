@@ -9,10 +9,11 @@
 -- slot of KEYS[1].
 --
 -- Two rules keep every move atomic. Time is Redis's (TIME), never a caller's, so
--- clocks of other hosts decide no lease and no due time. And nothing a script reads
--- can make it fail half-way: a job key of another type, or fields holding garbage,
--- are read as absent or as defaults, because Redis does not undo the writes a
--- failing script made before the error.
+-- clocks of other hosts decide no lease and no due time. And nothing stored can make
+-- a script fail half-way, because Redis does not undo the writes a failing script
+-- made before the error: a job key of another type, or fields holding garbage, are
+-- read as absent or as defaults, and a set of the protocol's holding another type
+-- (written by hand) is read as empty and replaced when written (zadd, typed).
 local P = KEYS[1]
 local JOB, QUEUE, WAKE, SEQ = P .. 'job:', P .. 'queue:', P .. 'wake:', P .. 'seq'
 local RUNNING, DELAYED, SCHEDULER_WAKE = P .. 'running', P .. 'delayed:', P .. 'scheduler:wake'
@@ -76,15 +77,42 @@ local function final(status)
   return status == 'SUCCESSFUL' or status == 'FAILED'
 end
 
+-- True when a redis.pcall answered an error.
+local function failed(reply)
+  return type(reply) == 'table' and reply.err ~= nil
+end
+
+-- ZADD to a sorted set of the protocol's (a queue, a delayed set, the running set);
+-- one of another type, written by hand, holds no job of ours and is replaced. No
+-- command on the common path: the type is looked at only when the write fails.
+local function zadd(key, score, member)
+  if failed(redis.pcall('ZADD', key, score, member)) then
+    redis.call('DEL', key)
+    redis.call('ZADD', key, score, member)
+  end
+end
+
+-- True when `queue` is paused (a paused set of another type pauses nothing).
+local function is_paused(queue)
+  return redis.pcall('SISMEMBER', PAUSED, queue) == 1
+end
+
 -- The place of a new arrival in a queue: behind the jobs of its priority already there.
+-- A counter holding garbage (written by hand) starts again from Redis's clock in ms,
+-- past any count it can have reached, so that arrivals stay in order.
 local function next_score(priority)
-  return queue_score(priority, redis.call('INCR', SEQ))
+  local seq = redis.pcall('INCR', SEQ)
+  if failed(seq) then
+    redis.call('SET', SEQ, clock_ms())
+    seq = redis.call('INCR', SEQ)
+  end
+  return queue_score(priority, seq)
 end
 
 -- Put a READY job on its queue at `score`, and wake the queue's workers.
 local function put_on_queue(id, queue, score)
+  zadd(QUEUE .. queue, score, id)
   redis.call('HSET', JOB .. id, 'status', 'READY', 'score', score)
-  redis.call('ZADD', QUEUE .. queue, score, id)
   leave_wake_token(WAKE .. queue)
 end
 
@@ -97,7 +125,7 @@ end
 -- the job is now the first due of that queue, so that it does not sleep past it.
 local function add_delayed(id, due, queue)
   local delayed = DELAYED .. queue
-  redis.call('ZADD', delayed, due, id)
+  zadd(delayed, due, id)
   if redis.call('ZRANGE', delayed, 0, 0)[1] == id then
     leave_wake_token(SCHEDULER_WAKE)
   end
@@ -261,9 +289,9 @@ local function store_job(id, payload, queue, priority, due, now, options)
     return nil
   end
   local score = next_score(priority)
+  zadd(QUEUE .. queue, score, id)
   redis.call('HSET', job, 'payload', payload, 'queue', queue, 'priority', priority,
              'enqueued_at', now, 'status', 'READY', 'score', score)
-  redis.call('ZADD', QUEUE .. queue, score, id)
   return queue
 end
 
@@ -566,9 +594,10 @@ local GROUPS_TRIMMED = 100
 -- has no TTL, so that a group lives in it as long as its record, however long that
 -- is. A group's enqueue and the tick trim it, a few at a time.
 local function trim_groups(now, ttl)
-  local old = redis.pcall('ZRANGEBYSCORE', GROUPS, '-inf', now - ttl * 1000, 'LIMIT', 0,
-                          GROUPS_TRIMMED)
-  for _, gid in ipairs(old.err and {} or old) do
+  -- Of another type (written by hand): it lists no group, and is replaced.
+  local old = redis.call('ZRANGEBYSCORE', typed(GROUPS, 'zset'), '-inf', now - ttl * 1000,
+                         'LIMIT', 0, GROUPS_TRIMMED)
+  for _, gid in ipairs(old) do
     if redis.call('EXISTS', GROUP .. gid) == 0 then
       redis.call('ZREM', GROUPS, gid)
     end
@@ -726,10 +755,12 @@ end
 -- key that have room by their own limits (counting those put back before them, under
 -- whatever limits: they will start, and hold a slot and a start of the key). One in a
 -- paused queue takes no room: it cannot start. Then, if jobs stay parked, ask for a
--- look when the first of their limits may have room. Returns how many went back.
-local function unpark(key, most, now, lease, ttl)
+-- look when the first of their limits may have room; `rest_at_once`: at once when jobs
+-- past the first `most` were not looked at (a freed slot looks at a few, so the tick
+-- looks at a batch: one of them may have room). Returns how many went back.
+local function unpark(key, most, now, lease, ttl, rest_at_once)
   local parked = typed(LIMIT .. key .. ':parked', 'zset')
-  local rooms, wake, back, starting = {}, nil, 0, 0
+  local rooms, wake, back, starting, stayed = {}, nil, 0, 0, 0
   for _, id in ipairs(redis.call('ZRANGE', parked, 0, most - 1)) do
     local f = is_job(id) and redis.call('HMGET', JOB .. id, 'status', 'parked', 'max_running',
                                         'rate', 'queue')
@@ -749,20 +780,25 @@ local function unpark(key, most, now, lease, ttl)
         redis.call('HDEL', JOB .. id, 'parked')
         requeue(id, now, ttl)
         back = back + 1
-        if redis.call('SISMEMBER', PAUSED, f[5] or '') == 0 then
+        if not is_paused(f[5] or '') then
           starting = starting + 1
         end
-      elseif not room[3] then -- it stays parked: look again when its limit may have room
-        -- (the first of a kind to stay decides: the later ones see more starting)
-        room[3] = room[2] and next_look(room[2], now, lease, starting) or now + lease
-        wake = wake and math.min(wake, room[3]) or room[3]
+      else -- it stays parked: look again when its limit may have room
+        stayed = stayed + 1
+        if not room[3] then -- (the first of a kind to stay decides: later ones see more
+          -- starting)
+          room[3] = room[2] and next_look(room[2], now, lease, starting) or now + lease
+          wake = wake and math.min(wake, room[3]) or room[3]
+        end
       end
     end
   end
-  if redis.call('ZCARD', parked) > 0 then
+  local left = redis.call('ZCARD', parked)
+  if left > 0 then
     -- Jobs stay parked: look again when the first of the limits seen may have room or,
-    -- when every job looked at had room, at once at those past the first `most`.
-    look_again(key, wake or now)
+    -- when every job looked at had room (or, `rest_at_once`, some were not looked
+    -- at), at once at those past the first `most`.
+    look_again(key, (rest_at_once and left > stayed) and now or wake or now)
   end
   return back
 end
@@ -776,7 +812,7 @@ local FREED_LOOKS_AT = 20
 local function free_slot(id, key, now, lease, ttl)
   if type(key) == 'string' and key ~= ''
       and redis.pcall('SREM', LIMIT .. key .. ':running', id) == 1 then
-    unpark(key, FREED_LOOKS_AT, now, lease, ttl)
+    unpark(key, FREED_LOOKS_AT, now, lease, ttl, true)
   end
 end
 
@@ -792,7 +828,7 @@ local function finish_job(id, owner, status, now, result, error, ttl, retry_in, 
   if f.err or f[1] ~= owner then
     return 0
   end
-  redis.call('ZREM', RUNNING, id)
+  redis.pcall('ZREM', RUNNING, id) -- of another type: the job is in none
   redis.call('HDEL', job, 'owner')
   free_slot(id, f[2], now, lease, ttl)
   if status == 'RETRY' then

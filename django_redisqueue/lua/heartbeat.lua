@@ -27,7 +27,8 @@ local lost = {}
 for i = pairs_at, #ARGV, 2 do
   local id, owner = ARGV[i], ARGV[i + 1]
   if is_job(id) and redis.call('HGET', JOB .. id, 'owner') == owner then
-    redis.call('ZADD', RUNNING, 'XX', now + tonumber(ARGV[1]), id)
+    -- Its own, so it is RUNNING: a running set replaced (written by hand) learns it back.
+    zadd(RUNNING, now + tonumber(ARGV[1]), id)
   else
     table.insert(lost, id)
   end

@@ -14,11 +14,13 @@ local DELETED = cjson.encode({
   traceback = 'django_redisqueue.exceptions.JobCancelled: deleted from its queue unrun\n',
 })
 
+-- A paused set of another type (written by hand) paused nothing: it is replaced.
 if action == 'pause' then
-  return redis.call('SADD', PAUSED, queue)
+  return redis.call('SADD', typed(PAUSED, 'set'), queue)
 elseif action == 'resume' then
-  local changed = redis.call('SREM', PAUSED, queue)
-  if redis.call('ZCARD', QUEUE .. queue) > 0 then
+  local changed = redis.call('SREM', typed(PAUSED, 'set'), queue)
+  local waiting = redis.pcall('ZCARD', QUEUE .. queue)
+  if not failed(waiting) and waiting > 0 then
     leave_wake_token(WAKE .. queue)
   end
   return changed

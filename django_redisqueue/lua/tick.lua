@@ -42,7 +42,10 @@ end
 for i = 9, #ARGV do
   local queue = ARGV[i]
   local delayed = DELAYED .. queue
-  local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, batch)
+  local due = redis.pcall('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, batch)
+  if failed(due) then -- of another type (written by hand): no job to promote
+    due = {}
+  end
   for _, id in ipairs(due) do
     redis.call('ZREM', delayed, id)
     if is_job(id) then
@@ -56,13 +59,15 @@ for i = 9, #ARGV do
     end
   end
   full = full or #due == batch
-  consider(redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')[2])
-  redis.call('ZREMRANGEBYSCORE', FAILED .. queue, '-inf', now - ttl * 1000)
+  local first = redis.pcall('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+  consider(not failed(first) and first[2] or nil)
+  redis.pcall('ZREMRANGEBYSCORE', FAILED .. queue, '-inf', now - ttl * 1000)
 end
 
 local recovered, failed = 0, 0
 if recover then
-  local expired = redis.call('ZRANGEBYSCORE', RUNNING, '-inf', now, 'LIMIT', 0, batch)
+  local expired = redis.call('ZRANGEBYSCORE', typed(RUNNING, 'zset'), '-inf', now, 'LIMIT', 0,
+                             batch)
   for _, id in ipairs(expired) do
     redis.call('ZREM', RUNNING, id)
     local job = JOB .. id
@@ -90,7 +95,7 @@ local limits = typed(LIMITS, 'zset')
 local looks = redis.call('ZRANGEBYSCORE', limits, '-inf', now, 'LIMIT', 0, batch)
 for _, key in ipairs(looks) do
   redis.call('ZREM', limits, key)
-  unpark(key, batch, now, window, ttl)
+  unpark(key, batch, now, window, ttl, false)
 end
 full = full or #looks == batch
 consider(redis.call('ZRANGE', limits, 0, 0, 'WITHSCORES')[2])
