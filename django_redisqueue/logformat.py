@@ -112,14 +112,14 @@ def _show_warning(
     line: str | None = None,
 ) -> None:
     text = warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n")
-    (file or sys.stderr).write(json_line("py.warnings", logging.WARNING, text))
+    (file or _stderr()).write(json_line("py.warnings", logging.WARNING, text))
 
 
 def _on_uncaught(
     kind: type[BaseException], error: BaseException, trace: TracebackType | None
 ) -> None:
     line = json_line("py.uncaught", logging.CRITICAL, "Uncaught exception", (kind, error, trace))
-    sys.stderr.write(line)
+    _stderr().write(line)
 
 
 def _on_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
@@ -127,28 +127,55 @@ def _on_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
         return
     kind, name = args.exc_type, args.thread.name if args.thread else "?"
     exc_info = (kind, args.exc_value or kind(), args.exc_traceback)
-    sys.stderr.write(
+    _stderr().write(
         json_line("py.uncaught", logging.ERROR, f"Exception in thread {name}", exc_info)
     )
 
 
+def _stderr() -> TextIO:
+    """The process's own stderr: sys.stderr may be a JsonLines, which would wrap a JSON
+    line in another."""
+    return sys.__stderr__ or sys.stderr
+
+
 class JsonLines(io.TextIOBase):
-    """A text stream that writes what it is given to ``stream`` as JSON lines: a
+    """A text stream that writes each line it is given to ``stream`` as a JSON line: a
     command's stdout or stderr under ``--log-format json``, where Django writes the
-    system checks' findings and a CommandError's message."""
+    system checks' findings and a CommandError's message, and sys.stdout and stderr,
+    where tasks print. A line is written once it ends (print writes it in pieces), or
+    on flush; blank lines are left out, and one that is a JSON object already (a
+    handler writing to whatever sys.stderr is, as Python's last resort does) goes as it
+    is."""
 
     def __init__(self, stream: TextIO, name: str, level: int) -> None:
         self.stream = stream
         self.name = name
         self.level = level
+        self.pending = ""
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
-        if text.strip():
-            self.stream.write(json_line(self.name, self.level, text.rstrip("\n")))
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self._emit(line)
         return len(text)
 
     def flush(self) -> None:
+        self._emit(self.pending)
+        self.pending = ""
         self.stream.flush()
+
+    def _emit(self, line: str) -> None:
+        if line.startswith("{") and _is_json_object(line):
+            self.stream.write(line + "\n")
+        elif line.strip():
+            self.stream.write(json_line(self.name, self.level, line))
+
+
+def _is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False

@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 import warnings
 
@@ -71,6 +72,8 @@ def logs_and_warns(message):
     except KeyError:
         logger.exception("caught %s", message)
     warnings.warn(message, RuntimeWarning, stacklevel=1)
+    print(message, "printed\nover two lines")
+    sys.stderr.write(f"{message} written to stderr\n")
 
 
 @task

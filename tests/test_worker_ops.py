@@ -347,6 +347,9 @@ def test_every_line_is_json_whatever_the_project_s_logging(r, backend, project_l
     assert any("KeyError: 'careful'" in line.get("error", "") for line in lines)
     assert any("RuntimeWarning: careful" in line["message"] for line in lines)
     assert any("(tests.W001) a warning of the project's" in line["message"] for line in lines)
+    # What a task prints, or writes to sys.stderr itself.
+    messages = {line["message"] for line in lines}
+    assert {"careful printed", "over two lines", "careful written to stderr"} <= messages
 
 
 def is_json_object(line: str) -> bool:

@@ -72,6 +72,14 @@ def configure_logging(verbosity: int, log_format: str = "text") -> None:
             if not framework.handlers:
                 framework.addHandler(logging.StreamHandler(sys.stderr))
         json_everywhere()
+        # What tasks print, or write to sys.stderr, becomes JSON lines too. The handlers
+        # above keep the streams they were given.
+        sys.stdout = cast(
+            TextIO, JsonLines(sys.__stdout__ or sys.stdout, "py.stdout", logging.INFO)
+        )
+        sys.stderr = cast(
+            TextIO, JsonLines(sys.__stderr__ or sys.stderr, "py.stderr", logging.WARNING)
+        )
 
 
 def get_backend(
@@ -193,8 +201,8 @@ class Command(BaseCommand):
         configure_logging(options["verbosity"], options["log_format"])
         if options["log_format"] == "json":
             # cast: django-stubs wants a TextIO, which no io class is to mypy.
-            out = JsonLines(sys.stdout, __name__, logging.INFO)
-            err = JsonLines(sys.stderr, __name__, logging.WARNING)
+            out = JsonLines(sys.__stdout__ or sys.stdout, __name__, logging.INFO)
+            err = JsonLines(sys.__stderr__ or sys.stderr, __name__, logging.WARNING)
             self.stdout = OutputWrapper(cast(TextIO, out))
             self.stderr = OutputWrapper(cast(TextIO, err))
         return super().execute(*args, **options)
