@@ -314,6 +314,9 @@ class PeriodicMachine(RuleBasedStateMachine):
         self.ended: set[str] = set()  # among them, those a worker ran (TTL)
         # Unique keys: the job holding each, and whether the key has a TTL (a window).
         self.unique: dict[str, tuple[str, bool]] = {}
+        # Limit keys' rate windows (common.lua's rate_window): the largest rate and the
+        # longest period of the jobs with a rate stored; they expire.
+        self.rate_windows: dict[str, dict[str, str]] = {}
         # Per schedule, the occurrences skipped while its unique key was held.
         self.overlapping: dict[str, set[int]] = {}
         self.taken: dict[str, dict[str, str]] = {}  # finished jobs written by hand
@@ -402,6 +405,9 @@ class PeriodicMachine(RuleBasedStateMachine):
                 job["max_running"] = str(options["max_running"])
             if "rate" in options and "per" in options:
                 job["rate"] = f"{options['rate']}/{options['per']}"
+                window = self.rate_windows.setdefault(options["limit"], {})
+                for field, value in (("starts", options["rate"]), ("ms", options["per"])):
+                    window[field] = str(max(int(window.get(field, 0)), value))
         if "unique" in options:
             self.unique[options["unique"]] = (job_id, False)
             job["unique"] = options["unique"]
@@ -1022,6 +1028,8 @@ class PeriodicMachine(RuleBasedStateMachine):
             want[keys.job_prefix + job_id] = ("hash", job, job_id in self.ended)
         for unique, (holder, window) in self.unique.items():
             want[f"{keys.prefix}:unique:{unique}"] = ("string", holder, window)
+        for limit, rate_window in self.rate_windows.items():
+            want[f"{keys.prefix}:limit:{limit}:window"] = ("hash", rate_window, True)
         for job_id, job in self.taken.items():
             want[keys.job_prefix + job_id] = ("hash", job, True)
         for queue, members in self.queues.items():
