@@ -160,7 +160,8 @@ def test_catch_up_latest_is_one_occurrence_and_all_is_batches_with_a_bound():
 def test_many_callers_on_the_same_occurrence_enqueue_it_once(r):
     with periodic({"beat": EVERY_SECOND}) as backend:
         broker = backend.broker
-        [last], _ = broker.periodic_sync([("beat", "{}", 0)])
+        timetable = schedules_of(backend)[0].timetable()
+        [last], _, _ = broker.periodic_sync([("beat", "{}", timetable, 0)])
         now = broker.clock_ms()
         payload = backend.prepare(tasks.noop, (), {})._payload
         occurrence = last // 1000 * 1000 - 1000
@@ -172,6 +173,7 @@ def test_many_callers_on_the_same_occurrence_enqueue_it_once(r):
             replies.append(
                 broker.periodic_run(
                     "beat",
+                    timetable=timetable,
                     expected_last=occurrence - 1000,
                     now_ms=now,
                     next_ms=now + 1000,
@@ -375,6 +377,109 @@ def test_a_run_due_when_the_state_was_lost_is_not_dropped(r):
         step.step(backend.broker.clock_ms())
         assert len(occurrences_in(r, "beat")) == 1  # catch-up "latest": the latest run
         assert r.hget(state("beat"), "last_job")
+
+
+# Edits
+
+
+def clock_ms(r) -> int:
+    seconds, micros = r.time()
+    return seconds * 1000 + micros // 1000
+
+
+def test_an_edited_schedule_replays_nothing_from_before_the_edit(r, monkeypatch):
+    """Every 30 s, edited to every second with catch-up "all" 10 s after its last run,
+    the schedulers restarted: no job for an instant before the sync that brought the
+    edit; the first is the new timetable's first occurrence after it, then each one."""
+    burst = ("runscheduler", "--burst", "--backend", "periodic")
+    every_30 = {"beat": {"task": "tests.tasks.noop", "every": 30}}
+    monkeypatch.setenv("REDISQUEUE_TEST_PERIODIC", json.dumps(every_30))
+    assert manage(*burst).returncode == 0
+    r.hset(state("beat"), "last", clock_ms(r) // 1000 * 1000 - 10_000)  # its run 10 s ago
+    every_second = {"beat": {**EVERY_SECOND, "catch_up": "all"}}
+    monkeypatch.setenv("REDISQUEUE_TEST_PERIODIC", json.dumps(every_second))
+    before_edit = clock_ms(r)
+    out = manage(*burst)
+    assert out.returncode == 0, out.stderr
+    assert occurrences_in(r, "beat") == []
+    edited = int(r.hget(state("beat"), "last"))
+    assert edited >= before_edit
+    assert "'beat' runs at other times than Redis held" in out.stderr
+    first = edited // 1000 * 1000 + 1000
+    wait_until(lambda: clock_ms(r) >= first + 1000, 10, "two occurrences after the edit")
+    out = manage(*burst)
+    assert out.returncode == 0, out.stderr
+    found = occurrences_in(r, "beat")
+    assert found[0] == first and found == list(range(first, found[-1] + 1, 1000))
+    assert "runs at other times" not in out.stderr  # the same timetable: no edit again
+
+
+def test_schedulers_with_old_and_new_settings_take_turns_and_replay_nothing(r, caplog):
+    """A rolling deploy: one scheduler with the old timetable, one with the new, both
+    syncing and stepping. The timetable of the latest sync is in force from that
+    sync; the other scheduler enqueues nothing (and says so) until its own sync."""
+    old = {"beat": {"task": "tests.tasks.noop", "every": 30}}
+    new = {"beat": {**EVERY_SECOND, "catch_up": "all"}}
+    with periodic(old) as old_backend:
+        old_step = stepper(old_backend)
+        stale = clock_ms(r) - 10_000
+        r.hset(state("beat"), "last", stale)
+        old_step.last["beat"] = stale  # what it knew: it computes its own runs from there
+        with periodic(new) as new_backend, caplog.at_level(logging.INFO):
+            before_edit = clock_ms(r)
+            new_step = stepper(new_backend)  # the edit
+            edited = int(r.hget(state("beat"), "last"))
+            clock = wait_until(lambda: (t := clock_ms(r)) >= edited // 1000 * 1000 + 2000 and t)
+            old_step.step(clock)
+            assert occurrences_in(r, "beat") == []
+            new_step.step(clock)
+            taken = occurrences_in(r, "beat")
+            assert taken and taken[0] > before_edit
+            assert taken == list(
+                range(edited // 1000 * 1000 + 1000, clock // 1000 * 1000 + 1, 1000)
+            )
+            assert "Redis holds another timetable for it" in caplog.text
+            old_step.sync(clock_ms(r), 0.0)  # the old timetable again, from now
+            flipped = int(r.hget(state("beat"), "last"))
+            clock = wait_until(lambda: (t := clock_ms(r)) >= flipped // 1000 * 1000 + 2000 and t)
+            new_step.next.clear()
+            new_step.step(clock)
+            assert occurrences_in(r, "beat") == taken  # refused: not the timetable in force
+            new_step.sync(clock_ms(r), 0.0)  # the new one again, from now
+            again = int(r.hget(state("beat"), "last"))
+            clock = wait_until(lambda: (t := clock_ms(r)) >= again // 1000 * 1000 + 1000 and t)
+            new_step.step(clock)
+    after = occurrences_in(r, "beat")[len(taken) :]
+    assert after and after[0] == again // 1000 * 1000 + 1000  # none of (flipped, again]
+
+
+def test_new_arguments_or_catch_up_keep_the_runs_due(r):
+    """No edit: its task, arguments or catch-up changed, the runs due under the same
+    timetable stay due, and are enqueued as settings say now."""
+    with periodic({"beat": {**EVERY_SECOND, "args": ["a"]}}) as backend:
+        stepper(backend)
+        r.hset(state("beat"), "last", int(r.hget(state("beat"), "last")) // 1000 * 1000 - 3000)
+    with periodic({"beat": {**EVERY_SECOND, "args": ["b"], "catch_up": "all"}}) as backend:
+        step = stepper(backend)
+        last = int(r.hget(state("beat"), "last"))
+        step.step(backend.broker.clock_ms())
+        found = occurrences_in(r, "beat")
+        assert found[:3] == [last + 1000, last + 2000, last + 3000]
+        assert backend.get_result(job_id("beat", found[0])).args == ["b"]
+
+
+def test_the_timetable_is_when_a_schedule_runs():
+    """Its interval, or its cron expression (spaces aside) and the time zone it is read
+    in: a change of TIME_ZONE moves a cron schedule's runs, not an interval's."""
+    daily = Schedule("s", "t", cron="30  3 * * *", args=(1,))
+    assert daily.timetable(BERLIN) == "cron 30 3 * * * Europe/Berlin"
+    assert daily.timetable(BERLIN) != daily.timetable(NEW_YORK)
+    assert Schedule("s", "t", cron="30 3 * * *", catch_up="all").timetable(BERLIN) == (
+        daily.timetable(BERLIN)
+    )
+    every = Schedule("s", "t", every_ms=60_000)
+    assert every.timetable(BERLIN) == every.timetable(NEW_YORK) == "every 60000 ms"
+    assert every.timetable() != Schedule("s", "t", cron="* * * * *").timetable()
 
 
 def test_the_scheduler_loop_enqueues_each_occurrence(r):
