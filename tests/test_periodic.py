@@ -542,6 +542,25 @@ def test_new_arguments_or_catch_up_keep_the_runs_due(r):
         assert backend.get_result(job_id("beat", found[0])).args == ["b"]
 
 
+def test_a_state_of_an_older_version_keeps_its_runs_due_if_its_settings_are_the_same(r):
+    """A state without ``timetable`` (an older version wrote it), 3 runs missed: the
+    first sync keeps its ``last`` if the spec is the one it holds, else starts now."""
+    schedules = {"same": {**EVERY_SECOND, "catch_up": "all"}, "other": EVERY_SECOND}
+    with periodic(schedules) as backend:
+        stepper(backend)
+        for name in schedules:
+            r.hdel(state(name), "timetable")
+            r.hset(state(name), "last", int(r.hget(state(name), "last")) // 1000 * 1000 - 3000)
+        r.hset(state("other"), "spec", '{"task":"tests.tasks.noop","every":2.0}')
+        missed = int(r.hget(state("same"), "last"))
+        step = stepper(backend)
+        assert int(r.hget(state("same"), "last")) == missed
+        assert int(r.hget(state("other"), "last")) >= missed + 3000  # now
+        step.step(backend.broker.clock_ms())
+    assert occurrences_in(r, "same")[:3] == [missed + 1000, missed + 2000, missed + 3000]
+    assert occurrences_in(r, "other") == []
+
+
 def test_the_timetable_is_when_a_schedule_runs():
     """Its interval, or its cron expression (spaces aside) and the time zone it is read
     in: a change of TIME_ZONE moves a cron schedule's runs, not an interval's."""

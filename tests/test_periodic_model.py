@@ -482,6 +482,9 @@ class PeriodicMachine(RuleBasedStateMachine):
             schedule = BY_SPEC[name, spec]
             assert timetable == times(schedule)
             held = state.get("timetable")
+            if held is None and state.get("spec") == spec:  # of before, the same spec
+                held = timetable
+                RUN["states of before adopted"] += 1
             if last is not None and held != timetable:  # edited (or of before): from now
                 last = None
                 if held is not None:

@@ -13,8 +13,8 @@
 --   'sync' n, then n x (name, spec, timetable, next): register the schedules, store
 --     spec, timetable and next, and delete the state of every other schedule. A new
 --     schedule, one whose `last` is no number, and one whose `timetable` is another
---     (an edit; or none: written by an older version) start now: the first job is
---     the first occurrence after now of the timetable given.
+--     (an edit; or none, written by an older version, beside another spec) start
+--     now: the first job is the first occurrence after now of the timetable given.
 --     Returns {{last per name, in order}, {names deleted}, {names edited: another
 --     timetable was in force}}.
 --   'run' name, timetable, expected last ('' if unknown), now (ms, Redis's clock at
@@ -79,6 +79,9 @@ if mode == 'sync' then
       local key = state_key(name)
       local last = read_last(key, clock)
       local held = redis.call('HGET', key, 'timetable')
+      if not held and redis.call('HGET', key, 'spec') == spec then
+        held = timetable -- of an older version that kept no timetable: the same spec
+      end
       if last ~= nil and held ~= timetable then
         -- Edited: the runs of the timetable given before now were never due (none is
         -- replayed), and those of the one before are no longer.
