@@ -190,8 +190,10 @@ class Tick:
 class PeriodicReply:
     """What a periodic step did for one schedule (lua/periodic.lua, mode 'run')."""
 
-    status: str  # ok, stale (compute again from ``last``), new, paused, invalid
-    last: int  # the schedule's last occurrence (ms), as Redis now holds it
+    # ok, stale (compute again from ``last``), edited (another timetable is in force:
+    # nothing done), new, paused, invalid
+    status: str
+    last: int  # the schedule's last occurrence (ms), as Redis now holds it (0: none)
     enqueued: int  # jobs stored
     last_job: str  # the id of the last job stored ('' if none)
 
@@ -734,24 +736,28 @@ class Broker:
     # Periodic (docs/protocol.md, "Periodic jobs"; lua/periodic.lua)
 
     def periodic_sync(
-        self, schedules: Sequence[tuple[str, str, int | str]]
-    ) -> tuple[list[int | None], list[str]]:
-        """Register schedules given as (name, spec JSON, next occurrence ms or '' for
-        none), and delete
-        the state of every other one. Returns each schedule's ``last`` (None for a name
-        refused) and the names whose state was deleted."""
+        self, schedules: Sequence[tuple[str, str, str, int | str]]
+    ) -> tuple[list[int | None], list[str], list[str]]:
+        """Register schedules given as (name, spec JSON, timetable, next occurrence ms
+        or '' for none), and delete the state of every other one; a schedule whose
+        timetable is not the one in force starts now. Returns each schedule's ``last``
+        (None for a name refused), the names whose state was deleted, and those whose
+        timetable changed."""
         args: list[Any] = ["sync", len(schedules)]
-        for name, spec, next_ms in schedules:
-            args += [name, spec, next_ms]
-        lasts, removed = self._run("periodic", *args, acked=True)
-        return [int(last) if int(last) >= 0 else None for last in lasts], [
-            text(name) or "" for name in removed
-        ]
+        for name, spec, timetable, next_ms in schedules:
+            args += [name, spec, timetable, next_ms]
+        lasts, removed, edited = self._run("periodic", *args, acked=True)
+        return (
+            [int(last) if int(last) >= 0 else None for last in lasts],
+            [text(name) or "" for name in removed],
+            [text(name) or "" for name in edited],
+        )
 
     def periodic_run(
         self,
         name: str,
         *,
+        timetable: str,
         expected_last: int | None,
         now_ms: int,
         next_ms: int,
@@ -764,10 +770,12 @@ class Broker:
         options: str = "",
     ) -> PeriodicReply:
         """Enqueue a schedule's occurrences ``jobs`` (occurrence ms, job id), oldest
-        first, if its ``last`` is still ``expected_last``; each once, whoever calls."""
+        first, if ``timetable`` is the one in force and its ``last`` is still
+        ``expected_last``; each once, whoever calls."""
         args: list[Any] = [
             "run",
             name,
+            timetable,
             "" if expected_last is None else expected_last,
             now_ms,
             next_ms,

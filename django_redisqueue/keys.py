@@ -102,8 +102,10 @@ key                           type    contents (written by)
                                       that job was stored), ``next`` (ms of the
                                       next occurrence, for the dashboard),
                                       ``paused`` (1), ``spec`` (the definition,
-                                      JSON), ``skipped`` (occurrences missed and
-                                      not enqueued). No TTL: sync deletes it when
+                                      JSON), ``timetable`` (when it runs: the
+                                      timetable in force, of the last sync),
+                                      ``skipped`` (occurrences missed and not
+                                      enqueued). No TTL: sync deletes it when
                                       the schedule leaves settings (periodic.lua)
 ``{P}:unique:<key>``          string  the id of the job holding a unique key: no
                                       TTL until the job ends (its ``unique`` field

@@ -7,7 +7,9 @@ project's ``TIME_ZONE``; an interval's are the whole multiples of the interval s
 the epoch, so every scheduler finds the same ones without talking to the others.
 The scheduler computes the occurrences due, and ``lua/periodic.lua`` enqueues them
 atomically, compare-and-setting the schedule's ``last`` occurrence: see
-docs/protocol.md, "Periodic jobs".
+docs/protocol.md, "Periodic jobs". A schedule edited so that it runs at other times
+starts again from the sync that brings the edit: the runs of its new timetable
+before then are never enqueued.
 """
 
 from __future__ import annotations
@@ -138,6 +140,15 @@ class Schedule:
             data["kwargs"] = dict(self.kwargs)
         data["catch_up"] = self.catch_up
         return to_json(data)
+
+    def timetable(self, tz: tzinfo | None = None) -> str:
+        """When it runs, as text: the interval, or the cron expression and the time zone
+        it is read in. A sync that brings another one under the same name is an edit:
+        the schedule starts again from then. Its task, arguments and catch-up are not
+        part of it: the runs due stay due when those change."""
+        if self.every_ms is not None:
+            return f"every {self.every_ms} ms"
+        return f"cron {' '.join((self.cron or '').split())} {tz or get_default_timezone()}"
 
     # Occurrences
 
@@ -291,6 +302,8 @@ class PeriodicStep:
         self.last: dict[str, int | None] = {}  # as Redis said; None: unknown
         self.next: dict[str, int] = {}  # next occurrence to look at (ms)
         self.tasks: dict[str, Task] = {}
+        # Schedules whose timetable in Redis is another since the last sync (logged once).
+        self.refused: set[str] = set()
         self.synced_at: float | None = None
 
     @property
@@ -301,16 +314,27 @@ class PeriodicStep:
         return self.synced_at is None or monotonic_now - self.synced_at >= SYNC_EVERY
 
     def sync(self, now_ms: int, monotonic_now: float) -> None:
-        """Register the schedules, store their specs, and delete the state of schedules
-        no longer in settings."""
+        """Register the schedules, store their specs and timetables (a schedule whose
+        timetable is not the one in force starts now), and delete the state of
+        schedules no longer in settings."""
         tz = get_default_timezone()
-        entries = [(s.name, s.spec(), self._next_or_none(s, now_ms, tz)) for s in self.schedules]
-        lasts, removed = self.broker.periodic_sync(entries)
+        entries = [
+            (s.name, s.spec(), s.timetable(tz), self._next_or_none(s, now_ms, tz))
+            for s in self.schedules
+        ]
+        lasts, removed, edited = self.broker.periodic_sync(entries)
         for schedule, last in zip(self.schedules, lasts, strict=True):
             self.last[schedule.name] = last
             self.next.pop(schedule.name, None)
         for name in removed:
             logger.info("Periodic job %r is no longer in settings: its state is deleted", name)
+        for name in edited:
+            logger.info(
+                "Periodic job %r runs at other times than Redis held: it starts again from "
+                "now, and no run of before is enqueued",
+                name,
+            )
+        self.refused.clear()
         self.synced_at = monotonic_now
 
     def _next_or_none(self, schedule: Schedule, now_ms: int, tz: tzinfo) -> int | str:
@@ -356,6 +380,7 @@ class PeriodicStep:
             task, prepared = self._job(schedule) if due.occurrences else (None, None)
             reply = self.broker.periodic_run(
                 schedule.name,
+                timetable=schedule.timetable(tz),
                 expected_last=last,
                 now_ms=now_ms,
                 next_ms=due.next_ms or schedule.next_after(now_ms, tz),
@@ -367,6 +392,8 @@ class PeriodicStep:
                 record_queues=not self.backend.queue_names,
                 options=prepared._options if prepared else "",
             )
+            if reply.status == "edited":
+                return self._refused(schedule, now_ms, tz)
             self.last[schedule.name] = reply.last
             if reply.status == "stale" or (reply.status == "new" and due.occurrences):
                 continue  # compute again from the `last` Redis holds now
@@ -385,6 +412,23 @@ class PeriodicStep:
             self.next[schedule.name] = next_ms
             return next_ms
         return now_ms + RACED_WAIT_MS  # raced three times: try again shortly
+
+    def _refused(self, schedule: Schedule, now_ms: int, tz: tzinfo) -> int:
+        """Another timetable is in force for the schedule: this scheduler's settings are
+        older or newer than those synced last. It enqueues none of its runs, and looks
+        again at its next one; its own sync makes its timetable the one in force."""
+        if schedule.name not in self.refused:
+            self.refused.add(schedule.name)
+            logger.warning(
+                "Periodic job %r: Redis holds another timetable for it, synced by a "
+                "scheduler with other settings; this one enqueues none of its runs until "
+                "its next sync (a deploy under way, or schedulers that disagree)",
+                schedule.name,
+            )
+        self.last[schedule.name] = None  # unknown: the next call sends no occurrence
+        next_ms = schedule.next_after(now_ms, tz)
+        self.next[schedule.name] = next_ms
+        return next_ms
 
     def _job(self, schedule: Schedule) -> tuple[Task, RedisTaskResult]:
         """The schedule's task and a job of it, prepared as any enqueue's (the envelope,

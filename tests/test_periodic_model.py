@@ -5,16 +5,24 @@ Python model says what every schedule's hash, every job and every queue must hol
 Hypothesis' stateful testing chooses the steps among: syncs of changing settings
 (schedules added, removed, or changed: interval, cron expression, catch-up, args, a
 unique task with or without a ``unique_for`` window; sometimes with an invalid name),
-three schedulers that each keep the ``last`` Redis last told them and the ``now`` of
-their last tick, and either make ``run`` calls from what they know (a stale ``last``
-or ``now``: they race; with a job's limits or unique key in its options) or take a
-whole ``PeriodicStep.step``; pause, resume (of a paused schedule or not), run now (as
-the dashboard does, with a unique key, or with an id taken); a job that ends (its
-unique key freed, left behind, or kept for a window); time passing; spoilt state
-(garbage in ``last`` or ``skipped``, a ``last`` in the future, far in the past or
-before the epoch, a schedule key or the names set of another type, a job id taken
-ahead by a finished job); Redis errors injected before a script runs, a call whose
-reply is lost after it ran, a real out-of-memory Redis, and SCRIPT FLUSH.
+given to every scheduler or to one only (a rolling deploy: the schedulers' settings
+differ); edits of one schedule to another timetable (an interval to another, a cron
+expression to another, a cron expression to an interval and back, the same instants
+by cron and by interval), made some periods after its last run, given to one
+scheduler or to all, and followed at once by a step; a scheduler that syncs its
+settings again, old ones included (the timetable in force flips back and forth
+between schedulers that disagree); three schedulers that each keep the ``last``
+Redis last told them and the ``now`` of their last tick, and either make ``run``
+calls from what they know and their own settings (a stale ``last`` or ``now``: they
+race; with a job's limits or unique key in its options) or take a whole
+``PeriodicStep.step``; pause, resume (of a paused schedule or not), run now (as the
+dashboard does, with a unique key, or with an id taken); a job that ends (its unique
+key freed, left behind, or kept for a window); time passing; spoilt state (garbage
+in ``last`` or ``skipped``, a ``last`` in the future, far in the past or before the
+epoch, a schedule key or the names set of another type, a job id taken ahead by a
+finished job, a state without ``timetable`` as an older version wrote it); Redis
+errors injected before a script runs, a call whose reply is lost after it ran, a
+real out-of-memory Redis, and SCRIPT FLUSH.
 
 Every script call goes through a broker whose periodic methods report to the model:
 it checks what the caller sends (the occurrences ``Schedule.due`` found, against an
@@ -24,15 +32,20 @@ model as the header of periodic.lua describes it, and compares the reply. A call
 refused (injected error, OOM) must change nothing; a call whose reply is lost
 changes what it would have. After each call: ``last`` of no schedule moved backwards
 (a valid one: garbage and future values are spoilt state, reset as documented), a
-paused schedule stored no job, and a sync left no key of a schedule it removed. After
+paused schedule stored no job, a sync left no key of a schedule it removed, and the
+jobs a run stored are for occurrences of the timetable in force (what the last sync
+stored; a caller with other settings stores none) after the moment it was
+registered (the sync that brought it, or for a state lost, the ``last`` its caller
+went on from): no edit replays a run from before it, whichever scheduler steps. After
 every step the invariants read Redis whole: exactly the keys the model expects, each
 with its contents and without a TTL (but finished jobs, and a unique key in its
 window); each
 stored job once (the arrival counter equals the jobs stored, none rewritten: its
 score and ``enqueued_at`` are those of its store); each queue exactly its jobs in
-order; ``last_job`` an existing job; and for every "all" schedule of the settings,
-every occurrence from its start (or its last reset: resume, a pass while paused, a
-change of its settings, spoilt state, the backlog bound) up to ``last`` has a job,
+order; ``last_job`` an existing job; and for every "all" schedule in force, every
+occurrence from its start (or its last reset: resume, a pass while paused, an edit
+or any other change of the schedule in force, a caller's catch-up "latest", spoilt
+state, the backlog bound) up to ``last`` has a job,
 but those skipped while a job of its unique task held the key (counted in
 ``skipped``).
 
@@ -44,7 +57,8 @@ real time makes a few occurrences due during a run, and the rule ``time_passes``
 makes many: it moves
 a schedule's ``last`` back by k periods (HSET), as if k periods had passed since the
 last step, which is all the script and the scheduler look at (the job model moves
-scores to 0 the same way). The jobs already stored for occurrences in that span
+scores to 0 the same way); the moment its timetable was registered moves back with
+it. The jobs already stored for occurrences in that span
 stay: the script must not store them again (their ids are taken), and store the
 others, which a bound shorter than the real one (``BATCH`` and ``MAX_BACKLOG`` are
 patched to 4 and 10) turns into batches, then into skipped occurrences. No sleep: a
@@ -98,6 +112,8 @@ POOL: dict[str, tuple[Schedule, ...]] = {
         Schedule("beat", TASK, every_ms=2000, args=(1,), catch_up="all"),
         # A unique task (its key by its arguments): its runs never overlap.
         Schedule("beat", "tests.tasks.unique_report", every_ms=1000, args=("x",), catch_up="all"),
+        # The same name by cron: another timetable.
+        Schedule("beat", TASK, cron="* * * * *", catch_up="all"),
     ),
     "minutely": (
         Schedule("minutely", TASK, cron="* * * * *", catch_up="latest"),
@@ -105,12 +121,16 @@ POOL: dict[str, tuple[Schedule, ...]] = {
         Schedule("minutely", TASK, cron="*/2 * * * *", catch_up="all"),
         # unique="rebuild", unique_for=3600: a window from each enqueue.
         Schedule("minutely", "tests.tasks.rebuild_once_an_hour", cron="* * * * *"),
+        # The same instants as "*/2 * * * *" by interval: another timetable all the same.
+        Schedule("minutely", TASK, every_ms=120_000, catch_up="all"),
     ),
     "fast": (
         Schedule("fast", TASK, every_ms=1000, catch_up="all"),
         Schedule("fast", TASK, every_ms=1000, catch_up="latest"),
     ),
 }
+# Each variant by its name and spec, as a sync stores it.
+BY_SPEC = {(x.name, x.spec()): x for kinds in POOL.values() for x in kinds}
 INVALID = "bad name"  # refused by the script: not a valid schedule name
 # Names a step acts on: the invalid one now and then.
 NAME = st.sampled_from([*POOL, *POOL, INVALID])
@@ -286,6 +306,11 @@ def variants(pick: int) -> tuple[int | None, ...]:
     return tuple(choice)
 
 
+def times(schedule: Schedule | None) -> str | None:
+    """When a schedule runs, as a sync stores it (None: no schedule)."""
+    return None if schedule is None else schedule.timetable()
+
+
 def valid_name(name: str) -> bool:
     return name != INVALID
 
@@ -320,12 +345,18 @@ class PeriodicMachine(RuleBasedStateMachine):
         self.queues: dict[str, dict[str, int]] = {}  # queue -> {job id: score}
         self.wakes: set[str] = set()
         self.known_queues: set[str] = set()
-        # A limit key's window: the largest rate and longest period of its jobs.
+        # Limit keys' rate windows (common.lua's rate_window): the largest rate and the
+        # longest period of the jobs with a rate stored; they expire.
         self.windows: dict[str, tuple[int, int]] = {}
         self.seq = 0
-        # The settings, the schedulers, and per "all" schedule the start of the span
-        # (base, last] in which every occurrence has a job.
-        self.settings: dict[str, Schedule] = {}
+        # Each scheduler's settings (a rolling deploy gives some of them new ones), the
+        # scheduler making the call in hand, per name the schedule of the sync Redis
+        # holds (the one in force) and when its timetable was registered, and per "all"
+        # schedule the start of the span (base, last] in which every occurrence has a job.
+        self.settings: list[dict[str, Schedule]] = [{} for _ in range(SCHEDULERS)]
+        self.caller = 0
+        self.in_force: dict[str, Schedule] = {}
+        self.registered: dict[str, int] = {}
         self.steppers = [PeriodicStep(self.backend) for _ in range(SCHEDULERS)]
         self.ticks: list[int | None] = [None] * SCHEDULERS
         self.base: dict[str, int] = {}
@@ -349,13 +380,19 @@ class PeriodicMachine(RuleBasedStateMachine):
 
     # The model's reads.
 
-    def schedule_of(self, name: str) -> Schedule:
-        """The schedule a caller uses: of the settings, or of older settings."""
-        if name in self.settings:
-            return self.settings[name]
+    def schedule_of(self, name: str, s: int | None = None) -> Schedule:
+        """The schedule scheduler ``s`` (by default, the caller) uses: of its settings,
+        or of older settings."""
+        settings = self.settings[self.caller if s is None else s]
+        if name in settings:
+            return settings[name]
         if name in POOL:
             return POOL[name][0]
         return Schedule(name, TASK, every_ms=1000)
+
+    def in_force_or_any(self, name: str) -> Schedule:
+        """The schedule in force, or else the one of the first scheduler's settings."""
+        return self.in_force.get(name) or self.schedule_of(name, 0)
 
     def state(self, name: str) -> dict[str, Any] | None:
         state = self.states.get(name)
@@ -382,8 +419,13 @@ class PeriodicMachine(RuleBasedStateMachine):
     def m_state_key(self, name: str) -> dict[str, Any]:
         if isinstance(self.states.get(name), str):
             del self.states[name]
-            self.base.pop(name, None)
+            self.forget(name)
         return self.states.setdefault(name, {})
+
+    def forget(self, name: str) -> None:
+        """A schedule's state is gone: what the model knew of it goes with it."""
+        for known in (self.base, self.in_force, self.registered):
+            known.pop(name, None)
 
     def m_store(self, job_id: str, payload: str, queue: str, priority: int, options: dict):
         """store_job, and hold_unique for a unique task's job."""
@@ -427,31 +469,50 @@ class PeriodicMachine(RuleBasedStateMachine):
             return None
         return holder if window or holder not in self.ended else None
 
-    def apply_sync(self, entries: list[tuple[str, str, int]]) -> Callable[[], Any]:
+    def apply_sync(self, entries: list[tuple[str, str, str, int]]) -> Callable[[], Any]:
         names = self.m_names()
         given: list[str | None] = []
-        for name, spec, next_ms in entries:
+        edited: list[str] = []
+        for name, spec, timetable, next_ms in entries:
             if not valid_name(name):
                 given.append(None)
                 continue
             last = self.valid_last(name, self.window.lo)
             state = self.m_state_key(name)
-            if last is None:  # starts now
+            schedule = BY_SPEC[name, spec]
+            assert timetable == times(schedule)
+            held = state.get("timetable")
+            if held is None and state.get("spec") == spec:  # of before, the same spec
+                held = timetable
+                RUN["states of before adopted"] += 1
+            if last is not None and held != timetable:  # edited (or of before): from now
+                last = None
+                if held is not None:
+                    edited.append(name)
+                RUN["syncs of another timetable"] += 1
+            if last is None:  # its timetable registered now
+                self.registered[name] = self.window.lo
+            if last is None or schedule != self.in_force.get(name):  # a span starts again
+                self.base.pop(name, None)
                 self.reset.add(name)
+            self.in_force[name] = schedule
             state.update(
-                last=str(last) if last is not None else self.window, spec=spec, next=str(next_ms)
+                last=str(last) if last is not None else self.window,
+                spec=spec,
+                timetable=timetable,
+                next=str(next_ms),
             )
             names.add(name)
             given.append(name)
         removed = sorted(names - set(n for n in given if n))
         for name in removed:
             self.states.pop(name, None)
-            self.base.pop(name, None)
+            self.forget(name)
             names.discard(name)
 
         def reply():
             lasts = [int(self.states[n]["last"]) if n else None for n in given]
-            return lasts, removed
+            return lasts, removed, edited
 
         return reply
 
@@ -459,6 +520,7 @@ class PeriodicMachine(RuleBasedStateMachine):
         self,
         name: str,
         *,
+        timetable: str,
         expected_last: int | None,
         now_ms: int,
         next_ms: int,
@@ -477,14 +539,20 @@ class PeriodicMachine(RuleBasedStateMachine):
         state = self.m_state_key(name)
         self.m_names().add(name)
         last = self.valid_last(name, clock)
+        held = state.get("timetable")
+        if held != timetable and (held is not None or last is not None):
+            # Not the timetable in force (or none, beside a last): the caller's settings
+            # are not those of the last sync.
+            return lambda: ("edited", last or 0, 0, "")
         if last is None:  # from the last the caller knew (its state was lost), or now
             last = now_ms
             if expected_last is not None and expected_last >= 0:
                 assert expected_last <= clock  # a last Redis answered before
                 last = expected_last
                 RUN["runs going on from a lost state"] += 1
-            state.update(last=str(last), next=str(next_ms))
-            self.base[name] = last
+            state.update(last=str(last), next=str(next_ms), timetable=timetable)
+            self.base[name] = self.registered[name] = last
+            self.in_force[name] = self.schedule_of(name)
             return lambda: ("new", last, 0, "")
         if expected_last != last:
             return lambda: ("stale", last, 0, "")
@@ -595,6 +663,7 @@ class PeriodicMachine(RuleBasedStateMachine):
         cron = schedule.cron is not None
         jobs = [at for at, _ in kw["jobs"]]
         assert [job_id for _, job_id in kw["jobs"]] == [occurrence_id(name, at) for at in jobs]
+        assert kw["timetable"] == times(schedule)
         if last is None:
             assert jobs == [] and kw["skipped"] == 0
             assert kw["next_ms"] == grid(p, now, now)[0]
@@ -665,7 +734,7 @@ class PeriodicMachine(RuleBasedStateMachine):
             self.apply(mode, kw)
             self.settle()
             RUN["lost replies"] += 1
-            self.after_call(mode, kw, lasts, names_before, paused, seq)
+            self.after_call(mode, kw, lasts, names_before, paused, seq, before)
             raise
         self.window = Window(t0, self.clock())
         expected = self.apply(mode, kw)
@@ -675,12 +744,12 @@ class PeriodicMachine(RuleBasedStateMachine):
             got = (reply.status, reply.last, reply.enqueued, reply.last_job)
             RUN[f"run: {reply.status}"] += 1
         elif mode == "sync":
-            got = (reply[0], sorted(reply[1]))
+            got = (reply[0], sorted(reply[1]), reply[2])
             RUN["syncs"] += 1
         else:
             RUN[mode] += 1
         assert got == expected(), (mode, got, expected())
-        self.after_call(mode, kw, lasts, names_before, paused, seq)
+        self.after_call(mode, kw, lasts, names_before, paused, seq, before)
         return reply
 
     def apply(self, mode: str, kw: dict[str, Any]) -> Callable[[], Any]:
@@ -693,9 +762,12 @@ class PeriodicMachine(RuleBasedStateMachine):
             return self.apply_run_now(kw["name"], kw["job"], kw["record_queues"])
         return getattr(self, f"apply_{mode}")(kw["name"])
 
-    def after_call(self, mode, kw, lasts, names_before, paused, seq) -> None:
+    def after_call(self, mode, kw, lasts, names_before, paused, seq, before) -> None:
         """What holds after any call, read from Redis: no valid ``last`` went back, a
-        paused schedule stored nothing, and a sync left no key of what it removed."""
+        paused schedule stored nothing, a sync left no key of what it removed, and a
+        run stored only occurrences of the timetable in force after it was registered."""
+        if mode == "run" and kw["name"] in self.registered:
+            self.stored_for_the_timetable_in_force(kw["name"], kw["jobs"], before)
         clock = self.clock()
         now = self.redis_lasts(clock)
         for name, last in lasts.items():
@@ -706,10 +778,28 @@ class PeriodicMachine(RuleBasedStateMachine):
             assert self.seq == seq and int(self.r.get(self.keys.seq) or 0) == seq
             RUN["calls on paused schedules"] += 1
         if mode == "sync" and names_before is not None:
-            given = {name for name, _, _ in kw["entries"]}
+            given = {entry[0] for entry in kw["entries"]}
             for name in names_before - given:
                 assert not self.r.exists(self.keys.periodic_schedule(name))
                 RUN["schedules removed"] += 1
+
+    def stored_for_the_timetable_in_force(
+        self, name: str, jobs: list[tuple[int, str]], before: dict[str, object]
+    ) -> None:
+        """The jobs a run stored (read from Redis: of the ids it sent, those it made)
+        are for occurrences of the timetable in force, after it was registered: an edit
+        replays nothing, and a scheduler with other settings enqueues none of its own."""
+        schedule, registered = self.in_force[name], self.registered[name]
+        keys = [self.keys.job_prefix + job_id for _, job_id in jobs]
+        pipe = self.r.pipeline(transaction=False)
+        for key in keys:
+            pipe.exists(key)
+        for (at, _), key, exists in zip(jobs, keys, pipe.execute(), strict=True):
+            if not exists or key in before:
+                continue
+            assert at > registered, (name, at, "before", registered, schedule)
+            assert at % period(schedule) == 0, (name, at, "not of", schedule)
+            RUN["occurrences after their timetable's registration"] += 1
 
     # Steps
 
@@ -717,25 +807,36 @@ class PeriodicMachine(RuleBasedStateMachine):
     def start(self, choice):
         self.op_sync(tuple(choice), 0, True, False)
 
-    def op_sync(self, choice: tuple[int | None, ...], s: int, via_step: bool, invalid: bool):
-        """New settings (each name absent or one of its variants), synced."""
+    def op_sync(
+        self,
+        choice: tuple[int | None, ...],
+        s: int,
+        via_step: bool,
+        invalid: bool,
+        everyone: bool = True,
+    ):
+        """New settings (each name absent or one of its variants) for every scheduler,
+        or for scheduler ``s`` only (a rolling deploy), synced by ``s``."""
         new = {name: POOL[name][i] for name, i in zip(POOL, choice, strict=True) if i is not None}
-        for name in set(self.settings) | set(new):
-            if self.settings.get(name) != new.get(name):  # a span that starts again
-                self.base.pop(name, None)
-                last = self.valid_last(name, self.clock())
-                if name in new and last is not None:
-                    self.base[name] = last
-        self.settings = new
-        for step in self.steppers:
-            step.schedules = list(new.values())
+        for t in range(SCHEDULERS) if everyone else [s]:
+            self.settings[t] = new
+            self.steppers[t].schedules = list(new.values())
+        self.op_resync(s, via_step, invalid)
+
+    def op_resync(self, s: int, via_step: bool, invalid: bool = False):
+        """Scheduler ``s`` syncs its settings: new ones, or those of before (a
+        scheduler not yet deployed, syncing as it does every minute)."""
+        self.caller = s
         if via_step:
             self.steppers[s].sync(self.clock(), 0.0)
         else:
             now = self.clock()
-            entries = [(x.name, x.spec(), x.next_after(now)) for x in new.values()]
+            entries = [
+                (x.name, x.spec(), x.timetable(), x.next_after(now))
+                for x in self.settings[s].values()
+            ]
             if invalid:
-                entries.insert(len(entries) // 2, (INVALID, "{}", now))
+                entries.insert(len(entries) // 2, (INVALID, "{}", "every 1000 ms", now))
             self.broker.periodic_sync(entries)
 
     def op_call(
@@ -754,6 +855,7 @@ class PeriodicMachine(RuleBasedStateMachine):
         hour ahead, which the script must pass over."""
         step = self.steppers[s]
         now = self.tick(s, fresh)
+        self.caller = s
         schedule = self.schedule_of(name)
         for _ in range(tries):
             last = step.last.get(name)
@@ -767,6 +869,7 @@ class PeriodicMachine(RuleBasedStateMachine):
             self.rogue = rogue
             reply = self.broker.periodic_run(
                 name,
+                timetable=schedule.timetable(),
                 expected_last=last,
                 now_ms=now,
                 next_ms=due.next_ms or schedule.next_after(now),
@@ -779,7 +882,7 @@ class PeriodicMachine(RuleBasedStateMachine):
                 options=options,
             )
             self.rogue = False
-            step.last[name] = reply.last
+            step.last[name] = None if reply.status == "edited" else reply.last
             if reply.status != "stale":
                 break
 
@@ -791,6 +894,7 @@ class PeriodicMachine(RuleBasedStateMachine):
         if forget:
             step.next.clear()
         now = self.tick(s, fresh)
+        self.caller = s
         wait = step.step(now)
         for _ in range(again):
             if wait != 0:
@@ -813,7 +917,7 @@ class PeriodicMachine(RuleBasedStateMachine):
             self.broker.periodic_run_now(name, job, record_queues=record)
         else:
             try:
-                run_now(self.backend, self.schedule_of(name))  # backend.broker: the model's
+                run_now(self.backend, self.schedule_of(name, 0))  # backend.broker: the model's
             except PeriodicTaskError as exc:
                 assert "is unique" in str(exc)
 
@@ -843,9 +947,49 @@ class PeriodicMachine(RuleBasedStateMachine):
         s=st.integers(0, SCHEDULERS - 1),
         via_step=st.booleans(),
         invalid=st.booleans(),
+        everyone=st.sampled_from([True, True, False]),
     )
-    def sync(self, choice, s, via_step, invalid):
-        self.op_sync(choice, s, via_step, invalid)
+    def sync(self, choice, s, via_step, invalid, everyone):
+        self.op_sync(choice, s, via_step, invalid, everyone)
+
+    @rule(
+        name=st.sampled_from(list(POOL)),
+        pick=st.integers(0, 1 << 16),
+        s=st.integers(0, SCHEDULERS - 1),
+        everyone=st.booleans(),
+        back=st.sampled_from([0, 1, 10]),
+        then=st.sampled_from([None, *range(SCHEDULERS)]),
+    )
+    def edit(self, name, pick, s, everyone, back, then):
+        """A schedule edited: scheduler ``s`` (or every one) gets another variant of it,
+        of another timetable if one is left, ``back`` periods after its last run, and
+        syncs; ``then`` a scheduler (if any) steps at once."""
+        settings = dict(self.settings[s])
+        current = self.in_force.get(name) or settings.get(name)
+        others = [x for x in POOL[name] if times(x) != times(current)]
+        others = others or [x for x in POOL[name] if x != current]
+        settings[name] = others[pick % len(others)]
+        if back:
+            self.op_time_passes(name, back)
+        choice = tuple(POOL[n].index(settings[n]) if n in settings else None for n in POOL)
+        RUN["edits"] += 1
+        self.op_sync(choice, s, bool(pick % 2), False, everyone)
+        if then is not None:
+            self.op_step(then, True, True, 3)
+
+    @rule(
+        s=st.integers(0, SCHEDULERS - 1),
+        via_step=st.booleans(),
+        then=st.sampled_from([None, *range(SCHEDULERS)]),
+    )
+    def resync(self, s, via_step, then):
+        """Scheduler ``s`` syncs its settings again, as it does every minute: those of
+        before if a rolling deploy has not reached it yet (they are in force again);
+        ``then`` a scheduler (if any) steps at once."""
+        RUN["syncs again"] += 1
+        self.op_resync(s, via_step)
+        if then is not None:
+            self.op_step(then, True, True, 3)
 
     @rule(name=NAME, paused=st.sampled_from([True, True, False]))
     def pause_or_resume(self, name, paused):
@@ -896,32 +1040,45 @@ class PeriodicMachine(RuleBasedStateMachine):
         then=st.sampled_from([None, *range(SCHEDULERS)]),
     )
     def time_passes(self, name, k, then):
-        """k periods pass for a schedule: its ``last`` moves back by k periods; and
-        ``then`` a scheduler (if any) calls for it at once, until not stale."""
+        """k periods pass for a schedule; and ``then`` a scheduler (if any) calls for
+        it at once, until not stale."""
+        if self.op_time_passes(name, k) and then is not None:
+            self.op_call(then, name, True, False, "", tries=3)
+
+    def op_time_passes(self, name: str, k: int) -> bool:
+        """k periods of the timetable in force pass for a schedule: its ``last`` moves
+        back by k periods, and so does the time its timetable was registered."""
         last = self.valid_last(name, self.clock())
         if last is None:
-            return
-        last -= k * period(self.schedule_of(name))
+            return False
+        shift = k * period(self.in_force_or_any(name))
+        last -= shift
         self.r.hset(self.keys.periodic_schedule(name), "last", last)
         self.states[name]["last"] = str(last)
         if name in self.base:
             self.base[name] = min(self.base[name], last)
+        if name in self.registered:
+            self.registered[name] -= shift
         RUN["time passed"] += 1
-        if then is not None:
-            self.op_call(then, name, True, False, "", tries=3)
+        return True
 
     @rule(
         name=st.sampled_from(list(POOL)),
         how=st.sampled_from(
-            ["last", "future", "skipped", "wrong type", "names set", "taken", "taken"]
+            ["last", "future", "skipped", "wrong type", "names set", "taken", "taken", "of before"]
         ),
         pick=st.integers(0, 1 << 16),
     )
     def spoil(self, name, how, pick):
-        """State spoilt by hand (or by a bug of an older version)."""
+        """State spoilt by hand (or by a bug of an older version), or written by an
+        older version (``of before``: no timetable)."""
         key = self.keys.periodic_schedule(name)
         state = self.state(name)
-        if how in ("last", "future", "skipped") and state is not None:
+        if how == "of before" and state is not None and "timetable" in state:
+            self.r.hdel(key, "timetable")
+            del state["timetable"]
+            RUN["states of an older version"] += 1
+        elif how in ("last", "future", "skipped") and state is not None:
             if how == "skipped":
                 value = SPOILT_SKIPPED[pick % len(SPOILT_SKIPPED)]
                 self.r.hset(key, "skipped", value)
@@ -936,14 +1093,16 @@ class PeriodicMachine(RuleBasedStateMachine):
             last = self.valid_last(name, self.clock())
             if last is None:
                 self.base.pop(name, None)
-            elif name in self.base:
-                self.base[name] = min(self.base[name], last)
+            else:  # by hand far in the past: runs of before may be enqueued, as it says
+                for known in (self.base, self.registered):
+                    if name in known:
+                        known[name] = min(known[name], last)
             RUN["spoilt"] += 1
         elif how == "wrong type" and (name in self.states or name in (self.names or ())):
             self.r.delete(key)
             self.r.set(key, "spoilt")
             self.states[name] = "spoilt"
-            self.base.pop(name, None)
+            self.forget(name)
             RUN["spoilt"] += 1
         elif how == "names set" and self.names is not None:
             self.r.delete(self.keys.periodic)
@@ -954,7 +1113,7 @@ class PeriodicMachine(RuleBasedStateMachine):
             last = self.valid_last(name, self.clock())
             if last is None:
                 return
-            p = period(self.schedule_of(name))
+            p = period(self.in_force_or_any(name))
             at = grid(p, last, last)[0] + (pick % 3) * p
             job_id = occurrence_id(name, at)
             if not self.exists(job_id):
@@ -1064,14 +1223,14 @@ class PeriodicMachine(RuleBasedStateMachine):
     @invariant()
     def each_occurrence_once_and_none_missed(self):
         """One store per job (the arrival counter); every last job exists; and every
-        occurrence of an "all" schedule in (base, last] has a job, but those skipped
-        while a job of its unique task held the key."""
+        occurrence of an "all" schedule in force in (base, last] has a job, but those
+        skipped while a job of its unique task held the key."""
         assert self.seq == len(self.jobs)
         for state in self.states.values():
             if isinstance(state, dict) and "last_job" in state:
                 assert self.exists(state["last_job"])
         clock = self.clock()
-        for name, schedule in self.settings.items():
+        for name, schedule in self.in_force.items():
             last = self.valid_last(name, clock)
             if schedule.catch_up != "all" or last is None or name not in self.base:
                 continue
@@ -1089,7 +1248,10 @@ class PeriodicMachine(RuleBasedStateMachine):
 
     def abstract_state(self) -> tuple:
         return (
-            tuple((name, POOL[name].index(x)) for name, x in sorted(self.settings.items())),
+            tuple(
+                tuple((name, POOL[name].index(x)) for name, x in sorted(settings.items()))
+                for settings in [self.in_force, *self.settings]
+            ),
             tuple(
                 (n, s if isinstance(s, str) else tuple(sorted(k for k in s if k != "last")))
                 for n, s in sorted(self.states.items())
@@ -1100,7 +1262,7 @@ class PeriodicMachine(RuleBasedStateMachine):
         )
 
 
-# About 20 s; REDISQUEUE_PERIODIC_EXAMPLES=2000 for a long local run.
+# About a minute on two cores; REDISQUEUE_PERIODIC_EXAMPLES=2000 for a long local run.
 EXAMPLES = int(os.environ.get("REDISQUEUE_PERIODIC_EXAMPLES", "250"))
 
 

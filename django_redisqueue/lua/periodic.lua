@@ -6,24 +6,30 @@
 -- and PERIODIC .. ':' .. name, a schedule's hash: `last` (ms of the last occurrence
 -- enqueued, or passed while paused), `last_job`, `last_at` (ms, when it was stored),
 -- `next` (ms of the next occurrence, for the dashboard), `paused` (1), `spec` (JSON),
+-- `timetable` (when it runs, as the scheduler wrote it: the timetable in force),
 -- `skipped` (runs not enqueued: missed, catch-up "latest", or while the job holding
 -- a unique task's key had not ended).
 -- ARGV[1] the mode:
---   'sync' n, then n x (name, spec, next): register the schedules (a new one, or one
---     whose `last` is no number, starts now: its first job is its next occurrence),
---     store spec and next, and delete the state of every other schedule.
---     Returns {{last per name, in order}, {names deleted}}.
---   'run' name, expected last ('' if unknown), now (ms, Redis's clock at the caller's
---     step), next, skipped, queue, priority, payload, record queues ('1' or '0'),
---     options ('' or JSON: common.lua's job_options; the jobs keep their limits), then
---     pairs (occurrence ms, job id), oldest first. Only if `last` equals the expected
---     one: stores a job for each occurrence after `last` (a job id taken is never
---     overwritten: its occurrence counts as enqueued) and moves `last` to it.
---     Returns {status, last, jobs stored, last job id}; status is 'ok', 'stale' (`last`
---     is not the expected one: nothing done; compute again from the `last` returned),
---     'new' (no state: it starts at the expected last if one was given, else at
---     `now`) or 'paused' (the occurrences up to `now`
---     pass without a job).
+--   'sync' n, then n x (name, spec, timetable, next): register the schedules, store
+--     spec, timetable and next, and delete the state of every other schedule. A new
+--     schedule, one whose `last` is no number, and one whose `timetable` is another
+--     (an edit; or none, written by an older version, beside another spec) start
+--     now: the first job is the first occurrence after now of the timetable given.
+--     Returns {{last per name, in order}, {names deleted}, {names edited: another
+--     timetable was in force}}.
+--   'run' name, timetable, expected last ('' if unknown), now (ms, Redis's clock at
+--     the caller's step), next, skipped, queue, priority, payload, record queues ('1'
+--     or '0'), options ('' or JSON: common.lua's job_options; the jobs keep their
+--     limits), then pairs (occurrence ms, job id), oldest first. Only if the timetable
+--     is the one in force and `last` equals the expected one: stores a job for each
+--     occurrence after `last` (a job id taken is never overwritten: its occurrence
+--     counts as enqueued) and moves `last` to it.
+--     Returns {status, last, jobs stored, last job id}; status is 'ok', 'edited' (the
+--     timetable in force is another, synced by a scheduler with other settings, or
+--     there is none beside a `last`: nothing done), 'stale' (`last` is not the
+--     expected one: nothing done; compute again from the `last` returned), 'new' (no
+--     state: it starts at the expected last if one was given, else at `now`, with the
+--     caller's timetable) or 'paused' (the occurrences up to `now` pass without a job).
 --   'pause' name; 'resume' name (of a paused schedule, `last` becomes now: the
 --     paused time is not caught up; any other is left alone). Return 1.
 --   'run_now' name, job id, payload, queue, priority, record queues, options: a job of the
@@ -64,17 +70,31 @@ local clock = clock_ms()
 
 if mode == 'sync' then
   local names = names_key()
-  local lasts, given = {}, {}
+  local lasts, given, edited = {}, {}, {}
   local n = tonumber(ARGV[2]) or 0
   for i = 0, n - 1 do
-    local name, spec, next_at = ARGV[3 + 3 * i], ARGV[4 + 3 * i], ARGV[5 + 3 * i]
+    local name, spec = ARGV[3 + 4 * i], ARGV[4 + 4 * i]
+    local timetable, next_at = ARGV[5 + 4 * i], ARGV[6 + 4 * i]
     if valid_queue(name) then
       local key = state_key(name)
       local last = read_last(key, clock)
+      local held = redis.call('HGET', key, 'timetable')
+      if not held and redis.call('HGET', key, 'spec') == spec then
+        held = timetable -- of an older version that kept no timetable: the same spec
+      end
+      if last ~= nil and held ~= timetable then
+        -- Edited: the runs of the timetable given before now were never due (none is
+        -- replayed), and those of the one before are no longer.
+        last = nil
+        if held then
+          edited[#edited + 1] = name
+        end
+      end
       if last == nil then
         last = clock
       end
-      redis.call('HSET', key, 'last', ms(last), 'spec', spec, 'next', next_at)
+      redis.call('HSET', key, 'last', ms(last), 'spec', spec, 'timetable', timetable,
+                 'next', next_at)
       redis.call('SADD', names, name)
       given[name] = true
       lasts[#lasts + 1] = last
@@ -90,7 +110,7 @@ if mode == 'sync' then
       removed[#removed + 1] = name
     end
   end
-  return {lasts, removed}
+  return {lasts, removed, edited}
 end
 
 local name = ARGV[2]
@@ -137,9 +157,16 @@ elseif mode ~= 'run' then
   return redis.error_reply('unknown mode ' .. tostring(mode))
 end
 
-local expected, now, next_at = number(ARGV[3], nil), number(ARGV[4], clock), ARGV[5]
-local skipped, queue, priority, payload = number(ARGV[6], 0), ARGV[7], ARGV[8], ARGV[9]
+local timetable, expected = ARGV[3], number(ARGV[4], nil)
+local now, next_at, skipped = number(ARGV[5], clock), ARGV[6], number(ARGV[7], 0)
+local queue, priority, payload = ARGV[8], ARGV[9], ARGV[10]
 local last = read_last(key, clock)
+local in_force = redis.call('HGET', key, 'timetable')
+if in_force ~= timetable and (in_force or last) then
+  -- The caller's settings are older or newer than the last sync's: it enqueues no run
+  -- of its timetable until its own sync makes it the one in force.
+  return {'edited', last or 0, 0, ''}
+end
 if last == nil then
   -- No state (a new schedule, or its state lost: a Redis without persistence, a
   -- scheduler with older settings that deleted it): it goes on from the `last` the
@@ -148,7 +175,7 @@ if last == nil then
   if expected and expected >= 0 and expected <= clock then
     last = math.floor(expected)
   end
-  redis.call('HSET', key, 'last', ms(last), 'next', next_at)
+  redis.call('HSET', key, 'last', ms(last), 'next', next_at, 'timetable', timetable)
   return {'new', last, 0, ''}
 end
 if expected == nil or math.floor(expected) ~= last then
@@ -159,9 +186,9 @@ if redis.call('HGET', key, 'paused') then
   redis.call('HSET', key, 'last', ms(last), 'next', next_at)
   return {'paused', last, 0, ''}
 end
-local options = job_options(ARGV[11])
+local options = job_options(ARGV[12])
 local stored, last_job = 0, ''
-for i = 12, #ARGV - 1, 2 do
+for i = 13, #ARGV - 1, 2 do
   local at, id = number(ARGV[i], nil), ARGV[i + 1]
   if at and at > last and at <= clock then
     -- A unique task's run is skipped while the job holding its key has not ended
@@ -184,7 +211,7 @@ end
 redis.call('HSET', key, 'last', ms(last), 'next', next_at)
 if stored > 0 then
   leave_wake_token(WAKE .. queue)
-  if ARGV[10] == '1' then
+  if ARGV[11] == '1' then
     redis.call('SADD', KNOWN_QUEUES, queue)
   end
   redis.call('HSET', key, 'last_job', last_job, 'last_at', clock)
