@@ -394,9 +394,12 @@ class _MetricsServer(ThreadingHTTPServer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.slots = threading.BoundedSemaphore(MAX_REQUEST_THREADS)
+        self.serving = threading.Event()  # cleared while a fork waits (hold_requests)
+        self.serving.set()
         super().__init__(*args, **kwargs)
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        self.serving.wait()  # a fork's moment: the connection waits, it is not refused
         if not self.slots.acquire(blocking=False):
             logger.debug("Metrics endpoint: busy; a connection from %s closed", client_address)
             self.shutdown_request(request)
@@ -413,6 +416,21 @@ class _MetricsServer(ThreadingHTTPServer):
         finally:
             self.slots.release()
 
+    def hold_requests(self) -> None:
+        """Wait for the requests being served to end (at most their REQUEST_TIMEOUT),
+        and start no new one: before the pool forks a worker, so that no lock a request
+        holds (a Redis client's, for one) is copied, held, into the child, which would
+        wait on it for ever."""
+        self.serving.clear()
+        for _ in range(MAX_REQUEST_THREADS):
+            self.slots.acquire()
+
+    def serve_requests(self) -> None:
+        """Serve requests again (after hold_requests)."""
+        for _ in range(MAX_REQUEST_THREADS):
+            self.slots.release()
+        self.serving.set()
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A scraper that hung up first (BrokenPipeError) is no error of ours; the
         # default prints a raw traceback, which would break a JSON log stream.
@@ -423,7 +441,7 @@ class _MetricsServer6(_MetricsServer):
     address_family = socket.AF_INET6
 
 
-def serve(address: tuple[str, int], backends: Sequence[RedisQueueBackend]) -> ThreadingHTTPServer:
+def serve(address: tuple[str, int], backends: Sequence[RedisQueueBackend]) -> _MetricsServer:
     """Serve ``/metrics`` of ``backends`` on ``address`` from a daemon thread, for
     ``runworker --metrics-port``; ``shutdown()`` the server returned to stop it."""
     handler = type("MetricsHandler", (_MetricsHandler,), {"backends": tuple(backends)})

@@ -8,7 +8,9 @@ import contextlib
 import json
 import re
 import socket
+import threading
 import urllib.request
+from unittest import mock
 
 import pytest
 import redis
@@ -17,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from django_redisqueue import metrics
 from django_redisqueue.broker import RETRY
 from django_redisqueue.metrics import (
     CONTENT_TYPE,
@@ -313,9 +316,10 @@ def test_runworker_serves_the_metrics_of_its_pool(procs, r, backend):
 
     try:
         wait_until(two_alive, 30, "2 workers alive")
-    except AssertionError as exc:  # say what it saw, and which workers Redis knows
+    except AssertionError as exc:  # say what it saw, which workers Redis knows, the log
         known = r.zrange(backend.keys.workers, 0, -1)
-        raise AssertionError(f"{exc}: saw {alive[-3:]}; workers {known}") from exc
+        log = procs.stop(worker)[-3000:]
+        raise AssertionError(f"{exc}: saw {alive[-3:]}; workers {known}; log:\n{log}") from exc
     result = tasks.add.enqueue(2, 3)
     wait_until(
         lambda: (
@@ -423,3 +427,42 @@ def test_counts_whose_reply_was_lost_are_not_sent_again(backend, monkeypatch):
     found = samples(render([backend]))
     labels = {"queue": "default", "task": "tests.tasks.add"}
     assert value(found, "redisqueue_jobs_total", status="SUCCESSFUL", **labels) == 1
+
+
+def test_a_fork_waits_for_the_scrape_in_hand_and_the_next_scrape_waits_for_the_fork(backend):
+    """The pool forks its workers while the endpoint may be answering: a request holds
+    locks (a Redis client's) that a child would wait on for ever if it were copied held.
+    So a fork waits for the requests in hand to end, and a request that comes during the
+    fork waits for it, and is answered."""
+    rendering, finish = threading.Event(), threading.Event()
+
+    def slow_render(backends):
+        rendering.set()
+        finish.wait(10)
+        return ""
+
+    server = serve(("127.0.0.1", 0), [backend])
+    port = server.server_address[1]
+    try:
+        with mock.patch.object(metrics, "render", slow_render):
+            first = threading.Thread(target=scrape, args=(port,))
+            first.start()
+            assert rendering.wait(10)
+            held = threading.Event()
+            fork = threading.Thread(target=lambda: (server.hold_requests(), held.set()))
+            fork.start()
+            assert not held.wait(0.3)  # the fork waits for the scrape in hand
+            finish.set()
+            assert held.wait(10)
+            second: list[dict] = []
+            during = threading.Thread(target=lambda: second.append(scrape(port)))
+            during.start()
+            during.join(0.3)
+            assert during.is_alive()  # waits while the fork holds requests
+            server.serve_requests()
+            during.join(10)
+            assert second == [{}]  # answered, not refused
+            first.join(10)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -47,8 +47,13 @@ def serve_metrics(address: tuple[str, int], backends: list[RedisQueueBackend]) -
         server = serve(address, backends)
     except OSError as exc:
         raise CommandError(f"Cannot serve metrics on {address[0]}:{address[1]}: {exc}") from exc
-    # Forked worker processes must not hold the listening socket open.
-    os.register_at_fork(after_in_child=server.socket.close)
+    # Forked worker processes must not hold the listening socket open, nor locks that a
+    # request was holding as they were forked.
+    os.register_at_fork(
+        before=server.hold_requests,
+        after_in_parent=server.serve_requests,
+        after_in_child=server.socket.close,
+    )
 
 
 def configure_logging(verbosity: int, log_format: str = "text") -> None:
