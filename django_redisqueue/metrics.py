@@ -21,6 +21,7 @@ it with prometheus_client's parser.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import math
@@ -354,7 +355,8 @@ class _MetricsHandler(BaseHTTPRequestHandler):
             self.send_error(404)
             return
         try:
-            body = render(self.backends).encode()
+            with cast(_MetricsServer, self.server).render_allowed():
+                body = render(self.backends).encode()
         except Exception:  # a bug must not kill the endpoint, nor print a raw traceback
             logger.exception("Metrics endpoint: the exposition failed")
             self.send_error(500)
@@ -394,12 +396,27 @@ class _MetricsServer(ThreadingHTTPServer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.slots = threading.BoundedSemaphore(MAX_REQUEST_THREADS)
-        self.serving = threading.Event()  # cleared while a fork waits (hold_requests)
-        self.serving.set()
+        # Renders in hand, and whether a fork holds new ones off (hold_requests).
+        self.renders = threading.Condition()
+        self.rendering = 0
+        self.forking = False
         super().__init__(*args, **kwargs)
 
+    @contextlib.contextmanager
+    def render_allowed(self) -> Iterator[None]:
+        """Around a render, which takes locks (a Redis client's): not while a fork is
+        under way; the request waits for it."""
+        with self.renders:
+            self.renders.wait_for(lambda: not self.forking)
+            self.rendering += 1
+        try:
+            yield
+        finally:
+            with self.renders:
+                self.rendering -= 1
+                self.renders.notify_all()
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        self.serving.wait()  # a fork's moment: the connection waits, it is not refused
         if not self.slots.acquire(blocking=False):
             logger.debug("Metrics endpoint: busy; a connection from %s closed", client_address)
             self.shutdown_request(request)
@@ -417,19 +434,19 @@ class _MetricsServer(ThreadingHTTPServer):
             self.slots.release()
 
     def hold_requests(self) -> None:
-        """Wait for the requests being served to end (at most their REQUEST_TIMEOUT),
-        and start no new one: before the pool forks a worker, so that no lock a request
-        holds (a Redis client's, for one) is copied, held, into the child, which would
-        wait on it for ever."""
-        self.serving.clear()
-        for _ in range(MAX_REQUEST_THREADS):
-            self.slots.acquire()
+        """Wait for the renders in hand to end, and start no new one: before the pool
+        forks a worker, so that no lock a render holds (a Redis client's, for one) is
+        copied, held, into the child, which would wait on it for ever. Connections are
+        still accepted and read meanwhile; their renders wait."""
+        with self.renders:
+            self.forking = True
+            self.renders.wait_for(lambda: self.rendering == 0)
 
     def serve_requests(self) -> None:
-        """Serve requests again (after hold_requests)."""
-        for _ in range(MAX_REQUEST_THREADS):
-            self.slots.release()
-        self.serving.set()
+        """Render again (after hold_requests)."""
+        with self.renders:
+            self.forking = False
+            self.renders.notify_all()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A scraper that hung up first (BrokenPipeError) is no error of ours; the
