@@ -12,7 +12,8 @@ failed list filters by task and exception class among a queue's newest failures.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import cast
 
@@ -29,6 +30,7 @@ from django.views.decorators.clickjacking import xframe_options_deny
 from django.views.decorators.http import require_GET, require_POST
 
 from .backend import RedisQueueBackend
+from .broker import REDIS_ERRORS
 from .compat import TaskResultDoesNotExist, task_backends
 from .dashboard import FILTER_SCAN_LIMIT, MENU_QUEUES, FailedScan
 from .dashboard import Dashboard as DashboardData
@@ -504,12 +506,15 @@ class DashboardAdmin(admin.ModelAdmin):
             messages.error(request, f"{spec.label}: which group?")
         elif spec.destructive and request.POST.get("confirmed") != "yes":
             messages.error(request, f"{spec.label}: not confirmed, nothing done.")
-        elif spec.needs_group:
-            self._cancel_group(request, backend, group_id)
-        elif spec.needs_schedule:
-            self._act_on_schedule(request, backend, action, request.POST.get("schedule", ""))
         else:
-            self._apply(request, backend, action, queue, job_id)
+            with _redis_failures_told(request, spec.label):
+                if spec.needs_group:
+                    self._cancel_group(request, backend, group_id)
+                elif spec.needs_schedule:
+                    schedule = request.POST.get("schedule", "")
+                    self._act_on_schedule(request, backend, action, schedule)
+                else:
+                    self._apply(request, backend, action, queue, job_id)
         return HttpResponseRedirect(self._next_url(request, alias, request.POST.get("next", "")))
 
     def selection_view(self, request: HttpRequest, alias: str) -> HttpResponse:
@@ -552,7 +557,8 @@ class DashboardAdmin(admin.ModelAdmin):
                 next=next_url,
             )
         else:
-            self._apply_to_selection(request, backend, action, queue, job_ids)
+            with _redis_failures_told(request, label):
+                self._apply_to_selection(request, backend, action, queue, job_ids)
         return HttpResponseRedirect(next_url)
 
     def _apply_to_selection(
@@ -668,3 +674,18 @@ class DashboardAdmin(admin.ModelAdmin):
                 changed += batch
         level = messages.success if changed else messages.warning
         level(request, f"{changed} job(s) of queue {queue} {DONE[action]}.")
+
+
+@contextlib.contextmanager
+def _redis_failures_told(request: HttpRequest, label: str) -> Iterator[None]:
+    """An action Redis refused (a key of another type written by hand, out of memory)
+    or did not answer is told on the page it returns to, not answered with an error
+    page. Each script is atomic: what the message names as done, is."""
+    try:
+        yield
+    except REDIS_ERRORS as exc:
+        messages.error(
+            request,
+            f"{label}: Redis refused it or did not answer ({type(exc).__name__}: {exc}); "
+            "nothing more was done.",
+        )

@@ -499,7 +499,7 @@ class Broker:
             wakes.append(self.keys.broadcast_wake(worker_id))
         # execute_command: Redis takes a fractional timeout, which some redis-py
         # versions' annotations of blpop refuse.
-        taken = sync(self.client.execute_command("BLPOP", *wakes, timeout))
+        taken = self._blpop(wakes, timeout)
         if taken is None:
             return None
         key = text(taken[0]) or ""
@@ -553,7 +553,20 @@ class Broker:
 
     def wait_for_schedule(self, timeout: float) -> bool:
         """Block until a job becomes the first due, or the timeout (~0.1 s precise)."""
-        return self.client.execute_command("BLPOP", self.keys.scheduler_wake, timeout) is not None
+        return self._blpop([self.keys.scheduler_wake], timeout) is not None
+
+    def _blpop(self, wakes: Sequence[str], timeout: float) -> Any:
+        """BLPOP wake-up lists. One of another type (written by hand) would refuse every
+        wait: it holds no token, and is deleted (the next wait blocks as it should)."""
+        try:
+            return sync(self.client.execute_command("BLPOP", *wakes, timeout))
+        except redis.ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            for key in wakes:
+                if text(sync(self.client.type(key))) not in ("list", "none"):
+                    self.client.delete(key)
+            return None
 
     # Results
 

@@ -156,6 +156,19 @@ class JsonLines(io.TextIOBase):
     def writable(self) -> bool:
         return True
 
+    # What code expects of sys.stdout besides write(): the stream's own (bytes written
+    # to ``buffer`` or the file descriptor go as they are, not as JSON).
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", "utf-8")
+
+    @property
+    def buffer(self) -> Any:
+        return self.stream.buffer
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
     def write(self, text: str) -> int:
         *lines, self.pending = (self.pending + text).split("\n")
         for line in lines:

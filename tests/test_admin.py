@@ -89,6 +89,19 @@ def test_permission_matrix(clients, who, page_status, action_status):
             assert response.headers["Location"].startswith("/admin/login/")
 
 
+def test_an_action_redis_refuses_is_told_not_a_server_error(manager, r, backend):
+    job = tasks.noop.using(delay=3600).enqueue()
+    r.set(backend.keys.delayed("default"), "spoilt")  # written by hand
+    r.set(backend.keys.queue("low"), "spoilt")
+    for url, data in [
+        (BASE + "act/run_now/", {"queue": "default", "job_id": job.id}),
+        (BASE + "act/empty/", {"queue": "low", "confirmed": "yes"}),
+    ]:
+        response = manager.post(url, data, follow=True)
+        assert response.status_code == 200, url
+        assert "Redis refused it or did not answer" in response.text, url
+
+
 def test_the_admin_index_links_the_dashboard(clients):
     assert "/admin/django_redisqueue/dashboard/" in clients["viewer"].get("/admin/").text
     assert "/admin/django_redisqueue/dashboard/" not in clients["staff"].get("/admin/").text

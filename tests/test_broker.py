@@ -280,6 +280,70 @@ def test_a_paused_set_of_another_type_pauses_nothing(r, broker, backend):
     assert claim_one(broker) is None
 
 
+def test_a_running_set_of_another_type_loses_no_limited_job(r, broker, backend):
+    limited = [tasks.limited_two.enqueue(f"L{i}", 0) for i in range(4)]
+    claim_one(broker)
+    r.delete(backend.keys.running)
+    r.set(backend.keys.running, "spoilt")
+    assert claim_one(broker).job_id == limited[1].id  # its slot read as held, then claimed
+    claim_all(broker)
+    # None lost: each RUNNING, or parked. (The first's lease was in the running set
+    # replaced: until its worker's heartbeat puts it back, its slot is not counted.)
+    parked = set(r.zrange(backend.keys.limit("tests.tasks.limited_two", "parked"), 0, -1))
+    for job in limited:
+        assert backend.get_result(job.id).status == "RUNNING" or job.id in parked
+
+
+def test_the_queues_used_of_another_type_are_replaced(r):
+    from django_redisqueue.compat import task_backends
+
+    backend = task_backends["anyqueue"]
+    r.set(backend.keys.known_queues, "spoilt")
+    tasks.noop.using(backend="anyqueue", queue_name="alpha").enqueue()
+    assert backend.broker.known_queues() == ["alpha"]
+
+
+@pytest.mark.parametrize("wait", ["work", "schedule"])
+def test_a_wake_up_list_of_another_type_is_deleted_by_the_wait(r, broker, backend, wait):
+    key = backend.keys.wake("default") if wait == "work" else backend.keys.scheduler_wake
+    r.set(key, "spoilt")
+    if wait == "work":
+        assert broker.wait_for_work(["default"], 0.1) is None
+    else:
+        assert broker.wait_for_schedule(0.1) is False
+    assert r.type(key) == "none"
+
+
+def test_a_delayed_job_is_cancelled_whatever_its_queue_holds(r, backend):
+    job = tasks.noop.using(delay=3600).enqueue()
+    r.set(backend.keys.queue("default"), "spoilt")
+    job.cancel()
+    assert backend.get_result(job.id).status == FAILED
+    assert r.zcard(backend.keys.delayed("default")) == 0
+
+
+def test_a_worker_record_of_another_type_is_replaced_by_its_heartbeat(r, broker, backend):
+    r.set(backend.keys.worker("w1"), "spoilt")
+    broker.heartbeat("w1", {"queues": "default"}, {})
+    assert r.hgetall(backend.keys.worker("w1")) == {"queues": "default"}
+
+
+def test_an_arrival_counter_past_what_a_score_holds_starts_again_in_order(r, broker, backend):
+    first = tasks.noop.enqueue()
+    r.set(backend.keys.seq, 2**53)
+    later = [tasks.noop.enqueue() for _ in range(30)]
+    assert claim_all(broker) == [first.id, *(job.id for job in later)]
+
+
+def test_a_cursor_past_what_lua_writes_exactly_reads_each_message_once(r, broker, backend):
+    broker.heartbeat("w1", {}, {})
+    r.zadd(backend.keys.broadcast_cursors, {"w1": 10**15 + 1})
+    r.set(backend.keys.broadcast_seq, 10**15 + 1)
+    number = broker.broadcast("{}")
+    assert [n for n, _ in broker.receive("w1", ["default"]).messages] == [number]
+    assert broker.receive("w1", ["default"], [(number, SUCCESSFUL)]).messages == []
+
+
 def test_a_scheduler_can_leave_expired_leases_alone(r, broker):
     tasks.noop.enqueue()
     claimed = claim_one(broker)

@@ -395,3 +395,23 @@ def test_json_lines_stay_one_line_of_the_job_s_fields_whatever_redis_held(
         assert "wait_ms" not in parsed
     else:
         assert parsed["wait_ms"] == pytest.approx(wait * 1000, abs=1e-3)
+
+
+def test_a_json_lines_stream_is_as_usable_as_the_stream_it_wraps(tmp_path):
+    """Under --log-format json, sys.stdout and sys.stderr are JsonLines: code that asks
+    them for an encoding, a buffer or a file descriptor (faulthandler) still works."""
+    from django_redisqueue.logformat import JsonLines
+
+    with open(tmp_path / "out", "w+", encoding="utf-8") as raw:
+        lines = JsonLines(raw, "py.stdout", logging.INFO)
+        assert lines.encoding == "utf-8" and lines.fileno() == raw.fileno()
+        lines.write('one\n{"already": "json"}\npart')
+        lines.buffer.flush()
+        lines.flush()
+        raw.seek(0)
+        written = [json.loads(line) for line in raw.read().splitlines()]
+    assert [line.get("message", line.get("already")) for line in written] == [
+        "one",
+        "json",
+        "part",
+    ]

@@ -92,17 +92,26 @@ local function zadd(key, score, member)
   end
 end
 
+-- SADD to a set of the protocol's (the queues used), replaced when of another type.
+local function sadd(key, member)
+  if failed(redis.pcall('SADD', key, member)) then
+    redis.call('DEL', key)
+    redis.call('SADD', key, member)
+  end
+end
+
 -- True when `queue` is paused (a paused set of another type pauses nothing).
 local function is_paused(queue)
   return redis.pcall('SISMEMBER', PAUSED, queue) == 1
 end
 
 -- The place of a new arrival in a queue: behind the jobs of its priority already there.
--- A counter holding garbage (written by hand) starts again from Redis's clock in ms,
--- past any count it can have reached, so that arrivals stay in order.
+-- A counter holding garbage (written by hand), or past the 2^44 a score leaves it,
+-- starts again from Redis's clock in ms, past any count it can have reached, so that
+-- arrivals stay in order.
 local function next_score(priority)
   local seq = redis.pcall('INCR', SEQ)
-  if failed(seq) then
+  if failed(seq) or seq >= 17592186044416 then
     redis.call('SET', SEQ, clock_ms())
     seq = redis.call('INCR', SEQ)
   end
@@ -549,8 +558,9 @@ local function cancel_job(id, error, now, ttl)
     return fields[1]
   end
   local queue = fields[2] or ''
-  redis.call('ZREM', DELAYED .. queue, id)
-  redis.call('ZREM', QUEUE .. queue, id)
+  -- pcall: a queue or delayed set of another type (written by hand) holds no job.
+  redis.pcall('ZREM', DELAYED .. queue, id)
+  redis.pcall('ZREM', QUEUE .. queue, id)
   if fields[3] then
     redis.pcall('ZREM', LIMIT .. fields[3] .. ':parked', id)
     redis.call('HDEL', JOB .. id, 'parked')
@@ -674,7 +684,9 @@ local function limit_room(limit, now)
     -- A slot is held while its job is RUNNING; one whose job is not (a slot left by a
     -- bug or by hand) is dropped here.
     for _, other in ipairs(redis.call('SMEMBERS', slots)) do
-      if redis.call('ZSCORE', RUNNING, other) then
+      -- pcall: a running set of another type (written by hand) leaves the slot held.
+      local lease = redis.pcall('ZSCORE', RUNNING, other)
+      if lease then
         held = held + 1
       else
         redis.call('SREM', slots, other)

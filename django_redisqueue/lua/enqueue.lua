@@ -29,7 +29,7 @@ for at = 2, #ARGV, 6 do
       to_wake[#to_wake + 1] = ready
     end
     if record_queues then
-      redis.call('SADD', KNOWN_QUEUES, queue)
+      sadd(KNOWN_QUEUES, queue)
     end
     enqueued[#enqueued + 1] = now
   end

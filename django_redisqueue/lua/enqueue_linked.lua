@@ -97,7 +97,7 @@ for at = first_job, #ARGV, 7 do
       redis.call('HSET', group, 'size', number(redis.call('HGET', group, 'size'), 0) + 1)
     end
     if record_queues then
-      redis.call('SADD', KNOWN_QUEUES, queue)
+      sadd(KNOWN_QUEUES, queue)
     end
     enqueued[#enqueued + 1] = now
   end

@@ -8,10 +8,10 @@
 local now, worker = clock_ms(), ARGV[2]
 local pairs_at = 5 + tonumber(ARGV[4]) * 2
 
--- pcall: a record spoilt by hand must not stop the leases from being renewed.
-local record = WORKER .. worker
+-- A record of another type (written by hand) is replaced.
+local record = typed(WORKER .. worker, 'hash')
 for i = 5, pairs_at - 1, 2 do
-  redis.pcall('HSET', record, ARGV[i], ARGV[i + 1])
+  redis.call('HSET', record, ARGV[i], ARGV[i + 1])
 end
 redis.call('EXPIRE', record, ARGV[3])
 -- The workers and the cursors of another type (spoilt by hand) are replaced.

@@ -149,7 +149,7 @@ elseif mode == 'run_now' then
     hold_unique(id, options, clock)
   end
   if ARGV[7] == '1' then
-    redis.call('SADD', KNOWN_QUEUES, queue)
+    sadd(KNOWN_QUEUES, queue)
   end
   redis.call('HSET', key, 'last_job', id, 'last_at', clock)
   return clock
@@ -212,7 +212,7 @@ redis.call('HSET', key, 'last', ms(last), 'next', next_at)
 if stored > 0 then
   leave_wake_token(WAKE .. queue)
   if ARGV[11] == '1' then
-    redis.call('SADD', KNOWN_QUEUES, queue)
+    sadd(KNOWN_QUEUES, queue)
   end
   redis.call('HSET', key, 'last_job', last_job, 'last_at', clock)
 end
