@@ -10,11 +10,11 @@ from django_redisqueue import RedisTaskResult
 from django_redisqueue.broker import now_ms
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_enqueued
 from django_redisqueue.exceptions import BrokerUnavailable
-from django_redisqueue.testing import free_port
 from tests import tasks
 from tests.conftest import manage, wait_until
 from tests.models import Report
-from tests.topology import keys_server
+from tests.servers import free_port
+from tests.topology import keys_server, scripts_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -132,19 +132,15 @@ def test_redis_down_at_the_commit_raises_after_the_commit(r):
     assert Report.objects.filter(title="kept").exists()
 
 
-def evalsha_calls(r):
-    return keys_server(r).info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
-
-
 def test_the_jobs_of_one_transaction_are_sent_in_one_call_at_the_commit(r, enqueued):
     keys_server(r).config_resetstat()
     with transaction.atomic():
         results = [tasks.add.enqueue_on_commit(i, 1) for i in range(10)]
         results += tasks.add.enqueue_many([((i, 2), {}) for i in range(3)])  # with the option off
-        assert evalsha_calls(r) == 1  # enqueue_many did not wait: ENQUEUE_ON_COMMIT is off
+        assert scripts_run(r) == 1  # enqueue_many did not wait: ENQUEUE_ON_COMMIT is off
         assert len(queued_ids(r)) == 3
 
-    assert evalsha_calls(r) == 2
+    assert scripts_run(r) == 2
     assert queued_ids(r) == [result.id for result in results[10:] + results[:10]]
     assert enqueued == [result.id for result in results[10:] + results[:10]]
 

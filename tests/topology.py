@@ -27,3 +27,10 @@ def keys_server(client: redis.Redis | RedisCluster, key: str = "{drq:default}:")
         node = client.get_node_from_key(key)
         return node.redis_connection or client.get_redis_connection(node)
     return client
+
+
+def scripts_run(client: redis.Redis | RedisCluster, key: str = "{drq:default}:") -> int:
+    """Scripts run (EVALSHA) on the server of ``key`` since its stats were reset: a try
+    that Redis answered NOSCRIPT (the scripts were not loaded yet) is no run."""
+    stats = keys_server(client, key).info("commandstats").get("cmdstat_evalsha", {})
+    return stats.get("calls", 0) - stats.get("failed_calls", 0) - stats.get("rejected_calls", 0)
