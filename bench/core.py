@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-from django_redisqueue.testing import RedisServer
+from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -36,7 +36,7 @@ from bench.procs import ROOT
 from bench.systems import NAMES, load
 from bench.systems.base import System
 from bench.workloads import WORKLOADS, Bench
-from django_redisqueue.testing import RedisServer
+from tests.servers import RedisServer
 
 SHARED = ("redis", "hiredis", "psutil", "matplotlib")
 

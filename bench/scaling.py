@@ -51,8 +51,8 @@ from redis.cluster import RedisCluster
 
 from bench import redisstats
 from bench.systems import stamps
-from django_redisqueue.testing import HOST, RedisServer
-from django_redisqueue.topologies import RedisClusterGroup
+from tests.servers import HOST, RedisServer
+from tests.topologies import RedisClusterGroup
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "default"  # bench/settings.py's one queue

@@ -16,8 +16,6 @@ from urllib.parse import urlparse
 
 import redis
 
-from django_redisqueue.testing import RedisServer
-
 HERE = Path(__file__).resolve().parent
 REDIS_URL = os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
 ADDRESS = os.environ.get("DEMO_ADDRESS", "127.0.0.1:8000")
@@ -30,8 +28,9 @@ def redis_answers() -> bool:
         return False
 
 
-def start_redis() -> RedisServer | None:
-    """Start a throw-away redis-server for REDIS_URL unless one answers there already."""
+def start_redis() -> subprocess.Popen[bytes] | None:
+    """Start a redis-server for REDIS_URL, keeping nothing on disk, unless one answers
+    there already."""
     if redis_answers():
         print(f"demo: using the Redis at {REDIS_URL}")
         return None
@@ -44,10 +43,20 @@ def start_redis() -> RedisServer | None:
             "Install it (Debian/Ubuntu: sudo apt-get install redis-server; macOS: "
             "brew install redis) or point REDIS_URL at a running Redis."
         )
-    print(f"demo: starting redis-server on port {url.port or 6379}")
-    server = RedisServer(port=url.port or 6379, directory=str(HERE / ".redis"))
-    (HERE / ".redis").mkdir(exist_ok=True)
-    server.start()
+    port = str(url.port or 6379)
+    print(f"demo: starting redis-server on port {port}")
+    keep_nothing = ["--save", "", "--appendonly", "no"]
+    server = subprocess.Popen(
+        ["redis-server", "--port", port, "--bind", "127.0.0.1", *keep_nothing],
+        stdout=subprocess.DEVNULL,
+        process_group=0,
+    )
+    deadline = time.monotonic() + 10
+    while not redis_answers():
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            sys.exit(f"demo: redis-server did not start on port {port}")
+        time.sleep(0.05)
     return server
 
 
@@ -105,7 +114,8 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 process.kill()
         if server is not None:
-            server.stop()
+            server.terminate()
+            server.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ import pytest
 import redis
 from django.test import override_settings
 
-from django_redisqueue.testing import RedisServer
-from django_redisqueue.topologies import RedisClusterGroup
+from tests.servers import RedisServer
+from tests.topologies import RedisClusterGroup
 from tests.topology import CLUSTER_ENV, ON_CLUSTER, keys_server, make_client
 
 ROOT = Path(__file__).resolve().parent.parent

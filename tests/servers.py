@@ -4,7 +4,7 @@
         client = redis.Redis.from_url(server.url)
 
 Fault tests can ``kill()`` it and ``start()`` it again on the same port and directory.
-Groups of servers (Sentinel, Cluster) are in ``topologies.py``.
+Groups of servers (Sentinel, Cluster) are in ``tests/topologies.py``.
 """
 
 from __future__ import annotations

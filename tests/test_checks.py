@@ -12,8 +12,8 @@ from django_redisqueue import checks as redisqueue_checks
 from django_redisqueue.compat import TASKS_PACKAGE
 from django_redisqueue.conf import parse_options, validate
 from django_redisqueue.exceptions import ConfigurationError
-from django_redisqueue.testing import free_port
 from tests.conftest import manage
+from tests.servers import free_port
 
 BACKEND = "django_redisqueue.backend.RedisQueueBackend"
 

@@ -18,8 +18,8 @@ from contextlib import closing, contextmanager
 
 import redis
 
-from django_redisqueue.testing import RedisServer, free_port
 from tests.conftest import ROOT, blocked_clients, wait_until
+from tests.servers import RedisServer, free_port
 
 
 class Browser:

@@ -28,9 +28,9 @@ from django.test import override_settings
 
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.exceptions import BrokerUnavailable
-from django_redisqueue.topologies import RedisClusterGroup, RedisSentinelGroup
 from tests import tasks
 from tests.conftest import not_on_cluster, wait_until
+from tests.topologies import RedisClusterGroup, RedisSentinelGroup
 
 pytestmark = [pytest.mark.failover, not_on_cluster]
 
@@ -310,7 +310,7 @@ def test_a_master_demoted_in_place_answers_readonly_and_the_worker_moves_on(r):
 
 
 def test_before_any_cluster_node_answers_workers_wait_and_enqueue_raises(procs):
-    from django_redisqueue.testing import free_port
+    from tests.servers import free_port
 
     options = {"CLUSTER_NODES": [("127.0.0.1", free_port())]}  # nothing listens there
     with failover_backend(options):

@@ -21,9 +21,9 @@ from django_redisqueue.broker import Broker
 from django_redisqueue.compat import task_backends
 from django_redisqueue.dashboard import SCHEDULER_ALIVE_MS, WORKER_ALIVE_MS
 from django_redisqueue.management.commands import queuehealth
-from django_redisqueue.testing import free_port
 from tests import tasks
 from tests.conftest import manage, not_on_cluster, private_redis, wait_until
+from tests.servers import free_port
 from tests.test_fuzz import FRAGMENTS, TIMES, TRIED, counted, envelopes, fuzz
 
 QUEUES = ("high", "default", "low")

@@ -29,9 +29,9 @@ import redis
 
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
 from django_redisqueue.exceptions import BrokerUnavailable
-from django_redisqueue.testing import free_port
 from tests import tasks
 from tests.conftest import Processes, private_redis, wait_until
+from tests.servers import free_port
 
 LEASED = ("--backend", "leased")
 WORKERS = 2

@@ -16,10 +16,10 @@ from django.test import override_settings
 
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.exceptions import BrokerUnavailable
-from django_redisqueue.testing import RedisServer
 from tests import tasks
 from tests.conftest import not_on_cluster, run_worker_here, use_redis, wait_until
 from tests.proxy import LinkProxy
+from tests.servers import RedisServer
 
 pytestmark = not_on_cluster  # a pair of servers of its own
 

@@ -1,4 +1,4 @@
-"""The throw-away Sentinel and Cluster topologies of ``django_redisqueue.topologies`` work:
+"""The throw-away Sentinel and Cluster topologies of ``tests.topologies`` work:
 they start, fail over when a master dies, take the old master back, and leave nothing
 behind."""
 
@@ -7,8 +7,8 @@ import os
 from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel
 
-from django_redisqueue.testing import RedisServer
-from django_redisqueue.topologies import RedisClusterGroup, RedisSentinelGroup
+from tests.servers import RedisServer
+from tests.topologies import RedisClusterGroup, RedisSentinelGroup
 
 
 def assert_gone(servers: list[RedisServer]) -> None:
