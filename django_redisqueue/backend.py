@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import secrets
 import time
@@ -514,9 +515,24 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
                 values.append(value)
         return values
 
-    def wait_group(self, group_id: str, timeout: float) -> bool:
-        """Block until the group ends, or ``timeout``; True if it ended."""
-        return self.broker.wait_group(group_id, timeout)
+    def wait_group(self, group_id: str, timeout: float | None = None) -> None:
+        """Block on Redis until every member of the group has ended; raise
+        ResultTimeout if they have not within ``timeout`` seconds."""
+        state = None
+
+        def ended() -> bool:
+            nonlocal state
+            state = self.group_state(group_id)
+            return state.finished_at_ms is not None
+
+        def late() -> str:
+            if state is None:
+                return f"Group {group_id} could not be read after {timeout} s."
+            total = state.total if state.total is not None else "its"
+            return f"Group {group_id}: {state.ended} of {total} members ended after {timeout} s."
+
+        block = functools.partial(self.broker.wait_group, group_id)
+        self._wait_until(f"group {group_id}", ended, block, timeout, late)
 
     def cancel_group(self, group_id: str) -> int:
         error = JobCancelled(f"Group {group_id} was cancelled before this job started.")
@@ -530,37 +546,55 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         return make_result(self.alias, self.task_for(record.envelope), record)
 
     def wait(self, result_id: str, timeout: float | None = None) -> None:
-        """Block on Redis until the job finishes; raise ResultTimeout if it does not.
+        """Block on Redis until the job finishes; raise ResultTimeout if it does not."""
+        status = "unknown"
 
-        Redis errors (a restart, a failover) are waited out, with backoff, until the
-        timeout."""
+        def ended() -> bool:
+            nonlocal status
+            status = self.broker.watch(result_id) or ""
+            if not status:
+                raise TaskResultDoesNotExist(result_id)
+            return status in FINAL_STATUSES
+
+        def late() -> str:
+            return f"Job {result_id} has not finished after {timeout} s (it is {status})."
+
+        block = functools.partial(self.broker.wait_finished, result_id)
+        self._wait_until(f"job {result_id}", ended, block, timeout, late)
+
+    def _wait_until(
+        self,
+        what: str,
+        ended: Callable[[], bool],
+        block: Callable[[float], object],
+        timeout: float | None,
+        late: Callable[[], str],
+    ) -> None:
+        """Every wait on Redis: look whether ``what`` has ended, else ``block`` on
+        Redis for up to a slice and look again, until ``timeout`` (then ResultTimeout,
+        saying ``late()``). Redis errors (a restart, a failover) are waited out, with
+        backoff, until the timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         backoff = Reconnector(
-            logger, f"Waiting for job {result_id}", ceiling=1.0, where=self.broker.describe
+            logger, f"Waiting for {what}", ceiling=1.0, where=self.broker.describe
         )
-        status = "unknown"
         while True:
             try:
-                status = self.broker.watch(result_id) or ""
-                if not status:
-                    raise TaskResultDoesNotExist(result_id)
-                if status in FINAL_STATUSES:
+                if ended():
                     return
                 remaining = WAIT_SLICE if deadline is None else deadline - time.monotonic()
                 if remaining > 0:
-                    self.broker.wait_finished(result_id, min(remaining, WAIT_SLICE))
+                    block(min(remaining, WAIT_SLICE))
                 backoff.succeeded()
             except REDIS_ERRORS as exc:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise ResultTimeout(
-                        f"Job {result_id} has not finished after {timeout} s: Redis "
+                        f"{what.capitalize()} has not finished after {timeout} s: Redis "
                         f"failed ({exc})."
                     ) from exc
                 backoff.failed(exc)
             if deadline is not None and time.monotonic() >= deadline:
-                raise ResultTimeout(
-                    f"Job {result_id} has not finished after {timeout} s (it is {status})."
-                )
+                raise ResultTimeout(late())
 
     def cancel(self, result_id: str) -> None:
         """Cancel a job that has not started; raise NotCancellable if it has."""

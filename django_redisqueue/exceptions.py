@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from django.core.exceptions import ImproperlyConfigured
 
 if TYPE_CHECKING:
-    from .base import RedisTaskResult
+    from .compat import TaskResult
 
 
 class RedisQueueError(Exception):
@@ -29,7 +29,7 @@ class UnknownTask(InvalidPayload):
 class TaskFailed(RedisQueueError):
     """Raised by ``wait()`` when the job ended FAILED; ``.result`` holds its errors."""
 
-    def __init__(self, result: RedisTaskResult) -> None:
+    def __init__(self, result: TaskResult) -> None:
         self.result = result
         last = result.errors[-1] if result.errors else None
         reason = last.traceback.strip().splitlines()[-1] if last else "no error recorded"

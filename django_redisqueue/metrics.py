@@ -39,7 +39,7 @@ from .broker import REDIS_ERRORS, UNCERTAIN_ERRORS
 if TYPE_CHECKING:
     from .backend import RedisQueueBackend
     from .dashboard import Live
-    from .worker import JobEvent
+    from .events import JobEvent
 
 logger = logging.getLogger(__name__)
 

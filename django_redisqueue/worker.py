@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import secrets
 import signal
@@ -42,41 +41,15 @@ from .broker import (
     Reconnector,
 )
 from .compat import TaskContext, TaskError, TaskResultStatus, task_finished, task_started
+from .events import JobEvent
 from .exceptions import InvalidPayload, JobTimeout, LeaseLost, UnknownTask, WorkerShutdown
-from .jobs import Envelope, JobRecord, ensure_json, error_info, to_json, whole_number
+from .jobs import Envelope, JobRecord, ensure_json, error_info, to_json
 from .logformat import job_fields
 from .memory import MB, resident_set_size
 from .metrics import JobMetrics, MetricsRefused
 from .registry import registry
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class JobEvent:
-    """How one attempt at a job ended, for the log and the metrics: labels and figures
-    only (no arguments, results or tracebacks)."""
-
-    job_id: str
-    task: str  # the task's path; '' when the payload could not be read
-    queue: str
-    status: str  # SUCCESSFUL, FAILED, RETRY or RELEASE
-    duration: float  # seconds the task ran; 0.0 when it never started
-    attempt: int
-    wait: float | None  # seconds from when it could first run to its start (attempt 1)
-
-    @classmethod
-    def of(
-        cls, claimed: Claimed, envelope: Envelope | None, status: str, duration: float
-    ) -> JobEvent:
-        fields = claimed.fields
-        attempt = whole_number(fields.get("attempts")) or 1
-        wait = None
-        if attempt == 1:
-            run_after = envelope.run_after if envelope and envelope.run_after else 0.0
-            wait = _first_wait(fields, run_after)
-        task = envelope.task_path if envelope else ""
-        return cls(claimed.job_id, task, fields.get("queue", ""), status, duration, attempt, wait)
 
 
 @dataclass(frozen=True, slots=True)
@@ -695,18 +668,6 @@ class Worker:
             self.worker_id,
             name,
         )
-
-
-def _first_wait(fields: Mapping[str, str], run_after: float) -> float | None:
-    """Seconds from when a job could first run (enqueued, or due) to its first start,
-    by Redis's clock; None when the fields do not tell."""
-    started = whole_number(fields.get("last_attempted_at"))
-    ready = whole_number(fields.get("enqueued_at"))
-    if math.isfinite(run_after):
-        ready = max(ready, int(run_after * 1000))
-    if not started or not ready:
-        return None
-    return max(0.0, (started - ready) / 1000)
 
 
 def _outcome(finished: Finished | None) -> Outcome | None:

@@ -17,24 +17,15 @@ docs/protocol.md, "Fan-out").
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
-from .broker import REDIS_ERRORS, Reconnector
 from .compat import TaskResultDoesNotExist, task_backends
-from .exceptions import ResultTimeout
 
 if TYPE_CHECKING:
     from .base import RedisTask, RedisTaskResult
     from .broker import GroupState
-
-logger = logging.getLogger(__name__)
-
-# Longest single blocking call while waiting for a group; the wait goes on after it.
-WAIT_SLICE = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +60,7 @@ class _FanOutBackend(Protocol):
 
     def group_results(self, group_id: str) -> list[Any]: ...
 
-    def wait_group(self, group_id: str, timeout: float) -> bool: ...
+    def wait_group(self, group_id: str, timeout: float | None = None) -> None: ...
 
     def cancel_group(self, group_id: str) -> int: ...
 
@@ -217,27 +208,9 @@ class GroupResult:
         """Block until every member has ended; return ``results``. Raise
         ``ResultTimeout`` if they have not within ``timeout`` seconds. Redis errors
         (a restart, a failover) are waited out, with backoff, until the timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        backend = self._backend()
-        backoff = Reconnector(logger, f"Waiting for group {self.id}", ceiling=1.0)
-        while True:
-            try:
-                self.refresh()
-                if self.finished:
-                    return self.results
-                remaining = WAIT_SLICE if deadline is None else deadline - time.monotonic()
-                if remaining > 0:
-                    backend.wait_group(self.id, min(remaining, WAIT_SLICE))
-                backoff.succeeded()
-            except REDIS_ERRORS as exc:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise ResultTimeout(f"Group {self.id}: Redis failed ({exc}).") from exc
-                backoff.failed(exc)
-            if deadline is not None and time.monotonic() >= deadline:
-                ended, _, total = self.progress
-                raise ResultTimeout(
-                    f"Group {self.id}: {ended} of {total} members ended after {timeout} s."
-                )
+        self._backend().wait_group(self.id, timeout)
+        self.refresh()
+        return self.results
 
     def cancel(self) -> int:
         """Cancel every member that has not started, and the callback; return how

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from django_redisqueue import metrics
 from django_redisqueue.broker import RETRY
+from django_redisqueue.events import JobEvent
 from django_redisqueue.metrics import (
     CONTENT_TYPE,
     MAX_REQUEST_THREADS,
@@ -34,7 +35,6 @@ from django_redisqueue.metrics import (
     render,
     serve,
 )
-from django_redisqueue.worker import JobEvent
 from tests import tasks
 from tests.conftest import manage, private_redis, run_worker_here, wait_until
 

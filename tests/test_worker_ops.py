@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from django_redisqueue import memory
 from django_redisqueue.compat import TaskResultStatus
+from django_redisqueue.events import JobEvent
 from django_redisqueue.logformat import JsonFormatter, job_fields
 from django_redisqueue.reloading import RELOAD_EXIT_CODE, ReloadWatcher
-from django_redisqueue.worker import JobEvent
 from tests import tasks
 from tests.conftest import ROOT, child_env, manage, run_worker_here, wait_until
 
