@@ -29,7 +29,7 @@ from django.utils.translation import gettext
 from django.views.decorators.clickjacking import xframe_options_deny
 from django.views.decorators.http import require_GET, require_POST
 
-from .backend import RedisQueueBackend
+from .backend import RedisQueueBackend, our_backends
 from .broker import REDIS_ERRORS
 from .compat import TaskResultDoesNotExist, task_backends
 from .dashboard import FILTER_SCAN_LIMIT, MENU_QUEUES, FailedScan
@@ -131,11 +131,7 @@ def allowed(request: HttpRequest, permission: str) -> bool:
 
 def redisqueue_aliases() -> list[str]:
     """The TASKS aliases served by this app, in settings order."""
-    return [
-        alias
-        for alias, conf in task_backends.settings.items()
-        if conf.get("BACKEND", "").endswith(".RedisQueueBackend")
-    ]
+    return [alias for alias, _ in our_backends()]
 
 
 @admin.register(Dashboard)

@@ -7,12 +7,14 @@ import functools
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property, lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
+from django.conf import settings
 from django.db import transaction
+from django.utils.module_loading import import_string
 
 from . import broker as broker_module
 from .base import RedisTask, RedisTaskResult
@@ -34,6 +36,7 @@ from .compat import (
     TaskError,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    task_backends,
     task_enqueued,
 )
 from .conf import Options, parse_options
@@ -686,3 +689,19 @@ def _task_variant(
     except (InvalidTask, ValueError):
         # The settings changed since the job was queued; the registered task still runs.
         return task
+
+
+def our_backends() -> Iterator[tuple[str, dict[str, Any]]]:
+    """The ``TASKS`` aliases served by RedisQueueBackend, with their settings."""
+    for alias, params in (getattr(settings, "TASKS", None) or {}).items():
+        try:
+            backend_class = import_string(params["BACKEND"])
+        except (ImportError, KeyError, TypeError):
+            continue  # Django's own handler reports a backend it cannot import
+        if isinstance(backend_class, type) and issubclass(backend_class, RedisQueueBackend):
+            yield alias, params
+
+
+def redisqueue_backends() -> list[RedisQueueBackend]:
+    """Every backend of settings.TASKS that is a RedisQueueBackend."""
+    return [cast(RedisQueueBackend, task_backends[alias]) for alias, _ in our_backends()]

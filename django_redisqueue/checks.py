@@ -19,35 +19,21 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from django.apps import AppConfig, apps
-from django.conf import settings
 from django.core import checks
 from django.core.management import find_commands
-from django.utils.module_loading import import_string
 
+from .backend import RedisQueueBackend, our_backends
 from .conf import validate
 
 APP = "django_redisqueue"
 COMMANDS = ("runworker", "runscheduler")
 # Seconds the deploy check waits for Redis: a check must not hang.
 PING_TIMEOUT = 2.0
-
-
-def our_backends() -> Iterator[tuple[str, dict[str, Any]]]:
-    """The ``TASKS`` aliases served by RedisQueueBackend, with their settings."""
-    from .backend import RedisQueueBackend
-
-    for alias, params in (getattr(settings, "TASKS", None) or {}).items():
-        try:
-            backend_class = import_string(params["BACKEND"])
-        except (ImportError, KeyError, TypeError):
-            continue  # Django's own handler reports a backend it cannot import
-        if isinstance(backend_class, type) and issubclass(backend_class, RedisQueueBackend):
-            yield alias, params
 
 
 def check_settings(
@@ -65,7 +51,6 @@ def check_redis(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     """W001: each RedisQueueBackend's Redis answers a PING within PING_TIMEOUT."""
-    from .backend import RedisQueueBackend
     from .compat import task_backends
 
     messages: list[checks.CheckMessage] = []
@@ -142,7 +127,6 @@ def check_periodic_tasks(
 ) -> list[checks.CheckMessage]:
     """W003: each PERIODIC schedule's task can be imported, is a task, and is one its
     backend accepts and its workers know (an installed app's ``tasks`` module)."""
-    from .backend import RedisQueueBackend
     from .compat import task_backends
     from .periodic import PeriodicTaskError, resolve_task, schedules_of
     from .registry import registry

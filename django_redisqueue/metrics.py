@@ -307,14 +307,6 @@ def render(backends: Iterable[RedisQueueBackend]) -> str:
     return exposition.text()
 
 
-def redisqueue_backends() -> list[RedisQueueBackend]:
-    """Every backend of settings.TASKS that is a RedisQueueBackend."""
-    from .checks import our_backends
-    from .compat import task_backends
-
-    return [cast("RedisQueueBackend", task_backends[alias]) for alias, _ in our_backends()]
-
-
 class _DeadlineReader(io.RawIOBase):
     """A request's socket, read against one deadline for the whole request: a client
     that sends a byte at a time (a slowloris) cannot hold a thread for longer."""

@@ -6,7 +6,8 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from .metrics import CONTENT_TYPE, redisqueue_backends, render
+from .backend import redisqueue_backends
+from .metrics import CONTENT_TYPE, render
 
 
 @never_cache

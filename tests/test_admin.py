@@ -7,10 +7,12 @@ from html.parser import HTMLParser
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client, override_settings
 
+from django_redisqueue.backend import RedisQueueBackend, our_backends
 from django_redisqueue.broker import now_ms
 from django_redisqueue.compat import TaskResultStatus
 from django_redisqueue.worker import Worker
@@ -484,3 +486,21 @@ def test_delayed_jobs_are_listed_per_queue(manager):
     assert later.id[:10] in manager.get(BASE + "delayed/low/").text
     assert "0 delayed jobs in default" in manager.get(BASE + "delayed/default/").text
     assert manager.get(BASE + "delayed/nope/").status_code == 404
+
+
+class RenamedBackend(RedisQueueBackend):
+    """This app's backend under another class name, as a project may subclass it."""
+
+
+def test_a_subclass_of_the_backend_is_served_by_the_dashboard_and_the_checks(clients):
+    renamed = {
+        **settings.TASKS["default"],
+        "BACKEND": f"{__name__}.RenamedBackend",
+        "QUEUES": ["default"],
+    }
+    with override_settings(TASKS={**settings.TASKS, "renamed": renamed}):
+        assert "renamed" in dict(our_backends())
+        viewer = clients["viewer"]
+        assert viewer.get("/admin/django_redisqueue/dashboard/renamed/").status_code == 200
+        overview = viewer.get("/admin/django_redisqueue/dashboard/", follow=True)
+        assert "/dashboard/renamed/" in overview.content.decode()
