@@ -9,7 +9,6 @@ import json
 import os
 import random
 import signal
-import time
 
 import pytest
 import redis
@@ -47,16 +46,19 @@ def test_kill_chaos_loses_nothing(rr, procs, report):
     procs.start("runscheduler", *LEASED)
     workers = [procs.start("runworker", *LEASED) for _ in range(3)]
     kills = 0
-    deadline = time.monotonic() + 180
     rng = random.Random(7)
-    while rr.llen("test:ledger") < jobs or not all_finished(ids[-50:]):
-        assert time.monotonic() < deadline, "the chaos run did not finish in time"
-        time.sleep(0.5)  # the pace of the chaos, not a wait for a condition
+    # The chaos is paced by progress, not by the clock: a worker is killed each time 60
+    # more jobs have run, however slowly a busy host starts the workers again.
+    while (done := rr.llen("test:ledger")) < jobs:
+        target = min(done + 60, jobs)
+        wait_until(lambda t=target: rr.llen("test:ledger") >= t, 120, f"{target} jobs run")
+        if target == jobs:
+            break
         victim = rng.randrange(len(workers))
         procs.kill(workers[victim])
         kills += 1
         workers[victim] = procs.start("runworker", *LEASED)
-    wait_until(lambda: all_finished(ids), 60, "every job to finish")
+    wait_until(lambda: all_finished(ids), 120, "every job to finish")
 
     ran = rr.lrange("test:ledger", 0, -1)
     lost = jobs - len(set(ran))
@@ -198,7 +200,7 @@ def test_hostile_payloads_fail_with_a_reason_and_the_worker_lives_on(rr, procs, 
 
     worker = procs.start("runworker")
     pid = worker.pid
-    wait_until(lambda: backend.broker.queue_length("default") == 0, 60, "the queue to drain")
+    wait_until(lambda: backend.queries.queue_length("default") == 0, 60, "the queue to drain")
     ok = tasks.add.enqueue(2, 2)
     assert ok.wait(timeout=30) == 4  # the same worker still runs good jobs
 
@@ -249,7 +251,7 @@ def test_a_second_sigterm_gives_the_job_back(rr, procs):
     assert stored.status == TaskResultStatus.READY, (stored.errors, output)
     assert "giving the running job back" in output
     assert stored.attempts == 0  # the interrupted attempt does not count
-    assert task_backends["default"].broker.queue_length("default") == 1
+    assert task_backends["default"].queries.queue_length("default") == 1
 
     rr.rpush("test:release:1", 1)
     procs.start("runworker")
