@@ -248,7 +248,7 @@ def enqueue_child(aliases: list[str], jobs: int) -> None:
     tasks = [job.using(backend=alias) for alias in aliases]
     for alias in aliases:  # connect (a cluster client loads its slot map) before measuring
         backend: Any = task_backends[alias]
-        backend.broker.queue_length(QUEUE)
+        backend.queries.queue_length(QUEUE)
     print("ready", flush=True)
     sys.stdin.readline()
     started = time.perf_counter()

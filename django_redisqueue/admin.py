@@ -30,11 +30,11 @@ from django.views.decorators.clickjacking import xframe_options_deny
 from django.views.decorators.http import require_GET, require_POST
 
 from .backend import RedisQueueBackend, our_backends
-from .broker import REDIS_ERRORS
 from .compat import TaskResultDoesNotExist, task_backends
 from .dashboard import FILTER_SCAN_LIMIT, MENU_QUEUES, FailedScan
 from .dashboard import Dashboard as DashboardData
 from .exceptions import NotCancellable
+from .gateway import REDIS_ERRORS
 from .jobs import JOB_ID_RE, from_ms
 from .metrics import QUEUE_SERIES_LIMIT
 from .models import Dashboard
@@ -320,7 +320,7 @@ class DashboardAdmin(admin.ModelAdmin):
         backend = self._backend(request, alias)
         self._queue(backend, queue)
         page = DashboardData(backend).waiting(queue, self._page_number(request))
-        paused = backend.broker.counts([queue])[queue]["paused"]
+        paused = backend.queries.counts([queue])[queue]["paused"]
         return self._render(
             request,
             "queue.html",
@@ -361,7 +361,7 @@ class DashboardAdmin(admin.ModelAdmin):
         """The ``kind`` page (failed, delayed) of the first queue that has such jobs, or
         of the first queue if none has; among as many queues as the metrics show."""
         backend = self._backend(request, alias)
-        counts = backend.broker.counts(backend.served_queues()[:QUEUE_SERIES_LIMIT])
+        counts = backend.queries.counts(backend.served_queues()[:QUEUE_SERIES_LIMIT])
         if not counts:
             return HttpResponseRedirect(reverse("admin:redisqueue_overview", args=[alias]))
         queue = next((q for q, row in counts.items() if row[kind]), next(iter(counts)))
@@ -467,7 +467,7 @@ class DashboardAdmin(admin.ModelAdmin):
         queue = self._action_queue(backend, spec, request.GET)
         job_id = request.GET.get("job_id", "")
         group_id = request.GET.get("group_id", "") if spec.needs_group else ""
-        if spec.needs_group and backend.broker.group(group_id) is None:
+        if spec.needs_group and backend.queries.group(group_id) is None:
             raise Http404(f"No group {group_id!r} (or it expired)")
         return self._render(
             request,
@@ -627,7 +627,7 @@ class DashboardAdmin(admin.ModelAdmin):
     def _cancel_group(
         self, request: HttpRequest, backend: RedisQueueBackend, group_id: str
     ) -> None:
-        if backend.broker.group(group_id) is None:
+        if backend.queries.group(group_id) is None:
             messages.error(
                 request, f"Group {group_id} was not cancelled: it does not exist (or it expired)."
             )

@@ -18,16 +18,7 @@ from django.utils.module_loading import import_string
 
 from . import broker as broker_module
 from .base import RedisTask, RedisTaskResult
-from .broker import (
-    AFTER_GROUP,
-    REDIS_ERRORS,
-    Broker,
-    GroupState,
-    MissingJob,
-    NewJob,
-    NotReplicated,
-    Reconnector,
-)
+from .broker import AFTER_GROUP, Broker, MissingJob, NewJob, NotReplicated
 from .compat import (
     DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
@@ -48,6 +39,7 @@ from .exceptions import (
     ResultTimeout,
     UnknownTask,
 )
+from .gateway import REDIS_ERRORS, Reconnector
 from .jobs import (
     QUEUE_NAME_RE,
     Envelope,
@@ -59,6 +51,7 @@ from .jobs import (
     to_json,
 )
 from .keys import KeySchema
+from .queries import GroupState, Queries
 from .registry import registry
 from .workflows import GroupResult, Job
 
@@ -277,13 +270,13 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
     def served_queues(self) -> list[str]:
         """The queues workers serve by default, in priority order: QUEUES, or, when any
         queue name is valid, every queue jobs were enqueued to, in alphabetical order."""
-        return list(self.queue_names) or self.broker.known_queues()
+        return list(self.queue_names) or self.queries.known_queues()
 
     def serves(self, queue: str) -> bool:
         """Whether ``queue`` is one of ``served_queues()``, asked without reading them."""
         if self.queue_names:
             return queue in self.queue_names
-        return self.broker.knows_queue(queue)
+        return self.queries.knows_queue(queue)
 
     @cached_property
     def keys(self) -> KeySchema:
@@ -318,6 +311,11 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
             replica_acks=self.config.replica_acks,
             replica_acks_timeout=self.config.replica_acks_timeout,
         )
+
+    @cached_property
+    def queries(self) -> Queries:
+        """The read side (dashboard, metrics, health), on the broker's client."""
+        return Queries(self.broker.client, self.keys, result_ttl=self.config.result_ttl)
 
     def validate_task(self, task: Task) -> None:
         if self.queue_names and task.queue_name not in self.queue_names:
@@ -491,13 +489,13 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         return GroupResult(
             id=group_id,
             backend=self.alias,
-            member_ids=self.broker.group_members(group_id),
+            member_ids=self.queries.group_members(group_id),
             callback_id=state.callback_id or None,
             state=state,
         )
 
     def group_state(self, group_id: str) -> GroupState:
-        state = self.broker.group(group_id)
+        state = self.queries.group(group_id)
         if state is None:
             raise TaskResultDoesNotExist(f"No group {group_id} (or it expired).")
         return state
@@ -506,9 +504,9 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         """The members' return values, in order; None for a member that failed, has
         not ended, or whose result expired."""
         values: list[Any] = []
-        members = self.broker.group_members(group_id)
+        members = self.queries.group_members(group_id)
         for start in range(0, len(members), 1000):
-            for fields in self.broker.jobs(members[start : start + 1000], "status", "result"):
+            for fields in self.queries.jobs(members[start : start + 1000], "status", "result"):
                 value = None
                 if fields.get("status") == broker_module.SUCCESSFUL and fields.get("result"):
                     try:
@@ -542,7 +540,7 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         return self.broker.cancel_group(group_id, to_json(error_info(error)))
 
     def get_result(self, result_id: str) -> RedisTaskResult:
-        fields = self.broker.get_job(result_id)
+        fields = self.queries.get_job(result_id)
         if fields is None:
             raise TaskResultDoesNotExist(result_id)
         record = JobRecord.parse(result_id, fields, self.config.max_payload_bytes)

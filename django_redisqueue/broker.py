@@ -1,33 +1,27 @@
-"""The one class that speaks to Redis: every command this app sends goes through here.
+"""The protocol's writes: every move of a job, each an atomic Lua script.
 
 The rest of the code speaks verbs (``enqueue``, ``claim``, ``finish``,
 ``wait_for_work``, ``heartbeat``, ``watch``); the keys come from ``keys.py`` and
 the atomic steps are the Lua scripts in ``lua/``, loaded once per client and called
-by SHA (redis-py loads a script again when Redis answers NOSCRIPT).
+by SHA (redis-py loads a script again when Redis answers NOSCRIPT). The read-side
+queries are in ``queries.py``; both go through ``gateway.Gateway``.
 ``docs/protocol.md`` explains the delivery protocol.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, cast
 
 import redis
-from redis.backoff import NoBackoff
-from redis.client import Pipeline
-from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisClusterException
-from redis.retry import Retry
+from redis.exceptions import NoScriptError
 
-from .connection import Client, describe
-from .exceptions import InvalidPayload
-from .jobs import MAX_TIMESTAMP, QUEUE_NAME_RE, Envelope
+from .connection import Client
+from .gateway import Gateway, sync, text
 from .keys import KeySchema
 
 logger = logging.getLogger(__name__)
@@ -52,21 +46,6 @@ ENQUEUE_BATCH_BYTES = 1 << 20
 # Seconds between two warnings that writes went unconfirmed by REPLICA_ACKS replicas.
 UNREPLICATED_WARNING_INTERVAL = 10.0
 
-# Every error Redis or the connection to it can raise. A loop that must outlive Redis
-# trouble (out of memory, read-only replica, loading, busy script, lost connection)
-# backs off and tries again on any of them.
-# RedisClusterException: a cluster client found no node that answers (as it is made, or
-# reloading its slot map after a lost connection).
-REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
-# The errors after which a command may or may not have run: the reply was lost.
-# Redis refuses a command it answers with an error (OOM, READONLY, BUSY, NOSCRIPT...)
-# before it changes anything, and our scripts never fail half-way (see common.lua).
-UNCERTAIN_ERRORS: tuple[type[Exception], ...] = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    RedisClusterException,
-)
-
 
 def _load_scripts(client: Client) -> dict[str, Any]:
     """Every script in lua/, with common.lua prepended, registered on the client."""
@@ -80,25 +59,6 @@ def _load_scripts(client: Client) -> dict[str, Any]:
         for file in lua.iterdir()
         if file.name.endswith(".lua") and file.name != "common.lua"
     }
-
-
-def sync(reply: Any) -> Any:
-    """A reply of the synchronous client. redis-py 5 annotates commands as returning a
-    reply or an awaitable (its asyncio client shares them); this client never returns
-    an awaitable, so the type checker is told so in this one place."""
-    return reply
-
-
-def now_ms() -> int:
-    """This host's clock, in ms: for display only; Redis's clock decides (scripts)."""
-    return int(time.time() * 1000)
-
-
-def text(value: bytes | str | None) -> str | None:
-    """Decode a reply whether or not the client decodes responses itself."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value
 
 
 def _pairs(flat: Sequence[Any]) -> dict[str, str]:
@@ -160,21 +120,6 @@ class Outcome:
 
 
 @dataclass(frozen=True, slots=True)
-class GroupState:
-    """A group as Redis holds it: how many members it has and how many have ended."""
-
-    group_id: str
-    size: int  # members stored so far
-    total: int | None  # the final size, once its last batch was stored (sealed)
-    ended: int
-    failed: int
-    callback_id: str
-    created_at_ms: int
-    finished_at_ms: int | None
-    cancelled: bool
-
-
-@dataclass(frozen=True, slots=True)
 class Tick:
     """What one scheduler step did, and how long until the next step is due."""
 
@@ -196,17 +141,6 @@ class PeriodicReply:
     last: int  # the schedule's last occurrence (ms), as Redis now holds it (0: none)
     enqueued: int  # jobs stored
     last_job: str  # the id of the last job stored ('' if none)
-
-
-@dataclass(frozen=True, slots=True)
-class LimitState:
-    """A limit key holding jobs back: its jobs running and parked, and when the
-    scheduler looks at its parked jobs again (ms)."""
-
-    key: str
-    running: int
-    parked: int
-    next_look_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,53 +172,8 @@ class NotReplicated(redis.RedisError):
         self.replies = replies  # the scripts' replies, as if all was well
 
 
-class Reconnector:
-    """Backoff for a loop that must outlive Redis trouble: call ``failed(exc)`` when a
-    command raised a Redis error (it logs and sleeps), ``succeeded()`` after one that
-    did not. ``where`` names the server that answers again (after a failover, the new
-    master), for the one line logged when Redis comes back."""
-
-    def __init__(
-        self,
-        logger: logging.Logger,
-        who: str,
-        ceiling: float = 5.0,
-        where: Callable[[], str] | None = None,
-    ) -> None:
-        self.logger = logger
-        self.who = who
-        self.ceiling = ceiling
-        self.where = where
-        self.failures = 0
-
-    def failed(self, exc: Exception) -> None:
-        delay = min(0.1 * 2**self.failures, self.ceiling) * random.uniform(0.5, 1.0)
-        self.failures += 1
-        what = "unreachable" if isinstance(exc, UNCERTAIN_ERRORS) else "refused a command"
-        self.logger.warning(
-            "%s: Redis %s (%s: %s); retry %d in %.2f s",
-            self.who,
-            what,
-            type(exc).__name__,
-            exc,
-            self.failures,
-            delay,
-        )
-        time.sleep(delay)
-
-    def succeeded(self) -> None:
-        if self.failures:
-            self.logger.warning(
-                "%s: Redis reachable again after %d retries%s",
-                self.who,
-                self.failures,
-                f" ({self.where()})" if self.where else "",
-            )
-            self.failures = 0
-
-
-class Broker:
-    """Queues, leases and results of one backend in one Redis database."""
+class Broker(Gateway):
+    """The protocol's moves of one backend's jobs: each an atomic script."""
 
     def __init__(
         self,
@@ -296,14 +185,12 @@ class Broker:
         replica_acks: int = 0,
         replica_acks_timeout: float = 1.0,
     ) -> None:
-        self.client = client
-        self.keys = keys
+        super().__init__(client, keys)
         self.lease_ms = int(lease * 1000)
         self.result_ttl = result_ttl
         self.replica_acks = replica_acks
         self.replica_acks_timeout = replica_acks_timeout
         self._scripts = _load_scripts(client)
-        self._script_keys = keys.script_keys
         # The number of the last broadcast message, as the latest claim saw it.
         self.last_broadcast = 0
         # Writes too few replicas confirmed since the last warning, and the next one.
@@ -373,43 +260,6 @@ class Broker:
             raise NotReplicated(int(acked), self.replica_acks, self.replica_acks_timeout, replies)
         return replies
 
-    def _server(self) -> redis.Redis:
-        """The client of the one server that holds this backend's keys."""
-        if isinstance(self.client, RedisCluster):
-            node = self.client.get_node_from_key(self._script_keys[0])
-            return node.redis_connection or self.client.get_redis_connection(node)
-        return self.client
-
-    def _pipeline(self, transaction: bool = False) -> Pipeline:
-        """A pipeline on ``_server()``: a cluster's pipelines refuse scripts and
-        keyless commands, which one slot's master takes like any server."""
-        return self._server().pipeline(transaction=transaction)
-
-    def _execute(self, pipe: Pipeline, raise_on_error: bool = True) -> list[Any]:
-        try:
-            return pipe.execute(raise_on_error=raise_on_error)
-        except redis.RedisError:
-            self._lost_server()
-            raise
-
-    def _lost_server(self) -> None:
-        """After an error on ``_server()``: a cluster reloads its slot map, so that the
-        next call finds the slot's new master after a failover."""
-        if isinstance(self.client, RedisCluster):
-            try:
-                self.client.nodes_manager.initialize()
-            except redis.RedisError as exc:
-                logger.debug("Cluster slot map not reloaded: %s", exc)
-
-    def describe(self) -> str:
-        """Where the commands go: the server, the Sentinel master, or the cluster."""
-        return describe(self.client)
-
-    def clock_ms(self) -> int:
-        """Redis's clock, in ms: the one that leases and due times are measured by."""
-        seconds, micros = sync(self._server().time())
-        return int(seconds) * 1000 + int(micros) // 1000
-
     # Producers
 
     def enqueue(
@@ -428,23 +278,6 @@ class Broker:
         else:
             replies = self._run_many(calls)
         return [_enqueued(reply) for replies_of_call in replies for reply in replies_of_call]
-
-    def known_queues(self) -> list[str]:
-        """The names of the queues jobs were enqueued to (kept when QUEUES is empty), in
-        alphabetical order. Every reader of the set (workers, the scheduler, the
-        dashboard, the metrics, the health probe) comes here: a member that breaks the
-        queue-name rule (written by hand, by an older version, by a bug) is skipped, as
-        its name could not be enqueued to, nor put in a URL or a key."""
-        names = _read_leniently(lambda: sync(self.client.smembers(self.keys.known_queues)))
-        members = (text(member) or "" for member in names or ())
-        return sorted(name for name in members if QUEUE_NAME_RE.fullmatch(name))
-
-    def knows_queue(self, name: str) -> bool:
-        """Whether ``name`` is one of ``known_queues()``, asked without reading them."""
-        if not QUEUE_NAME_RE.fullmatch(name):
-            return False
-        key = self.keys.known_queues
-        return bool(_read_leniently(lambda: sync(self.client.sismember(key, name))))
 
     def cancel(self, job_id: str, error: str) -> str | None:
         """Cancel a READY job; return "CANCELLED", or the status that prevents it."""
@@ -570,11 +403,6 @@ class Broker:
 
     # Results
 
-    def get_job(self, job_id: str) -> dict[str, str] | None:
-        """Return the stored fields of a job, or None if it does not exist (or expired,
-        or its key is not a hash)."""
-        return self.get_hash(self.keys.job(job_id))
-
     def watch(self, job_id: str) -> str | None:
         """Ask to be woken when the job finishes; return its status (None: no such job)."""
         return text(self._run("watch", job_id)) or None
@@ -653,34 +481,6 @@ class Broker:
             enqueued += [int(at) or None for at in reply]
         return enqueued
 
-    def group(self, group_id: str) -> GroupState | None:
-        """A group's counts, or None if there is no such group (or it expired)."""
-        return self.groups([group_id])[0]
-
-    def groups(self, group_ids: Sequence[str]) -> list[GroupState | None]:
-        """The counts of each group, in one round trip (None for one gone)."""
-        keys = [self.keys.group(group_id) for group_id in group_ids]
-        return [
-            _group_state(group_id, fields)
-            for group_id, fields in zip(group_ids, self.hashes(keys), strict=True)
-        ]
-
-    def group_members(self, group_id: str, offset: int = 0, limit: int = -1) -> list[str]:
-        """Ids of a group's members, in the order given (a slice)."""
-        end = -1 if limit < 0 else offset + limit - 1
-        try:
-            members = sync(self.client.lrange(self.keys.group_members(group_id), offset, end))
-        except redis.ResponseError:  # a key of another type, written by hand
-            return []
-        return [text(member) or "" for member in members]
-
-    def group_size(self, group_id: str) -> int:
-        """How many member ids the group's list holds (0 if it is not a list)."""
-        try:
-            return int(sync(self.client.llen(self.keys.group_members(group_id))))
-        except redis.ResponseError:
-            return 0
-
     def wait_group(self, group_id: str, timeout: float) -> bool:
         """Block until the group's last member ends (a token pushed then), or the
         timeout; True if the token came. BLMOVE leaves it for other waiters."""
@@ -726,25 +526,6 @@ class Broker:
             if n and n.isdigit()  # a member written by hand is no message number
         ]
         return Received(messages, bool(int(more)))
-
-    def get_hash(self, key: str) -> dict[str, str] | None:
-        """Every field of a hash, or None if it does not exist (or is not a hash)."""
-        return self.hashes([key])[0]
-
-    def hashes(self, keys: Sequence[str]) -> list[dict[str, str] | None]:
-        """Every field of each hash, in one round trip; None for a key that does not
-        exist or is not a hash."""
-        if not keys:
-            return []
-        pipe = self._pipeline(transaction=False)
-        for key in keys:
-            pipe.hgetall(key)
-        return [
-            {text(k) or "": text(v) or "" for k, v in fields.items()}
-            if isinstance(fields, dict) and fields
-            else None
-            for fields in self._execute(pipe, raise_on_error=False)
-        ]
 
     # Periodic (docs/protocol.md, "Periodic jobs"; lua/periodic.lua)
 
@@ -829,26 +610,6 @@ class Broker:
         )
         return text(at[0]) if isinstance(at, list) else int(at) or None
 
-    def periodic_states(self, names: Sequence[str]) -> tuple[list[str], list[dict[str, str]]]:
-        """The names registered in Redis, and the state of each of ``names`` ({} for
-        none, or a key that is not a hash), in one round trip."""
-        pipe = self._pipeline(transaction=False)
-        pipe.smembers(self.keys.periodic)
-        for name in names:
-            pipe.hgetall(self.keys.periodic_schedule(name))
-        registered, *states = self._execute(pipe, raise_on_error=False)
-        if not isinstance(registered, set | list):  # a key of another type, spoilt by hand
-            registered = []
-        return (
-            sorted(text(n) or "" for n in registered),
-            [
-                {text(k) or "": text(v) or "" for k, v in state.items()}
-                if isinstance(state, dict)
-                else {}
-                for state in states
-            ],
-        )
-
     # Operators
 
     def operate(self, action: str, queue: str, job_ids: Sequence[str] = (), limit: int = 0) -> int:
@@ -859,76 +620,6 @@ class Broker:
         return int(changed)
 
     # Inspection: bounded reads only (no KEYS, no scans, pages of a known size)
-
-    def counts(self, queues: Sequence[str]) -> dict[str, dict[str, int | bool]]:
-        """Ready, delayed and failed jobs per queue, and whether it is paused (a key of
-        another type, spoilt by hand, reads as empty). Reads only what concerns
-        ``queues``, however many other queues there are or are paused."""
-        pipe = self._pipeline(transaction=False)
-        pipe.time()
-        for queue in queues:
-            pipe.zcard(self.keys.queue(queue))
-            pipe.zcard(self.keys.delayed(queue))
-        if queues:
-            pipe.smismember(self.keys.paused, list(queues))
-        replies = [_readable(reply) for reply in self._execute(pipe, raise_on_error=False)]
-        (seconds, _), *per_queue = replies
-        paused = per_queue.pop() if queues else None
-        failed_since = (int(seconds) - self.result_ttl) * 1000
-        pipe = self._pipeline(transaction=False)
-        for queue in queues:
-            pipe.zcount(self.keys.failed(queue), failed_since, "+inf")
-        failed = [_readable(reply) for reply in self._execute(pipe, raise_on_error=False)]
-        return {
-            queue: {
-                "ready": int(per_queue[2 * i] or 0),
-                "delayed": int(per_queue[2 * i + 1] or 0),
-                "failed": int(failed[i] or 0),
-                "paused": bool(paused and paused[i]),
-            }
-            for i, queue in enumerate(queues)
-        }
-
-    def jobs(self, job_ids: Sequence[str], *fields: str) -> list[dict[str, str]]:
-        """The given fields of each job, in one round trip ({} for a job gone, or a key
-        that is not a hash)."""
-        pipe = self._pipeline(transaction=False)
-        for job_id in job_ids:
-            pipe.hmget(self.keys.job(job_id), list(fields))
-        return [
-            {}
-            if isinstance(values, Exception)
-            else {f: text(v) or "" for f, v in zip(fields, values, strict=True) if v is not None}
-            for values in self._execute(pipe, raise_on_error=False)
-        ]
-
-    def page(
-        self, key: str, offset: int, limit: int, *, newest_first: bool = False
-    ) -> list[tuple[str, float]]:
-        """A page of a sorted set (a queue, a delayed set, the running set, a failed
-        index): ids with their scores."""
-        rows: list[tuple[bytes | str, float]] = _read_leniently(
-            lambda: self.client.zrange(
-                key, offset, offset + limit - 1, desc=newest_first, withscores=True
-            )
-        )
-        return [(text(member) or "", score) for member, score in rows or ()]
-
-    def size(self, key: str) -> int:
-        """How many members a sorted set has (0 for a key of another type)."""
-        return int(_read_leniently(lambda: self.client.zcard(key)) or 0)
-
-    def finished_per_minute(self, minutes: int) -> list[tuple[int, dict[str, int]]]:
-        """Jobs finished per minute over the last ``minutes``, oldest first."""
-        this_minute = self.clock_ms() // 60_000
-        span = range(this_minute - minutes + 1, this_minute + 1)
-        pipe = self._pipeline(transaction=False)
-        for minute in span:
-            pipe.hgetall(self.keys.stats(minute))
-        return [
-            (minute, _counts(counts))
-            for minute, counts in zip(span, self._execute(pipe, raise_on_error=False), strict=True)
-        ]
 
     def add_metrics(self, counts: Mapping[str, int], sums: Mapping[str, float]) -> list[str]:
         """Add a worker's counts (HINCRBY) and sums (HINCRBYFLOAT: a field that holds
@@ -947,118 +638,7 @@ class Broker:
             if isinstance(reply, Exception)
         ]
 
-    def metrics(self) -> dict[str, float]:
-        """The metrics hash; fields that are not numbers are left out."""
-        fields = _read_leniently(lambda: sync(self.client.hgetall(self.keys.metrics)))
-        counts = {}
-        for name, value in (fields or {}).items():
-            try:
-                number = float(value)
-            except ValueError:
-                continue
-            if math.isfinite(number):
-                counts[text(name) or ""] = number
-        return counts
-
-    def limits(self, most: int = 100) -> list[LimitState]:
-        """The limit keys holding jobs back (those with a look due in ``{P}:limits``),
-        soonest look first, with their running and parked jobs: two round trips."""
-        looks = self.page(self.keys.limits, 0, most)
-        pipe = self._pipeline(transaction=False)
-        for key, _ in looks:
-            pipe.scard(self.keys.limit(key, "running"))
-            pipe.zcard(self.keys.limit(key, "parked"))
-        counts = self._execute(pipe, raise_on_error=False)
-        return [
-            LimitState(key, _count(counts[2 * i]), _count(counts[2 * i + 1]), int(at))
-            for i, (key, at) in enumerate(looks)
-        ]
-
-    def alive(self, key: str, limit: int = 200) -> list[tuple[str, float]]:
-        """Workers or schedulers, most recently seen first, with their last-seen time."""
-        return self.page(key, 0, limit, newest_first=True)
-
-    def worker_info(self, worker_ids: Sequence[str]) -> list[dict[str, str]]:
-        pipe = self._pipeline(transaction=False)
-        for worker_id in worker_ids:
-            pipe.hgetall(self.keys.worker(worker_id))
-        return [
-            {}
-            if isinstance(info, Exception)
-            else {text(k) or "": text(v) or "" for k, v in info.items()}
-            for info in self._execute(pipe, raise_on_error=False)
-        ]
-
     # Inspection
-
-    def queue_length(self, queue: str) -> int:
-        return int(sync(self.client.zcard(self.keys.queue(queue))))
-
-    def delayed_count(self, queues: Sequence[str]) -> int:
-        pipe = self._pipeline(transaction=False)
-        for queue in queues:
-            pipe.zcard(self.keys.delayed(queue))
-        return sum(int(n) for n in self._execute(pipe))
-
-    def running_count(self) -> int:
-        return int(sync(self.client.zcard(self.keys.running)))
-
-    def ping(self, timeout: float, *, write: bool = False) -> None:
-        """PING Redis on a fresh connection that gives up after ``timeout`` seconds,
-        without retries; raise what the connection raised. ``write``: then send a write
-        that changes nothing, which Redis refuses as it would the heartbeats' when it
-        is out of memory (OOM) or a read-only replica (READONLY). Redis refuses those
-        before it runs a command, so WRONGTYPE (the key spoilt by hand) is no refusal."""
-        pool = self._server().connection_pool
-        kwargs = {
-            **pool.connection_kwargs,
-            "socket_timeout": timeout,
-            "socket_connect_timeout": timeout,
-            "retry": Retry(NoBackoff(), 0),
-        }
-        connection = pool.connection_class(**kwargs)
-        try:
-            connection.connect()
-            connection.send_command("PING")
-            connection.read_response()
-            if write:
-                # XX adds no member and GT never lowers a score to -inf: a no-op on
-                # whatever the set holds, refused or not as the heartbeat's ZADD is.
-                connection.send_command("ZADD", self.keys.workers, "XX", "GT", "-inf", "")
-                _read_leniently(connection.read_response)
-        finally:
-            connection.disconnect()
-
-    def head_waits(self, queues: Sequence[str]) -> dict[str, float | None]:
-        """For each queue, the seconds (by Redis's clock) its next job has waited since
-        it could first run: since the latest of its enqueue, its ``run_after`` and the
-        start of its last attempt. None for an empty queue; 0.0 for a job that records
-        none of those times (fields holding garbage count as absent). Two round trips."""
-        if not queues:
-            return {}
-        pipe = self._pipeline(transaction=False)
-        pipe.time()
-        for queue in queues:
-            pipe.zrange(self.keys.queue(queue), 0, 0)
-        clock, *heads = (_readable(reply) for reply in self._execute(pipe, raise_on_error=False))
-        now_ms = int(clock[0]) * 1000 + int(clock[1]) // 1000
-        head_ids = {
-            queue: text(members[0]) or ""
-            for queue, members in zip(queues, heads, strict=True)
-            if isinstance(members, list) and members
-        }
-        pipe = self._pipeline(transaction=False)
-        for job_id in head_ids.values():
-            pipe.hmget(self.keys.job(job_id), ["enqueued_at", "last_attempted_at", "payload"])
-        fields = dict(
-            zip(head_ids, map(_readable, self._execute(pipe, raise_on_error=False)), strict=True)
-        )
-        waits: dict[str, float | None] = dict.fromkeys(queues)
-        for queue, values in fields.items():
-            enqueued, attempted, payload = values if isinstance(values, list) else [None] * 3
-            ready_ms = max(_ms(text(enqueued)), _ms(text(attempted)), _run_after_ms(payload))
-            waits[queue] = max(now_ms - ready_ms, 0) / 1000 if ready_ms else 0.0
-        return waits
 
 
 def _batches(jobs: Sequence[NewJob], *, linked: bool = False) -> Iterator[list[Any]]:
@@ -1082,81 +662,3 @@ def _enqueued(reply: Any) -> int | str | None:
     if isinstance(reply, bytes | str):
         return text(reply)
     return int(reply) or None
-
-
-def _group_state(group_id: str, fields: dict[str, str] | None) -> GroupState | None:
-    if fields is None:
-        return None
-    finished = _whole(fields.get("finished_at"))
-    return GroupState(
-        group_id=group_id,
-        size=_whole(fields.get("size")) or 0,
-        total=_whole(fields.get("total")),
-        ended=_whole(fields.get("ended")) or 0,
-        failed=_whole(fields.get("failed")) or 0,
-        callback_id=fields.get("callback", ""),
-        created_at_ms=_whole(fields.get("created_at")) or 0,
-        finished_at_ms=finished or None,
-        cancelled=bool(fields.get("cancelled")),
-    )
-
-
-def _whole(value: str | None) -> int | None:
-    """A whole number read from Redis, or None for anything else."""
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _count(reply: Any) -> int:
-    """A count read in a pipeline: 0 for an error (a key of another type)."""
-    return reply if isinstance(reply, int) else 0
-
-
-def _counts(counts: Any) -> dict[str, int]:
-    """A stats hash as counts; fields that are not whole numbers are left out."""
-    if isinstance(counts, Exception):
-        return {}
-    result = {}
-    for key, value in counts.items():
-        try:
-            result[text(key) or ""] = int(value)
-        except ValueError:
-            continue
-    return result
-
-
-def _readable(reply: Any) -> Any:
-    """A pipeline reply: None for a key of another type (spoilt by hand); any other
-    error is Redis's own (LOADING, a lost connection...) and is raised."""
-    if isinstance(reply, redis.ResponseError) and str(reply).startswith("WRONGTYPE"):
-        return None
-    if isinstance(reply, Exception):
-        raise reply
-    return reply
-
-
-def _read_leniently(read: Callable[[], Any]) -> Any:
-    """What one read command answers, or None for a key of another type (_readable)."""
-    try:
-        return read()
-    except redis.ResponseError as exc:
-        return _readable(exc)
-
-
-def _ms(value: str | None) -> int:
-    """A time stored in ms since the epoch, or 0 for anything that is not one."""
-    ms = _whole(value)
-    return ms if ms is not None and 0 < ms <= MAX_TIMESTAMP * 1000 else 0
-
-
-def _run_after_ms(payload: bytes | str | None) -> int:
-    """A job envelope's ``run_after`` in ms, or 0 when it has none or is unreadable."""
-    if not payload:
-        return 0
-    try:
-        run_after = Envelope.loads(payload, len(payload)).run_after
-    except InvalidPayload:
-        return 0
-    return int(run_after * 1000) if run_after else 0

@@ -59,7 +59,7 @@ def check_redis(
             continue  # the settings errors say what to fix first
         backend = cast(RedisQueueBackend, task_backends[alias])  # our_backends() says so
         try:
-            backend.broker.ping(PING_TIMEOUT)
+            backend.queries.ping(PING_TIMEOUT)
         except Exception as exc:  # any failure to get a PONG back is the finding
             config = backend.config
             if config.connection:

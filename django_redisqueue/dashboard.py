@@ -1,5 +1,5 @@
 """What the admin dashboard shows, read from Redis with bounded reads and shaped for
-the templates. Views live in ``admin.py``; every Redis command is the broker's."""
+the templates. Views live in ``admin.py``; every Redis command is a query of ``queries.py``."""
 
 from __future__ import annotations
 
@@ -112,15 +112,15 @@ class Live:
 def live_workers(backend: RedisQueueBackend, now_ms: int, limit: int) -> list[Live]:
     """The workers whose heartbeat is under WORKER_ALIVE_MS old and whose record has not
     expired, of the ``limit`` heard from last."""
-    heard = backend.broker.alive(backend.keys.workers, limit)
+    heard = backend.queries.alive(backend.keys.workers, limit)
     seen = [(worker_id, at) for worker_id, at in heard if now_ms - at < WORKER_ALIVE_MS]
-    infos = backend.broker.worker_info([worker_id for worker_id, _ in seen])
+    infos = backend.queries.worker_info([worker_id for worker_id, _ in seen])
     return [Live(i, at, info) for (i, at), info in zip(seen, infos, strict=True) if info]
 
 
 def live_schedulers(backend: RedisQueueBackend, now_ms: int, limit: int) -> list[Live]:
     """The schedulers that stepped within SCHEDULER_ALIVE_MS, of the ``limit`` last."""
-    seen = backend.broker.alive(backend.keys.schedulers, limit)
+    seen = backend.queries.alive(backend.keys.schedulers, limit)
     return [Live(i, at) for i, at in seen if now_ms - at < SCHEDULER_ALIVE_MS]
 
 
@@ -129,7 +129,7 @@ class Dashboard:
 
     def __init__(self, backend: RedisQueueBackend) -> None:
         self.backend = backend
-        self.broker = backend.broker
+        self.queries = backend.queries
         self.keys = backend.keys
 
     @cached_property
@@ -150,7 +150,7 @@ class Dashboard:
         self, scored: Iterable[tuple[str, float]], fields: tuple[str, ...] = JOB_FIELDS
     ) -> list[JobRow]:
         scored = list(scored)
-        infos = self.broker.jobs([job_id for job_id, _ in scored], *fields)
+        infos = self.queries.jobs([job_id for job_id, _ in scored], *fields)
         max_bytes = self.backend.config.max_payload_bytes
         return [
             JobRow.build(job_id, info, score, max_bytes)
@@ -166,9 +166,11 @@ class Dashboard:
         newest_first: bool = False,
     ) -> Page[Row]:
         """Page ``number`` of the sorted set ``key``, its members made rows by ``build``."""
-        total = self.broker.size(key)
+        total = self.queries.size(key)
         page: Page[Row] = Page(number=page_number(number, total), total=total)
-        page.rows = build(self.broker.page(key, page.offset, page.size, newest_first=newest_first))
+        page.rows = build(
+            self.queries.page(key, page.offset, page.size, newest_first=newest_first)
+        )
         return page
 
     def waiting(self, queue: str, number: int) -> Page[JobRow]:
@@ -187,8 +189,8 @@ class Dashboard:
         """The newest FILTER_SCAN_LIMIT failed jobs of a queue: the choices they offer,
         and those of ``task`` raising ``exception`` (either '' for any)."""
         key = self.keys.failed(queue)
-        scored = self.broker.page(key, 0, FILTER_SCAN_LIMIT, newest_first=True)
-        scan = FailedScan(scanned=len(scored), total=max(self.broker.size(key), len(scored)))
+        scored = self.queries.page(key, 0, FILTER_SCAN_LIMIT, newest_first=True)
+        scan = FailedScan(scanned=len(scored), total=max(self.queries.size(key), len(scored)))
         tasks: Counter[str] = Counter()
         exceptions: Counter[str] = Counter()
         for start in range(0, len(scored), FILTER_READ_BATCH):
@@ -213,7 +215,7 @@ class Dashboard:
         return self._page(self.keys.groups, number, self._group_rows, newest_first=True)
 
     def _group_rows(self, scored: list[tuple[str, float]]) -> list[GroupRow]:
-        states = self.broker.groups([group_id for group_id, _ in scored])
+        states = self.queries.groups([group_id for group_id, _ in scored])
         rows = [
             GroupRow(group_id, score, state) if state else GroupRow.expired(group_id, score)
             for (group_id, score), state in zip(scored, states, strict=True)
@@ -230,13 +232,13 @@ class Dashboard:
 
     def group(self, group_id: str, number: int) -> GroupDetail:
         """A group, its members counted by status and page ``number`` of them."""
-        state = self.broker.group(group_id)
+        state = self.queries.group(group_id)
         if state is None:
             return GroupDetail(GroupRow.expired(group_id), [], 0, Page(number=1, total=0))
         row = self._with_callbacks([GroupRow(group_id, state.created_at_ms, state)])[0]
-        size = self.broker.group_size(group_id)  # what the list holds, not what it says
+        size = self.queries.group_size(group_id)  # what the list holds, not what it says
         members: Page[JobRow] = Page(number=page_number(number, size), total=size)
-        ids = self.broker.group_members(group_id, members.offset, members.size)
+        ids = self.queries.group_members(group_id, members.offset, members.size)
         members.rows = self._rows([(job_id, 0.0) for job_id in ids], MEMBER_FIELDS)
         statuses, counted = self._member_statuses(group_id, size)
         return GroupDetail(row, statuses, counted, members)
@@ -247,8 +249,12 @@ class Dashboard:
         counts: Counter[str] = Counter()
         limit = min(size, MEMBER_COUNT_LIMIT)
         for start in range(0, limit, MEMBER_READ_BATCH):
-            ids = self.broker.group_members(group_id, start, min(MEMBER_READ_BATCH, limit - start))
-            counts.update(status_label(fields) for fields in self.broker.jobs(ids, *STATUS_FIELDS))
+            ids = self.queries.group_members(
+                group_id, start, min(MEMBER_READ_BATCH, limit - start)
+            )
+            counts.update(
+                status_label(fields) for fields in self.queries.jobs(ids, *STATUS_FIELDS)
+            )
         order = {status: i for i, status in enumerate(STATUSES)}
         ranked = sorted(
             counts.items(),
@@ -264,7 +270,7 @@ class Dashboard:
 
     def _broadcast_rows(self, scored: list[tuple[str, float]]) -> list[BroadcastRow]:
         max_bytes = self.backend.config.max_payload_bytes
-        messages = self.broker.hashes([self.keys.broadcast_message(n) for n, _ in scored])
+        messages = self.queries.hashes([self.keys.broadcast_message(n) for n, _ in scored])
         return [
             BroadcastRow.build(number, score, fields, max_bytes)
             for (number, score), fields in zip(scored, messages, strict=True)
@@ -274,11 +280,11 @@ class Dashboard:
         """The periodic schedules of the settings, in their order, then any other one
         Redis still holds (until a scheduler's sync deletes it), with their last jobs."""
         declared = {schedule.name: schedule for schedule in schedules_of(self.backend)}
-        registered, states = self.broker.periodic_states(list(declared))
+        registered, states = self.queries.periodic_states(list(declared))
         left = [name for name in registered if name not in declared]
         if left:
-            states += self.broker.periodic_states(left)[1]
-        now = self.broker.clock_ms()
+            states += self.queries.periodic_states(left)[1]
+        now = self.queries.clock_ms()
         rows = [
             ScheduleRow(name, declared.get(name), state, now_ms=now)
             for name, state in zip([*declared, *left], states, strict=True)
@@ -294,7 +300,7 @@ class Dashboard:
         return rows
 
     def running(self, fields: tuple[str, ...] = JOB_FIELDS) -> list[JobRow]:
-        return self._rows(self.broker.page(self.keys.running, 0, RUNNING_READ_LIMIT), fields)
+        return self._rows(self.queries.page(self.keys.running, 0, RUNNING_READ_LIMIT), fields)
 
     def job(self, job_id: str) -> JobRow:
         return self._rows([(job_id, 0.0)])[0]
@@ -305,16 +311,16 @@ class Dashboard:
         are those of every queue or None: they would cost commands per queue. Running
         and finished jobs are read for all queues at once anyway."""
         every = queues is None
-        counts = self.broker.counts(self.queues if queues is None else queues)
+        counts = self.queries.counts(self.queues if queues is None else queues)
         running = self.running(RUNNING_FIELDS)
-        minutes = self.broker.finished_per_minute(CHART_MINUTES)
+        minutes = self.queries.finished_per_minute(CHART_MINUTES)
         for queue, row in counts.items():
             row["running"] = sum(1 for job in running if job.queue == queue)
             row["finished"] = sum(
                 stats.get(f"ok:{queue}", 0) + stats.get(f"failed:{queue}", 0)
                 for _, stats in minutes
             )
-        now = self.broker.clock_ms()
+        now = self.queries.clock_ms()
         live = live_workers(self.backend, now, LIVE_READ_LIMIT)
         by_worker = {job.worker: job for job in running}
         # The task of each worker's current job: payloads of those jobs only.
@@ -356,7 +362,7 @@ class Dashboard:
             "chart": drawn,
             "limits": [
                 LimitRow(limit.key, limit.running, limit.parked, from_ms(limit.next_look_ms))
-                for limit in self.broker.limits()
+                for limit in self.queries.limits()
             ],
         }
 

@@ -21,11 +21,11 @@ from typing import Any
 
 from .backend import JobPreparation, new_job_id
 from .base import RedisTask, RedisTaskResult
-from .broker import GroupState
 from .compat import ImmediateBackend as DjangoImmediateBackend
 from .compat import TaskError, TaskResultDoesNotExist, TaskResultStatus
 from .exceptions import DependencyFailed, NotCancellable
 from .jobs import error_info
+from .queries import GroupState
 from .workflows import GroupResult, Job
 
 

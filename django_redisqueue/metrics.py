@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
 
-from .broker import REDIS_ERRORS, UNCERTAIN_ERRORS
+from .gateway import REDIS_ERRORS, UNCERTAIN_ERRORS
 
 if TYPE_CHECKING:
     from .backend import RedisQueueBackend
@@ -278,24 +278,24 @@ class _Read:
 def _read(backend: RedisQueueBackend) -> _Read:
     from .dashboard import live_schedulers, live_workers
 
-    broker, keys = backend.broker, backend.keys
+    queries, keys = backend.queries, backend.keys
     queues = backend.served_queues()[:QUEUE_SERIES_LIMIT]
-    counts = broker.counts(queues)
-    running = broker.page(keys.running, 0, RUNNING_READ_LIMIT)
+    counts = queries.counts(queues)
+    running = queries.page(keys.running, 0, RUNNING_READ_LIMIT)
     per_queue = Counter(
-        job.get("queue") for job in broker.jobs([job_id for job_id, _ in running], "queue")
+        job.get("queue") for job in queries.jobs([job_id for job_id, _ in running], "queue")
     )
     for queue, row in counts.items():
         row["running"] = per_queue[queue]
-    now = broker.clock_ms()
-    last_step = broker.alive(keys.schedulers, 1)  # the latest, live or not
+    now = queries.clock_ms()
+    last_step = queries.alive(keys.schedulers, 1)  # the latest, live or not
     return _Read(
         counts=counts,
-        head_waits=broker.head_waits(queues),
+        head_waits=queries.head_waits(queues),
         workers=live_workers(backend, now, ALIVE_READ_LIMIT),
         schedulers_alive=len(live_schedulers(backend, now, ALIVE_READ_LIMIT)),
         scheduler_age=(now - last_step[0][1]) / 1000 if last_step else None,
-        counters=broker.metrics(),
+        counters=queries.metrics(),
     )
 
 

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 from django.utils.module_loading import import_string
 from django.utils.timezone import get_default_timezone
 
-from .broker import REDIS_ERRORS, Broker
+from .broker import Broker
 from .compat import Task
+from .gateway import REDIS_ERRORS
 from .jobs import to_json
 from .registry import registry
 

@@ -13,7 +13,7 @@ from django.utils import translation
 from django.utils.html import avoid_wrapping
 from django.utils.timesince import timesince, timeuntil
 
-from .broker import AFTER_GROUP_PREFIX, GroupState
+from .broker import AFTER_GROUP_PREFIX
 from .exceptions import InvalidPayload
 from .jobs import (
     JOB_ID_RE,
@@ -26,6 +26,7 @@ from .jobs import (
     whole_number,
 )
 from .periodic import Schedule
+from .queries import GroupState
 
 PAGE_SIZE = 50
 PREVIEW_CHARS = 80

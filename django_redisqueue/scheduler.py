@@ -21,8 +21,8 @@ import time
 from types import FrameType
 
 from .backend import RedisQueueBackend
-from .broker import REDIS_ERRORS, Reconnector
 from .exceptions import WorkerLost
+from .gateway import REDIS_ERRORS, Reconnector
 from .jobs import error_info, to_json
 from .periodic import PeriodicStep
 

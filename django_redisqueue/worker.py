@@ -28,21 +28,11 @@ from django.db import close_old_connections
 
 from .backend import RedisQueueBackend, make_result
 from .base import RedisTask, RedisTaskResult
-from .broker import (
-    AFTER_GROUP_PREFIX,
-    FAILED,
-    REDIS_ERRORS,
-    RELEASE,
-    RETRY,
-    SUCCESSFUL,
-    UNCERTAIN_ERRORS,
-    Claimed,
-    Outcome,
-    Reconnector,
-)
+from .broker import AFTER_GROUP_PREFIX, FAILED, RELEASE, RETRY, SUCCESSFUL, Claimed, Outcome
 from .compat import TaskContext, TaskError, TaskResultStatus, task_finished, task_started
 from .events import JobEvent
 from .exceptions import InvalidPayload, JobTimeout, LeaseLost, UnknownTask, WorkerShutdown
+from .gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector
 from .jobs import Envelope, JobRecord, ensure_json, error_info, to_json
 from .logformat import job_fields
 from .memory import MB, resident_set_size
@@ -364,7 +354,7 @@ class Worker:
         if not self.discover_queues or time.monotonic() - self.queues_seen_at < QUEUES_REFRESH:
             return
         self.queues_seen_at = time.monotonic()
-        queues = self.broker.known_queues()
+        queues = self.backend.queries.known_queues()
         if queues != self.queues:
             self.queues = queues
             self.order = QueueOrder(queues)

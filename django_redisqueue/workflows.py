@@ -25,7 +25,7 @@ from .compat import TaskResultDoesNotExist, task_backends
 
 if TYPE_CHECKING:
     from .base import RedisTask, RedisTaskResult
-    from .broker import GroupState
+    from .queries import GroupState
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,8 @@ from django.core.management import call_command
 from django.test import Client, override_settings
 
 from django_redisqueue.backend import RedisQueueBackend, our_backends
-from django_redisqueue.broker import now_ms
 from django_redisqueue.compat import TaskResultStatus
+from django_redisqueue.gateway import now_ms
 from django_redisqueue.worker import Worker
 from tests import tasks
 from tests.conftest import run_worker_here, user

@@ -226,13 +226,13 @@ def test_filtering_reads_only_the_newest_failed_jobs(viewer, backend, monkeypatc
     monkeypatch.setattr(dashboard, "FILTER_SCAN_LIMIT", 4)
     monkeypatch.setattr(dashboard, "FILTER_READ_BATCH", 3)
     read = []
-    jobs = backend.broker.jobs
+    jobs = backend.queries.jobs
 
     def counted(job_ids, *fields):
         read.append(len(job_ids))
         return jobs(job_ids, *fields)
 
-    with patch.object(type(backend.broker), "jobs", side_effect=counted, autospec=False):
+    with patch.object(type(backend.queries), "jobs", side_effect=counted, autospec=False):
         page = viewer.get(BASE + "failed/default/", {"task": "tests.tasks.add"}).text
     assert max(read) <= 3 and sum(read) <= 4  # in batches, never the whole index
     assert "0 failed jobs in default of tests.tasks.add, among the newest 4" in text_of(page)

@@ -300,7 +300,7 @@ def test_the_queues_used_of_another_type_are_replaced(r):
     backend = task_backends["anyqueue"]
     r.set(backend.keys.known_queues, "spoilt")
     tasks.noop.using(backend="anyqueue", queue_name="alpha").enqueue()
-    assert backend.broker.known_queues() == ["alpha"]
+    assert backend.queries.known_queues() == ["alpha"]
 
 
 @pytest.mark.parametrize("wait", ["work", "schedule"])

@@ -234,7 +234,7 @@ def test_a_manager_filters_selects_and_acts_on_jobs(browser, live_server, backen
         "1 of 1 selected job(s) of queue default deleted"
         in page.locator(".messagelist").inner_text()
     )
-    assert backend.broker.jobs([kept.id], "status") == [{}]
+    assert backend.queries.jobs([kept.id], "status") == [{}]
 
     # One job's own button still works; the numbers refresh without a reload.
     page.goto(live_server.url + BASE + "delayed/default/")
@@ -280,5 +280,5 @@ def test_a_manager_cancels_a_group_and_runs_a_schedule_now(browser, live_server,
         page.locator("#drq-schedules tr", has_text="nightly").locator("text=Run now").click()
         # The page before had a message too (Pause's): wait for this action's.
         page.wait_for_selector(".messagelist >> text=queued to run now")
-        assert backend.broker.queue_length("default") == 1
+        assert backend.queries.queue_length("default") == 1
     page.close()

@@ -23,7 +23,6 @@ from django.utils.module_loading import import_string
 
 from django_redisqueue import RedisTask, RedisTaskResult, task
 from django_redisqueue.backend import RedisQueueBackend
-from django_redisqueue.broker import now_ms
 from django_redisqueue.compat import (
     DEFAULT_TASK_QUEUE_NAME,
     DJANGO_TASK_TAKES_OPTIONS,
@@ -39,6 +38,7 @@ from django_redisqueue.compat import (
     django_task,
     task_backends,
 )
+from django_redisqueue.gateway import now_ms
 from tests import tasks
 from tests.conftest import manage, start_manage, wait_until
 

@@ -150,8 +150,8 @@ def test_kill_chaos_across_a_failover(r, redis_server, procs, report, topology, 
         acknowledged = producer.acknowledged
 
         def drained():
-            counts = backend.broker.counts(["default"])["default"]
-            return not (counts["ready"] or counts["delayed"] or backend.broker.running_count())
+            counts = backend.queries.counts(["default"])["default"]
+            return not (counts["ready"] or counts["delayed"] or backend.queries.running_count())
 
         # Every acknowledged job runs, or there is nothing left that could run it (lost).
         wait_until(
@@ -187,7 +187,7 @@ def test_kill_chaos_across_a_failover(r, redis_server, procs, report, topology, 
         wait_until(
             lambda: any(
                 seen / 1000 > killed_at
-                for _, seen in backend.broker.alive(backend.keys.schedulers)
+                for _, seen in backend.queries.alive(backend.keys.schedulers)
             ),
             30,
             "the scheduler to step on the new master",

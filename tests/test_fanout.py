@@ -107,7 +107,7 @@ def test_cancelling_a_group_cancels_its_members_and_its_callback(r, backend):
     run_worker_here(backend)
     for member in [*result.members, result.callback]:
         assert member.status == FAILED and error_class(member).endswith("JobCancelled")
-    assert backend.broker.counts(["default"])["default"]["failed"] == 0  # not retriable
+    assert backend.queries.counts(["default"])["default"]["failed"] == 0  # not retriable
 
 
 def test_a_group_refuses_a_bad_member_and_queues_nothing(r, backend):
@@ -336,7 +336,7 @@ def test_waiting_for_a_group_outlasts_redis_refusing_writes(r, backend):
 def test_a_broadcast_outcome_is_kept_until_redis_stores_it(r, backend):
     import redis
 
-    from django_redisqueue.broker import Reconnector
+    from django_redisqueue.gateway import Reconnector
     from django_redisqueue.worker import Worker
 
     worker = Worker(backend, burst=True)

@@ -42,7 +42,7 @@ def default():
 
 def job_fields(backend, ids, *fields):
     """The given fields of each job, read in one round trip."""
-    return backend.broker.jobs(ids, *fields)
+    return backend.queries.jobs(ids, *fields)
 
 
 def all_ended(backend, ids):
@@ -291,8 +291,8 @@ def test_cancelling_a_group_cancels_what_has_not_started(rr, procs):
     assert rr.lrange(tasks.FANOUT_MEMBERS, 0, -1) == ["started:0", "started:1", "started:2"]
     state = result.state
     assert state.cancelled and (state.ended, state.failed) == (members, members - 3)
-    assert default().broker.queue_length("default") == 0
-    assert default().broker.running_count() == 0
+    assert default().queries.queue_length("default") == 0
+    assert default().queries.running_count() == 0
     assert keys_without_ttl(rr, workers_live=True) == []
 
 

@@ -119,6 +119,7 @@ from django_redisqueue.broker import (
 )
 from django_redisqueue.compat import TaskResultDoesNotExist
 from django_redisqueue.exceptions import NotCancellable
+from django_redisqueue.queries import Queries
 from django_redisqueue.workflows import Job as WorkflowJob
 from tests import tasks
 from tests.protocol_model_limits import (
@@ -424,6 +425,7 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
         self.backend = env["backend"]
         self.client: FaultyRedis = env["client"]
         self.broker: Broker = env["broker"]
+        self.queries: Queries = env["queries"]
         self.payload: str = env["payload"]  # tasks.noop()'s envelope, as every message's
         self.keys = self.broker.keys
         self.ids: Ids = env["ids"]
@@ -2123,7 +2125,7 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
                 assert stored == status and t0 <= int(at) <= t1, f"{name}: {worker} {ran}"
 
     def check_counts(self) -> None:
-        counts = self.broker.counts(QUEUES)
+        counts = self.queries.counts(QUEUES)
         for queue in QUEUES:
             expected = {
                 "ready": len(self.queue_order(queue)),
@@ -2268,7 +2270,9 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
         broker._run = lambda script, *args, acked=False: broker._run_many([(script, args)])[0]
     ids = Ids()
     payload = backend.prepare(tasks.noop, (), {})._payload
+    queries = Queries(client, backend.keys, result_ttl=RESULT_TTL)
     env = {"r": r, "backend": backend, "client": client, "broker": broker, "ids": ids}
+    env["queries"] = queries
     env["payload"] = payload
     RUN.clear()
     STATES.clear()

@@ -1,6 +1,6 @@
 """``manage.py queuehealth``: each failing condition gives its exit code and says why,
 Redis errors of every kind count as Redis unhealthy without a traceback, and
-``Broker.head_waits`` reads whatever a queue and its jobs hold without raising.
+``Queries.head_waits`` reads whatever a queue and its jobs hold without raising.
 
 Most tests register workers and schedulers through the broker's own heartbeat and
 tick (by Redis's clock) and probe in this process; one runs real ``runworker`` and
@@ -17,10 +17,10 @@ from django.core.management import CommandError, call_command
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_redisqueue.broker import Broker
 from django_redisqueue.compat import task_backends
 from django_redisqueue.dashboard import SCHEDULER_ALIVE_MS, WORKER_ALIVE_MS
 from django_redisqueue.management.commands import queuehealth
+from django_redisqueue.queries import Queries
 from tests import tasks
 from tests.conftest import manage, not_on_cluster, private_redis, wait_until
 from tests.servers import free_port
@@ -300,13 +300,13 @@ def test_a_redis_that_stalls_fails_within_the_timeout(backend):
 
         # Held after the ping answered: the deadline cuts the reads off.
         admin.ping()  # returns once the pause is over
-        ping = Broker.ping
+        ping = Queries.ping
 
-        def ping_then_stall(broker, timeout, **kwargs):
-            ping(broker, timeout, **kwargs)
+        def ping_then_stall(queries, timeout, **kwargs):
+            ping(queries, timeout, **kwargs)
             admin.execute_command("CLIENT", "PAUSE", PAUSE_MS, "ALL")
 
-        with patch.object(Broker, "ping", ping_then_stall):
+        with patch.object(Queries, "ping", ping_then_stall):
             code, out = probe("--timeout", "0.2")
         assert code == queuehealth.REDIS_UNHEALTHY
         assert out == (
@@ -343,9 +343,9 @@ def test_a_real_worker_and_scheduler_pass_the_probe_and_a_stopped_worker_fails_i
 
 
 def test_head_waits_counts_from_the_latest_of_enqueue_run_after_and_last_attempt(r, backend):
-    broker = backend.broker
+    queries = backend.queries
     jobs = {q: tasks.noop.using(queue_name=q).enqueue() for q in ("default", "low")}
-    before = broker.clock_ms()
+    before = queries.clock_ms()
     fields = {
         "default": {"enqueued_at": before - 50_000, "last_attempted_at": before - 20_000},
         "low": {
@@ -356,14 +356,14 @@ def test_head_waits_counts_from_the_latest_of_enqueue_run_after_and_last_attempt
     for queue, values in fields.items():
         r.hset(backend.keys.job(jobs[queue].id), mapping=values)
 
-    waits = broker.head_waits(QUEUES)
-    after = broker.clock_ms()
+    waits = queries.head_waits(QUEUES)
+    after = queries.clock_ms()
 
     assert waits["high"] is None
     assert 20 <= waits["default"] <= 20 + (after - before) / 1000
     assert 30 <= waits["low"] <= 30 + (after - before) / 1000
     assert list(waits) == list(QUEUES)
-    assert broker.head_waits([]) == {}
+    assert queries.head_waits([]) == {}
 
 
 hostile_fields = st.dictionaries(
@@ -411,7 +411,7 @@ def test_fuzz_head_waits_never_raises_on_what_redis_holds(
     if spoilt_queue:
         r.set(keys.queue("high"), "not a sorted set")
 
-    waits = backend.broker.head_waits(QUEUES)
+    waits = backend.queries.head_waits(QUEUES)
 
     assert list(waits) == list(QUEUES)
     for queue, waited in waits.items():

@@ -93,7 +93,7 @@ def test_an_enqueue_no_replica_confirms_raises_at_the_call_site(pair):
         with pytest.raises(BrokerUnavailable, match=r"not safely.*0 of the 1 replica"):
             tasks.add.enqueue(1, 2)
         # The master has it: it runs, unless the master fails before the replica has it.
-        assert backend.broker.queue_length("default") == 1
+        assert backend.queries.queue_length("default") == 1
 
 
 def test_without_replica_acks_nothing_waits_for_a_frozen_replica(pair):
@@ -136,7 +136,7 @@ def test_acked_writes_survive_losing_the_master(pair):
     with use_redis(replica.url):
         backend = task_backends["default"]
         assert backend.get_result(done.id).status == TaskResultStatus.SUCCESSFUL
-        assert backend.broker.queue_length("default") == len(waiting)
+        assert backend.queries.queue_length("default") == len(waiting)
 
 
 def caught_up(master: RedisServer, replica: RedisServer) -> None:
@@ -175,7 +175,7 @@ def test_what_a_failover_loses_of_acknowledged_enqueues(pair, link, acks, report
     fail_over(master, replica, proxy)
     with use_redis(replica.url):
         backend = task_backends["default"]
-        lost = [job_id for job_id in acknowledged if not backend.broker.get_job(job_id)]
+        lost = [job_id for job_id in acknowledged if not backend.queries.get_job(job_id)]
     report(
         f"failover, REPLICA_ACKS={acks}: {len(acknowledged)} enqueues acknowledged, "
         f"{refused} refused, {len(lost)} acknowledged lost"

@@ -14,10 +14,10 @@ import redis
 from django.utils import timezone
 
 from django_redisqueue import TaskFailed
-from django_redisqueue.broker import now_ms
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
 from django_redisqueue.dashboard import live_schedulers
 from django_redisqueue.exceptions import NotCancellable
+from django_redisqueue.gateway import now_ms
 from django_redisqueue.scheduler import Scheduler
 from tests import tasks
 from tests.conftest import blocked_clients, manage, start_manage, wait_until
@@ -38,14 +38,14 @@ def test_a_delayed_job_waits_until_due_then_runs(r, backend):
 
     assert result.status == TaskResultStatus.READY
     assert backend.get_result(result.id).task.run_after is not None
-    assert backend.broker.queue_length("default") == 0
+    assert backend.queries.queue_length("default") == 0
     Scheduler(backend, burst=True).run()
     assert r.zscore(DELAYED, result.id) == due  # not due yet: left alone
 
     wait_until(lambda: now_ms() >= due, 10, "the due time")
     assert manage("runscheduler", "--burst").returncode == 0
     assert r.zcard(DELAYED) == 0
-    assert backend.broker.queue_length("default") == 1
+    assert backend.queries.queue_length("default") == 1
     assert manage("runworker", "--burst").returncode == 0
     assert result.wait(timeout=5) == 3
 
@@ -54,7 +54,7 @@ def test_run_after_and_delay(r, backend):
     past = tasks.add.using(run_after=timezone.now() - timedelta(hours=1)).enqueue(1, 1)
     later = tasks.add.using(delay=timedelta(minutes=5)).enqueue(1, 1)
 
-    assert backend.broker.queue_length("default") == 1  # a past run_after is due now
+    assert backend.queries.queue_length("default") == 1  # a past run_after is due now
     assert r.zrange(DELAYED, 0, -1) == [later.id]
     assert r.zscore(DELAYED, later.id) / 1000 == pytest.approx(time.time() + 300, abs=5)
     assert backend.get_result(past.id).status == TaskResultStatus.READY
@@ -75,7 +75,7 @@ def test_an_earlier_job_wakes_the_sleeping_scheduler(r, backend):
         )
         soon = tasks.add.using(delay=0.2).enqueue(2, 2)
         # Without the wake-up the scheduler would sleep for 100 s.
-        wait_until(lambda: backend.broker.queue_length("default") == 1, 30, "promotion")
+        wait_until(lambda: backend.queries.queue_length("default") == 1, 30, "promotion")
         assert r.zrange("{drq:default}:queue:default", 0, -1) == [soon.id]
         assert r.zrange(DELAYED, 0, -1) == [late.id]
     finally:
@@ -93,7 +93,7 @@ def test_parallel_schedulers_promote_each_job_exactly_once(r, backend):
         results = [
             tasks.record.using(delay=(i % 100 + 1) / 100).enqueue(f"job{i}") for i in range(300)
         ]
-        wait_until(lambda: backend.broker.queue_length("default") == 300, 30, "promotion")
+        wait_until(lambda: backend.queries.queue_length("default") == 300, 30, "promotion")
     finally:
         outputs = [stop(s) for s in schedulers]
     # A job whose enqueue reached Redis after its due time (a busy host) was queued at

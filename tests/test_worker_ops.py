@@ -116,7 +116,9 @@ def start_worker(app, procs):
 
 def live_worker_pids(backend) -> set[int]:
     """The pids of the workers registered now (a worker id is host:pid:random)."""
-    return {int(worker.split(":")[-2]) for worker, _ in backend.broker.alive(backend.keys.workers)}
+    return {
+        int(worker.split(":")[-2]) for worker, _ in backend.queries.alive(backend.keys.workers)
+    }
 
 
 # The pool

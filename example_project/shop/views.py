@@ -28,8 +28,8 @@ MAX_LOG_LINES = 200_000  # 400 chunks: plenty for a demo
 
 def index(request: HttpRequest) -> HttpResponse:
     backend = task_backends["default"]
-    queues = {name: backend.broker.queue_length(name) for name in backend.queue_names}
-    queues["delayed"] = backend.broker.delayed_count(backend.queue_names)
+    queues = {name: backend.queries.queue_length(name) for name in backend.queue_names}
+    queues["delayed"] = backend.queries.delayed_count(backend.queue_names)
     reports = Report.objects.order_by("-created_at")[:10]
     return render(
         request,

@@ -14,15 +14,16 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redisqueue.backend import RedisQueueBackend
-from django_redisqueue.broker import REDIS_ERRORS, Broker
 from django_redisqueue.dashboard import (
     SCHEDULER_ALIVE_MS,
     Live,
     live_schedulers,
     live_workers,
 )
+from django_redisqueue.gateway import REDIS_ERRORS
 from django_redisqueue.jobs import QUEUE_NAME_RE
 from django_redisqueue.management.commands.runworker import get_backend
+from django_redisqueue.queries import Queries
 from django_redisqueue.worker import raise_after
 
 HEALTHY = 0
@@ -195,15 +196,15 @@ class Probe:
                 limit, lambda: ProbeTimeout(f"Redis took over {limit:g} s to answer the probe")
             ):
                 started = time.perf_counter()
-                broker = self.backend.broker  # a cluster client connects as it is made
-                broker.ping(self.timeout, write=True)
+                queries = self.backend.queries  # a cluster client connects as it is made
+                queries.ping(self.timeout, write=True)
                 answered_ms = (time.perf_counter() - started) * 1000
-                return [self.redis_check(broker, answered_ms), *self.checks(broker, queues)]
+                return [self.redis_check(queries, answered_ms), *self.checks(queries, queues)]
         except PROBE_ERRORS as exc:
             return [self.redis_failed(exc)]
 
-    def redis_check(self, broker: Broker, answered_ms: float) -> Check:
-        server = broker.describe()  # with Sentinel, a question to a sentinel
+    def redis_check(self, queries: Queries, answered_ms: float) -> Check:
+        server = queries.describe()  # with Sentinel, a question to a sentinel
         return Check(
             "redis",
             True,
@@ -220,10 +221,10 @@ class Probe:
             code=REDIS_UNHEALTHY,
         )
 
-    def checks(self, broker: Broker, queues: list[str]) -> list[Check]:
+    def checks(self, queries: Queries, queues: list[str]) -> list[Check]:
         queues = queues or self.backend.served_queues()
-        counts = broker.counts(queues)
-        now = broker.clock_ms()
+        counts = queries.counts(queues)
+        now = queries.clock_ms()
         checks: list[Check] = []
         if self.check_workers:
             workers = self.here(live_workers(self.backend, now, WORKERS_READ_LIMIT))
@@ -232,7 +233,7 @@ class Probe:
             schedulers = self.here(live_schedulers(self.backend, now, SCHEDULERS_READ_LIMIT))
             checks.append(self.scheduler_check(schedulers, now))
         if self.max_wait:
-            checks += self.wait_checks(queues, counts, broker.head_waits(queues))
+            checks += self.wait_checks(queues, counts, queries.head_waits(queues))
         return checks
 
     def here(self, processes: list[Live]) -> list[Live]:

@@ -1,0 +1,167 @@
+"""The one door to Redis: the client of one backend's keys, the errors Redis can
+raise and how a loop outlives them, and how replies are read. The protocol's writes
+(``broker.py``) and the read-side queries of the dashboard, metrics and health probe
+(``queries.py``) both go through a ``Gateway``."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from redis.client import Pipeline
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
+
+from .connection import Client, describe
+from .keys import KeySchema
+
+logger = logging.getLogger(__name__)
+
+# Every error Redis or the connection to it can raise. A loop that must outlive Redis
+# trouble (out of memory, read-only replica, loading, busy script, lost connection)
+# backs off and tries again on any of them.
+# RedisClusterException: a cluster client found no node that answers (as it is made, or
+# reloading its slot map after a lost connection).
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
+
+
+# The errors after which a command may or may not have run: the reply was lost.
+# Redis refuses a command it answers with an error (OOM, READONLY, BUSY, NOSCRIPT...)
+# before it changes anything, and our scripts never fail half-way (see common.lua).
+UNCERTAIN_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    RedisClusterException,
+)
+
+
+def sync(reply: Any) -> Any:
+    """A reply of the synchronous client. redis-py 5 annotates commands as returning a
+    reply or an awaitable (its asyncio client shares them); this client never returns
+    an awaitable, so the type checker is told so in this one place."""
+    return reply
+
+
+def now_ms() -> int:
+    """This host's clock, in ms: for display only; Redis's clock decides (scripts)."""
+    return int(time.time() * 1000)
+
+
+def text(value: bytes | str | None) -> str | None:
+    """Decode a reply whether or not the client decodes responses itself."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
+
+
+class Reconnector:
+    """Backoff for a loop that must outlive Redis trouble: call ``failed(exc)`` when a
+    command raised a Redis error (it logs and sleeps), ``succeeded()`` after one that
+    did not. ``where`` names the server that answers again (after a failover, the new
+    master), for the one line logged when Redis comes back."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        who: str,
+        ceiling: float = 5.0,
+        where: Callable[[], str] | None = None,
+    ) -> None:
+        self.logger = logger
+        self.who = who
+        self.ceiling = ceiling
+        self.where = where
+        self.failures = 0
+
+    def failed(self, exc: Exception) -> None:
+        delay = min(0.1 * 2**self.failures, self.ceiling) * random.uniform(0.5, 1.0)
+        self.failures += 1
+        what = "unreachable" if isinstance(exc, UNCERTAIN_ERRORS) else "refused a command"
+        self.logger.warning(
+            "%s: Redis %s (%s: %s); retry %d in %.2f s",
+            self.who,
+            what,
+            type(exc).__name__,
+            exc,
+            self.failures,
+            delay,
+        )
+        time.sleep(delay)
+
+    def succeeded(self) -> None:
+        if self.failures:
+            self.logger.warning(
+                "%s: Redis reachable again after %d retries%s",
+                self.who,
+                self.failures,
+                f" ({self.where()})" if self.where else "",
+            )
+            self.failures = 0
+
+
+def readable(reply: Any) -> Any:
+    """A pipeline reply: None for a key of another type (spoilt by hand); any other
+    error is Redis's own (LOADING, a lost connection...) and is raised."""
+    if isinstance(reply, redis.ResponseError) and str(reply).startswith("WRONGTYPE"):
+        return None
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+def read_leniently(read: Callable[[], Any]) -> Any:
+    """What one read command answers, or None for a key of another type (readable)."""
+    try:
+        return read()
+    except redis.ResponseError as exc:
+        return readable(exc)
+
+
+class Gateway:
+    """The client of the one Redis database (or cluster slot) that holds a backend's keys."""
+
+    def __init__(self, client: Client, keys: KeySchema) -> None:
+        self.client = client
+        self.keys = keys
+        self._script_keys = keys.script_keys
+
+    def _server(self) -> redis.Redis:
+        """The client of the one server that holds this backend's keys."""
+        if isinstance(self.client, RedisCluster):
+            node = self.client.get_node_from_key(self._script_keys[0])
+            return node.redis_connection or self.client.get_redis_connection(node)
+        return self.client
+
+    def _pipeline(self, transaction: bool = False) -> Pipeline:
+        """A pipeline on ``_server()``: a cluster's pipelines refuse scripts and
+        keyless commands, which one slot's master takes like any server."""
+        return self._server().pipeline(transaction=transaction)
+
+    def _execute(self, pipe: Pipeline, raise_on_error: bool = True) -> list[Any]:
+        try:
+            return pipe.execute(raise_on_error=raise_on_error)
+        except redis.RedisError:
+            self._lost_server()
+            raise
+
+    def _lost_server(self) -> None:
+        """After an error on ``_server()``: a cluster reloads its slot map, so that the
+        next call finds the slot's new master after a failover."""
+        if isinstance(self.client, RedisCluster):
+            try:
+                self.client.nodes_manager.initialize()
+            except redis.RedisError as exc:
+                logger.debug("Cluster slot map not reloaded: %s", exc)
+
+    def describe(self) -> str:
+        """Where the commands go: the server, the Sentinel master, or the cluster."""
+        return describe(self.client)
+
+    def clock_ms(self) -> int:
+        """Redis's clock, in ms: the one that leases and due times are measured by."""
+        seconds, micros = sync(self._server().time())
+        return int(seconds) * 1000 + int(micros) // 1000

@@ -1,0 +1,384 @@
+"""The read side: what the dashboard, the metrics and the health probe ask of Redis,
+as bounded reads (no KEYS, no scans, pages of a known size). A key of another type,
+spoilt by hand, reads as absent or empty (``gateway.readable``); nothing here writes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .connection import Client
+from .exceptions import InvalidPayload
+from .gateway import Gateway, read_leniently, readable, sync, text
+from .jobs import MAX_TIMESTAMP, QUEUE_NAME_RE, Envelope
+from .keys import KeySchema
+
+
+@dataclass(frozen=True, slots=True)
+class GroupState:
+    """A group as Redis holds it: how many members it has and how many have ended."""
+
+    group_id: str
+    size: int  # members stored so far
+    total: int | None  # the final size, once its last batch was stored (sealed)
+    ended: int
+    failed: int
+    callback_id: str
+    created_at_ms: int
+    finished_at_ms: int | None
+    cancelled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LimitState:
+    """A limit key holding jobs back: its jobs running and parked, and when the
+    scheduler looks at its parked jobs again (ms)."""
+
+    key: str
+    running: int
+    parked: int
+    next_look_ms: int
+
+
+class Queries(Gateway):
+    """Read-only queries over one backend's keys."""
+
+    def __init__(self, client: Client, keys: KeySchema, *, result_ttl: int) -> None:
+        super().__init__(client, keys)
+        self.result_ttl = result_ttl
+
+    def known_queues(self) -> list[str]:
+        """The names of the queues jobs were enqueued to (kept when QUEUES is empty), in
+        alphabetical order. Every reader of the set (workers, the scheduler, the
+        dashboard, the metrics, the health probe) comes here: a member that breaks the
+        queue-name rule (written by hand, by an older version, by a bug) is skipped, as
+        its name could not be enqueued to, nor put in a URL or a key."""
+        names = read_leniently(lambda: sync(self.client.smembers(self.keys.known_queues)))
+        members = (text(member) or "" for member in names or ())
+        return sorted(name for name in members if QUEUE_NAME_RE.fullmatch(name))
+
+    def knows_queue(self, name: str) -> bool:
+        """Whether ``name`` is one of ``known_queues()``, asked without reading them."""
+        if not QUEUE_NAME_RE.fullmatch(name):
+            return False
+        key = self.keys.known_queues
+        return bool(read_leniently(lambda: sync(self.client.sismember(key, name))))
+
+    def get_job(self, job_id: str) -> dict[str, str] | None:
+        """Return the stored fields of a job, or None if it does not exist (or expired,
+        or its key is not a hash)."""
+        return self.get_hash(self.keys.job(job_id))
+
+    def get_hash(self, key: str) -> dict[str, str] | None:
+        """Every field of a hash, or None if it does not exist (or is not a hash)."""
+        return self.hashes([key])[0]
+
+    def hashes(self, keys: Sequence[str]) -> list[dict[str, str] | None]:
+        """Every field of each hash, in one round trip; None for a key that does not
+        exist or is not a hash."""
+        if not keys:
+            return []
+        pipe = self._pipeline(transaction=False)
+        for key in keys:
+            pipe.hgetall(key)
+        return [
+            {text(k) or "": text(v) or "" for k, v in fields.items()}
+            if isinstance(fields, dict) and fields
+            else None
+            for fields in self._execute(pipe, raise_on_error=False)
+        ]
+
+    def group(self, group_id: str) -> GroupState | None:
+        """A group's counts, or None if there is no such group (or it expired)."""
+        return self.groups([group_id])[0]
+
+    def groups(self, group_ids: Sequence[str]) -> list[GroupState | None]:
+        """The counts of each group, in one round trip (None for one gone)."""
+        keys = [self.keys.group(group_id) for group_id in group_ids]
+        return [
+            _group_state(group_id, fields)
+            for group_id, fields in zip(group_ids, self.hashes(keys), strict=True)
+        ]
+
+    def group_members(self, group_id: str, offset: int = 0, limit: int = -1) -> list[str]:
+        """Ids of a group's members, in the order given (a slice)."""
+        end = -1 if limit < 0 else offset + limit - 1
+        try:
+            members = sync(self.client.lrange(self.keys.group_members(group_id), offset, end))
+        except redis.ResponseError:  # a key of another type, written by hand
+            return []
+        return [text(member) or "" for member in members]
+
+    def group_size(self, group_id: str) -> int:
+        """How many member ids the group's list holds (0 if it is not a list)."""
+        try:
+            return int(sync(self.client.llen(self.keys.group_members(group_id))))
+        except redis.ResponseError:
+            return 0
+
+    def periodic_states(self, names: Sequence[str]) -> tuple[list[str], list[dict[str, str]]]:
+        """The names registered in Redis, and the state of each of ``names`` ({} for
+        none, or a key that is not a hash), in one round trip."""
+        pipe = self._pipeline(transaction=False)
+        pipe.smembers(self.keys.periodic)
+        for name in names:
+            pipe.hgetall(self.keys.periodic_schedule(name))
+        registered, *states = self._execute(pipe, raise_on_error=False)
+        if not isinstance(registered, set | list):  # a key of another type, spoilt by hand
+            registered = []
+        return (
+            sorted(text(n) or "" for n in registered),
+            [
+                {text(k) or "": text(v) or "" for k, v in state.items()}
+                if isinstance(state, dict)
+                else {}
+                for state in states
+            ],
+        )
+
+    def counts(self, queues: Sequence[str]) -> dict[str, dict[str, int | bool]]:
+        """Ready, delayed and failed jobs per queue, and whether it is paused (a key of
+        another type, spoilt by hand, reads as empty). Reads only what concerns
+        ``queues``, however many other queues there are or are paused."""
+        pipe = self._pipeline(transaction=False)
+        pipe.time()
+        for queue in queues:
+            pipe.zcard(self.keys.queue(queue))
+            pipe.zcard(self.keys.delayed(queue))
+        if queues:
+            pipe.smismember(self.keys.paused, list(queues))
+        replies = [readable(reply) for reply in self._execute(pipe, raise_on_error=False)]
+        (seconds, _), *per_queue = replies
+        paused = per_queue.pop() if queues else None
+        failed_since = (int(seconds) - self.result_ttl) * 1000
+        pipe = self._pipeline(transaction=False)
+        for queue in queues:
+            pipe.zcount(self.keys.failed(queue), failed_since, "+inf")
+        failed = [readable(reply) for reply in self._execute(pipe, raise_on_error=False)]
+        return {
+            queue: {
+                "ready": int(per_queue[2 * i] or 0),
+                "delayed": int(per_queue[2 * i + 1] or 0),
+                "failed": int(failed[i] or 0),
+                "paused": bool(paused and paused[i]),
+            }
+            for i, queue in enumerate(queues)
+        }
+
+    def jobs(self, job_ids: Sequence[str], *fields: str) -> list[dict[str, str]]:
+        """The given fields of each job, in one round trip ({} for a job gone, or a key
+        that is not a hash)."""
+        pipe = self._pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(self.keys.job(job_id), list(fields))
+        return [
+            {}
+            if isinstance(values, Exception)
+            else {f: text(v) or "" for f, v in zip(fields, values, strict=True) if v is not None}
+            for values in self._execute(pipe, raise_on_error=False)
+        ]
+
+    def page(
+        self, key: str, offset: int, limit: int, *, newest_first: bool = False
+    ) -> list[tuple[str, float]]:
+        """A page of a sorted set (a queue, a delayed set, the running set, a failed
+        index): ids with their scores."""
+        rows: list[tuple[bytes | str, float]] = read_leniently(
+            lambda: self.client.zrange(
+                key, offset, offset + limit - 1, desc=newest_first, withscores=True
+            )
+        )
+        return [(text(member) or "", score) for member, score in rows or ()]
+
+    def size(self, key: str) -> int:
+        """How many members a sorted set has (0 for a key of another type)."""
+        return int(read_leniently(lambda: self.client.zcard(key)) or 0)
+
+    def finished_per_minute(self, minutes: int) -> list[tuple[int, dict[str, int]]]:
+        """Jobs finished per minute over the last ``minutes``, oldest first."""
+        this_minute = self.clock_ms() // 60_000
+        span = range(this_minute - minutes + 1, this_minute + 1)
+        pipe = self._pipeline(transaction=False)
+        for minute in span:
+            pipe.hgetall(self.keys.stats(minute))
+        return [
+            (minute, _counts(counts))
+            for minute, counts in zip(span, self._execute(pipe, raise_on_error=False), strict=True)
+        ]
+
+    def metrics(self) -> dict[str, float]:
+        """The metrics hash; fields that are not numbers are left out."""
+        fields = read_leniently(lambda: sync(self.client.hgetall(self.keys.metrics)))
+        counts = {}
+        for name, value in (fields or {}).items():
+            try:
+                number = float(value)
+            except ValueError:
+                continue
+            if math.isfinite(number):
+                counts[text(name) or ""] = number
+        return counts
+
+    def limits(self, most: int = 100) -> list[LimitState]:
+        """The limit keys holding jobs back (those with a look due in ``{P}:limits``),
+        soonest look first, with their running and parked jobs: two round trips."""
+        looks = self.page(self.keys.limits, 0, most)
+        pipe = self._pipeline(transaction=False)
+        for key, _ in looks:
+            pipe.scard(self.keys.limit(key, "running"))
+            pipe.zcard(self.keys.limit(key, "parked"))
+        counts = self._execute(pipe, raise_on_error=False)
+        return [
+            LimitState(key, _count(counts[2 * i]), _count(counts[2 * i + 1]), int(at))
+            for i, (key, at) in enumerate(looks)
+        ]
+
+    def alive(self, key: str, limit: int = 200) -> list[tuple[str, float]]:
+        """Workers or schedulers, most recently seen first, with their last-seen time."""
+        return self.page(key, 0, limit, newest_first=True)
+
+    def worker_info(self, worker_ids: Sequence[str]) -> list[dict[str, str]]:
+        pipe = self._pipeline(transaction=False)
+        for worker_id in worker_ids:
+            pipe.hgetall(self.keys.worker(worker_id))
+        return [
+            {}
+            if isinstance(info, Exception)
+            else {text(k) or "": text(v) or "" for k, v in info.items()}
+            for info in self._execute(pipe, raise_on_error=False)
+        ]
+
+    def queue_length(self, queue: str) -> int:
+        return int(sync(self.client.zcard(self.keys.queue(queue))))
+
+    def delayed_count(self, queues: Sequence[str]) -> int:
+        pipe = self._pipeline(transaction=False)
+        for queue in queues:
+            pipe.zcard(self.keys.delayed(queue))
+        return sum(int(n) for n in self._execute(pipe))
+
+    def running_count(self) -> int:
+        return int(sync(self.client.zcard(self.keys.running)))
+
+    def ping(self, timeout: float, *, write: bool = False) -> None:
+        """PING Redis on a fresh connection that gives up after ``timeout`` seconds,
+        without retries; raise what the connection raised. ``write``: then send a write
+        that changes nothing, which Redis refuses as it would the heartbeats' when it
+        is out of memory (OOM) or a read-only replica (READONLY). Redis refuses those
+        before it runs a command, so WRONGTYPE (the key spoilt by hand) is no refusal."""
+        pool = self._server().connection_pool
+        kwargs = {
+            **pool.connection_kwargs,
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "retry": Retry(NoBackoff(), 0),
+        }
+        connection = pool.connection_class(**kwargs)
+        try:
+            connection.connect()
+            connection.send_command("PING")
+            connection.read_response()
+            if write:
+                # XX adds no member and GT never lowers a score to -inf: a no-op on
+                # whatever the set holds, refused or not as the heartbeat's ZADD is.
+                connection.send_command("ZADD", self.keys.workers, "XX", "GT", "-inf", "")
+                read_leniently(connection.read_response)
+        finally:
+            connection.disconnect()
+
+    def head_waits(self, queues: Sequence[str]) -> dict[str, float | None]:
+        """For each queue, the seconds (by Redis's clock) its next job has waited since
+        it could first run: since the latest of its enqueue, its ``run_after`` and the
+        start of its last attempt. None for an empty queue; 0.0 for a job that records
+        none of those times (fields holding garbage count as absent). Two round trips."""
+        if not queues:
+            return {}
+        pipe = self._pipeline(transaction=False)
+        pipe.time()
+        for queue in queues:
+            pipe.zrange(self.keys.queue(queue), 0, 0)
+        clock, *heads = (readable(reply) for reply in self._execute(pipe, raise_on_error=False))
+        now_ms = int(clock[0]) * 1000 + int(clock[1]) // 1000
+        head_ids = {
+            queue: text(members[0]) or ""
+            for queue, members in zip(queues, heads, strict=True)
+            if isinstance(members, list) and members
+        }
+        pipe = self._pipeline(transaction=False)
+        for job_id in head_ids.values():
+            pipe.hmget(self.keys.job(job_id), ["enqueued_at", "last_attempted_at", "payload"])
+        fields = dict(
+            zip(head_ids, map(readable, self._execute(pipe, raise_on_error=False)), strict=True)
+        )
+        waits: dict[str, float | None] = dict.fromkeys(queues)
+        for queue, values in fields.items():
+            enqueued, attempted, payload = values if isinstance(values, list) else [None] * 3
+            ready_ms = max(_ms(text(enqueued)), _ms(text(attempted)), _run_after_ms(payload))
+            waits[queue] = max(now_ms - ready_ms, 0) / 1000 if ready_ms else 0.0
+        return waits
+
+
+def _group_state(group_id: str, fields: dict[str, str] | None) -> GroupState | None:
+    if fields is None:
+        return None
+    finished = _whole(fields.get("finished_at"))
+    return GroupState(
+        group_id=group_id,
+        size=_whole(fields.get("size")) or 0,
+        total=_whole(fields.get("total")),
+        ended=_whole(fields.get("ended")) or 0,
+        failed=_whole(fields.get("failed")) or 0,
+        callback_id=fields.get("callback", ""),
+        created_at_ms=_whole(fields.get("created_at")) or 0,
+        finished_at_ms=finished or None,
+        cancelled=bool(fields.get("cancelled")),
+    )
+
+
+def _whole(value: str | None) -> int | None:
+    """A whole number read from Redis, or None for anything else."""
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _count(reply: Any) -> int:
+    """A count read in a pipeline: 0 for an error (a key of another type)."""
+    return reply if isinstance(reply, int) else 0
+
+
+def _counts(counts: Any) -> dict[str, int]:
+    """A stats hash as counts; fields that are not whole numbers are left out."""
+    if isinstance(counts, Exception):
+        return {}
+    result = {}
+    for key, value in counts.items():
+        try:
+            result[text(key) or ""] = int(value)
+        except ValueError:
+            continue
+    return result
+
+
+def _ms(value: str | None) -> int:
+    """A time stored in ms since the epoch, or 0 for anything that is not one."""
+    ms = _whole(value)
+    return ms if ms is not None and 0 < ms <= MAX_TIMESTAMP * 1000 else 0
+
+
+def _run_after_ms(payload: bytes | str | None) -> int:
+    """A job envelope's ``run_after`` in ms, or 0 when it has none or is unreadable."""
+    if not payload:
+        return 0
+    try:
+        run_after = Envelope.loads(payload, len(payload)).run_after
+    except InvalidPayload:
+        return 0
+    return int(run_after * 1000) if run_after else 0
