@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis
 from redis.backoff import NoBackoff
+from redis.client import Pipeline
 from redis.retry import Retry
 
 from .connection import Client
@@ -87,12 +87,7 @@ class Queries(Gateway):
         pipe = self._pipeline(transaction=False)
         for key in keys:
             pipe.hgetall(key)
-        return [
-            {text(k) or "": text(v) or "" for k, v in fields.items()}
-            if isinstance(fields, dict) and fields
-            else None
-            for fields in self._execute(pipe, raise_on_error=False)
-        ]
+        return [_strings(fields) or None for fields in self._replies(pipe)]
 
     def group(self, group_id: str) -> GroupState | None:
         """A group's counts, or None if there is no such group (or it expired)."""
@@ -109,18 +104,14 @@ class Queries(Gateway):
     def group_members(self, group_id: str, offset: int = 0, limit: int = -1) -> list[str]:
         """Ids of a group's members, in the order given (a slice)."""
         end = -1 if limit < 0 else offset + limit - 1
-        try:
-            members = sync(self.client.lrange(self.keys.group_members(group_id), offset, end))
-        except redis.ResponseError:  # a key of another type, written by hand
-            return []
-        return [text(member) or "" for member in members]
+        key = self.keys.group_members(group_id)
+        members = read_leniently(lambda: sync(self.client.lrange(key, offset, end)))
+        return [text(member) or "" for member in members or ()]
 
     def group_size(self, group_id: str) -> int:
         """How many member ids the group's list holds (0 if it is not a list)."""
-        try:
-            return int(sync(self.client.llen(self.keys.group_members(group_id))))
-        except redis.ResponseError:
-            return 0
+        key = self.keys.group_members(group_id)
+        return int(read_leniently(lambda: sync(self.client.llen(key))) or 0)
 
     def periodic_states(self, names: Sequence[str]) -> tuple[list[str], list[dict[str, str]]]:
         """The names registered in Redis, and the state of each of ``names`` ({} for
@@ -129,18 +120,8 @@ class Queries(Gateway):
         pipe.smembers(self.keys.periodic)
         for name in names:
             pipe.hgetall(self.keys.periodic_schedule(name))
-        registered, *states = self._execute(pipe, raise_on_error=False)
-        if not isinstance(registered, set | list):  # a key of another type, spoilt by hand
-            registered = []
-        return (
-            sorted(text(n) or "" for n in registered),
-            [
-                {text(k) or "": text(v) or "" for k, v in state.items()}
-                if isinstance(state, dict)
-                else {}
-                for state in states
-            ],
-        )
+        registered, *states = self._replies(pipe)
+        return sorted(text(n) or "" for n in registered or ()), [_strings(s) for s in states]
 
     def counts(self, queues: Sequence[str]) -> dict[str, dict[str, int | bool]]:
         """Ready, delayed and failed jobs per queue, and whether it is paused (a key of
@@ -153,14 +134,14 @@ class Queries(Gateway):
             pipe.zcard(self.keys.delayed(queue))
         if queues:
             pipe.smismember(self.keys.paused, list(queues))
-        replies = [readable(reply) for reply in self._execute(pipe, raise_on_error=False)]
+        replies = self._replies(pipe)
         (seconds, _), *per_queue = replies
         paused = per_queue.pop() if queues else None
         failed_since = (int(seconds) - self.result_ttl) * 1000
         pipe = self._pipeline(transaction=False)
         for queue in queues:
             pipe.zcount(self.keys.failed(queue), failed_since, "+inf")
-        failed = [readable(reply) for reply in self._execute(pipe, raise_on_error=False)]
+        failed = self._replies(pipe)
         return {
             queue: {
                 "ready": int(per_queue[2 * i] or 0),
@@ -178,10 +159,8 @@ class Queries(Gateway):
         for job_id in job_ids:
             pipe.hmget(self.keys.job(job_id), list(fields))
         return [
-            {}
-            if isinstance(values, Exception)
-            else {f: text(v) or "" for f, v in zip(fields, values, strict=True) if v is not None}
-            for values in self._execute(pipe, raise_on_error=False)
+            {f: text(v) or "" for f, v in zip(fields, values or (), strict=False) if v is not None}
+            for values in self._replies(pipe)
         ]
 
     def page(
@@ -209,7 +188,7 @@ class Queries(Gateway):
             pipe.hgetall(self.keys.stats(minute))
         return [
             (minute, _counts(counts))
-            for minute, counts in zip(span, self._execute(pipe, raise_on_error=False), strict=True)
+            for minute, counts in zip(span, self._replies(pipe), strict=True)
         ]
 
     def metrics(self) -> dict[str, float]:
@@ -233,9 +212,9 @@ class Queries(Gateway):
         for key, _ in looks:
             pipe.scard(self.keys.limit(key, "running"))
             pipe.zcard(self.keys.limit(key, "parked"))
-        counts = self._execute(pipe, raise_on_error=False)
+        counts = [int(count or 0) for count in self._replies(pipe)]
         return [
-            LimitState(key, _count(counts[2 * i]), _count(counts[2 * i + 1]), int(at))
+            LimitState(key, counts[2 * i], counts[2 * i + 1], int(at))
             for i, (key, at) in enumerate(looks)
         ]
 
@@ -247,24 +226,25 @@ class Queries(Gateway):
         pipe = self._pipeline(transaction=False)
         for worker_id in worker_ids:
             pipe.hgetall(self.keys.worker(worker_id))
-        return [
-            {}
-            if isinstance(info, Exception)
-            else {text(k) or "": text(v) or "" for k, v in info.items()}
-            for info in self._execute(pipe, raise_on_error=False)
-        ]
+        return [_strings(info) for info in self._replies(pipe)]
+
+    def _replies(self, pipe: Pipeline) -> list[Any]:
+        """A pipeline's replies read by the one lenient rule (``gateway.readable``): a
+        key of another type reads as None; any other error (a lost connection, an ACL
+        refusal, LOADING) is raised, never read as absent."""
+        return [readable(reply) for reply in self._execute(pipe, raise_on_error=False)]
 
     def queue_length(self, queue: str) -> int:
-        return int(sync(self.client.zcard(self.keys.queue(queue))))
+        return self.size(self.keys.queue(queue))
 
     def delayed_count(self, queues: Sequence[str]) -> int:
         pipe = self._pipeline(transaction=False)
         for queue in queues:
             pipe.zcard(self.keys.delayed(queue))
-        return sum(int(n) for n in self._execute(pipe))
+        return sum(int(n or 0) for n in self._replies(pipe))
 
     def running_count(self) -> int:
-        return int(sync(self.client.zcard(self.keys.running)))
+        return self.size(self.keys.running)
 
     def ping(self, timeout: float, *, write: bool = False) -> None:
         """PING Redis on a fresh connection that gives up after ``timeout`` seconds,
@@ -303,7 +283,7 @@ class Queries(Gateway):
         pipe.time()
         for queue in queues:
             pipe.zrange(self.keys.queue(queue), 0, 0)
-        clock, *heads = (readable(reply) for reply in self._execute(pipe, raise_on_error=False))
+        clock, *heads = self._replies(pipe)
         now_ms = int(clock[0]) * 1000 + int(clock[1]) // 1000
         head_ids = {
             queue: text(members[0]) or ""
@@ -313,9 +293,7 @@ class Queries(Gateway):
         pipe = self._pipeline(transaction=False)
         for job_id in head_ids.values():
             pipe.hmget(self.keys.job(job_id), ["enqueued_at", "last_attempted_at", "payload"])
-        fields = dict(
-            zip(head_ids, map(readable, self._execute(pipe, raise_on_error=False)), strict=True)
-        )
+        fields = dict(zip(head_ids, self._replies(pipe), strict=True))
         waits: dict[str, float | None] = dict.fromkeys(queues)
         for queue, values in fields.items():
             enqueued, attempted, payload = values if isinstance(values, list) else [None] * 3
@@ -349,17 +327,15 @@ def _whole(value: str | None) -> int | None:
         return None
 
 
-def _count(reply: Any) -> int:
-    """A count read in a pipeline: 0 for an error (a key of another type)."""
-    return reply if isinstance(reply, int) else 0
+def _strings(fields: dict[Any, Any] | None) -> dict[str, str]:
+    """A hash read (None: a key of another type) as a dict of strings."""
+    return {text(k) or "": text(v) or "" for k, v in (fields or {}).items()}
 
 
-def _counts(counts: Any) -> dict[str, int]:
+def _counts(counts: dict[Any, Any] | None) -> dict[str, int]:
     """A stats hash as counts; fields that are not whole numbers are left out."""
-    if isinstance(counts, Exception):
-        return {}
     result = {}
-    for key, value in counts.items():
+    for key, value in (counts or {}).items():
         try:
             result[text(key) or ""] = int(value)
         except ValueError:
