@@ -28,8 +28,6 @@ from .rows import (
     status_label,
 )
 
-# Running jobs read for the overview: far more than any fleet runs at once.
-RUNNING_READ_LIMIT = 1000
 # A worker or scheduler silent for longer than this is shown as gone.
 WORKER_ALIVE_MS = 30_000
 SCHEDULER_ALIVE_MS = 15_000
@@ -300,7 +298,7 @@ class Dashboard:
         return rows
 
     def running(self, fields: tuple[str, ...] = JOB_FIELDS) -> list[JobRow]:
-        return self._rows(self.queries.page(self.keys.running, 0, RUNNING_READ_LIMIT), fields)
+        return self._rows(self.queries.running(), fields)
 
     def job(self, job_id: str) -> JobRow:
         return self._rows([(job_id, 0.0)])[0]

@@ -49,10 +49,9 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 WAIT_BUCKETS = DURATION_BUCKETS
 # The label of a task that is not registered in the worker that ran the job.
 UNREGISTERED = "(unregistered)"
-# Bounds of one scrape's reads: running jobs read to count them per queue, live
-# workers and schedulers read, and queues exposed (with QUEUES empty, the first in
-# alphabetical order). Far more than a fleet runs; past them the gauges undercount.
-RUNNING_READ_LIMIT = 10_000
+# Bounds of one scrape's reads: live workers and schedulers read, and queues exposed
+# (with QUEUES empty, the first in alphabetical order). Far more than a fleet runs; past
+# them the gauges undercount (so do the running jobs: queries.RUNNING_READ_LIMIT).
 ALIVE_READ_LIMIT = 10_000
 QUEUE_SERIES_LIMIT = 1000
 SEPARATOR = "|"  # in the hash's field names: not in queue names nor task paths
@@ -281,7 +280,7 @@ def _read(backend: RedisQueueBackend) -> _Read:
     queries, keys = backend.queries, backend.keys
     queues = backend.served_queues()[:QUEUE_SERIES_LIMIT]
     counts = queries.counts(queues)
-    running = queries.page(keys.running, 0, RUNNING_READ_LIMIT)
+    running = queries.running()
     per_queue = Counter(
         job.get("queue") for job in queries.jobs([job_id for job_id, _ in running], "queue")
     )
