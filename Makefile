@@ -30,6 +30,7 @@ system-packages:
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 	$(BIN)/mypy
 
 test: $(VENV)/.installed system-packages

@@ -94,11 +94,13 @@ _find_pyenv_interpreters()
 
 @nox.session(python=MATRIX[0][0])
 def lint(session: nox.Session) -> None:
-    """ruff (lint and format check) and mypy on the package, once: django-stubs describe
-    django.tasks, which the backport mirrors, so one Python is enough."""
+    """ruff (lint and format check), the import layers and mypy on the package, once:
+    django-stubs describe django.tasks, which the backport mirrors, so one Python is
+    enough."""
     session.install("-e", f".[{MATRIX[0][2]}]")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("lint-imports")  # the layers (pyproject.toml, [tool.importlinter])
     # redis-py's annotations differ between versions: check the newest and the oldest
     # that pyproject.toml accepts.
     session.install("--upgrade", "redis")

@@ -5,52 +5,46 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property, lru_cache
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import redis
 from django.conf import settings
-from django.db import transaction
 from django.utils.module_loading import import_string
 
 from . import broker as broker_module
 from .base import RedisTask, RedisTaskResult
-from .broker import AFTER_GROUP, Broker, MissingJob, NewJob, NotReplicated
+from .broker import AFTER_GROUP, Broker, MissingJob, NotReplicated
 from .compat import (
     DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
     InvalidTask,
     Task,
-    TaskError,
     TaskResultDoesNotExist,
-    TaskResultStatus,
     task_backends,
     task_enqueued,
 )
-from .conf import Options, parse_options
 from .connection import Client, make_client
 from .exceptions import (
     BrokerUnavailable,
     JobCancelled,
     NotCancellable,
     ResultTimeout,
-    UnknownTask,
 )
 from .gateway import REDIS_ERRORS, Reconnector
 from .jobs import (
     QUEUE_NAME_RE,
     Envelope,
     JobRecord,
-    ensure_json_arguments,
     error_info,
     from_json,
     from_seconds,
     to_json,
 )
 from .keys import KeySchema
+from .preparation import JobPreparation, make_result, new_job, new_job_id, unregistered_task
 from .queries import GroupState, Queries
 from .registry import registry
 from .workflows import GroupResult, Job
@@ -61,192 +55,6 @@ FINAL_STATUSES = frozenset({broker_module.SUCCESSFUL, broker_module.FAILED})
 
 # Longest single blocking call while waiting for a result; the wait goes on after it.
 WAIT_SLICE = 1.0
-
-
-def new_job_id() -> str:
-    """A job id: 104 random bits as 26 hex digits, short enough that a waiting job's
-    key and its queue entry stay in Redis's small allocation classes."""
-    return secrets.token_hex(13)
-
-
-def unregistered_task(*args: Any, **kwargs: Any) -> None:
-    """Stands in for the task of a job whose task is unknown or unreadable."""
-    raise UnknownTask("this job's task is not registered")
-
-
-class JobPreparation:
-    """What every backend of this app does with a job before it runs: check it, give
-    it an id and its envelope, then ``push`` it (at once, or when the transaction
-    commits). ``RedisQueueBackend`` pushes to Redis; ``ImmediateBackend`` runs it."""
-
-    alias: str
-    params: dict[str, Any]
-
-    # Read at first use, not at start: Django builds every backend to run its system
-    # checks, which must be able to report wrong settings rather than crash on them.
-    @cached_property
-    def config(self) -> Options:
-        """The parsed settings; raises ConfigurationError if they are wrong."""
-        return parse_options(self.alias, self.params)
-
-    if TYPE_CHECKING:
-
-        def validate_task(self, task: Task) -> None: ...
-
-    def push(self, results: Sequence[RedisTaskResult]) -> None:
-        """Hand prepared jobs on: to Redis (one round trip), or run them."""
-        raise NotImplementedError
-
-    def enqueue(
-        self, task: Task, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]
-    ) -> RedisTaskResult:
-        """Queue a job; with ENQUEUE_ON_COMMIT, once the current transaction commits."""
-        return self.enqueue_many(task, [(args, kwargs)])[0]
-
-    def enqueue_many(
-        self,
-        task: Task,
-        calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
-        *,
-        on_commit: bool | None = None,
-        using: str | None = None,
-    ) -> list[RedisTaskResult]:
-        """Queue one job of ``task`` per ``(args, kwargs)`` pair, sent together (one
-        round trip per batch). Every job is checked before any is sent: a bad one
-        raises and none is queued. ``on_commit`` (default: ENQUEUE_ON_COMMIT): once
-        the transaction on database ``using`` commits."""
-        self.validate_once(task)
-        results = [self.prepare_valid(task, args, kwargs) for args, kwargs in calls]
-        if on_commit is None:
-            on_commit = self.config.enqueue_on_commit
-        if on_commit:
-            self.push_on_commit(results, using)
-        else:
-            self.push(results)
-        return results
-
-    def enqueue_on_commit(
-        self,
-        task: Task,
-        args: tuple[Any, ...] | list[Any],
-        kwargs: dict[str, Any],
-        *,
-        using: str | None = None,
-    ) -> RedisTaskResult:
-        """Check a job now and push it once the transaction on database ``using``
-        commits (at once outside a transaction; never if it rolls back).
-
-        The result carries the job's id from the start; its ``enqueued_at`` is set
-        when the job is pushed, and until then ``get_result()`` does not find it.
-        """
-        return self.enqueue_many(task, [(args, kwargs)], on_commit=True, using=using)[0]
-
-    def push_on_commit(self, results: list[RedisTaskResult], using: str | None) -> None:
-        """Push ``results`` when the transaction commits, together with the jobs
-        queued just before them in the same transaction and savepoint: a view that
-        queues ten jobs sends them in one round trip at the commit."""
-        connection = transaction.get_connection(using)
-        if connection.in_atomic_block and connection.run_on_commit:
-            # Django keeps (savepoint ids, callback, robust) per callback. Joining the
-            # batch registered last keeps both its guarantees: the order of the
-            # on_commit callbacks, and that a savepoint rolled back drops its jobs
-            # (they all belong to the same savepoints).
-            savepoints, last = connection.run_on_commit[-1][:2]
-            if (
-                isinstance(last, _CommitBatch)
-                and last.backend is self
-                and savepoints == set(connection.savepoint_ids)
-            ):
-                last.results += results
-                return
-        transaction.on_commit(_CommitBatch(self, results), using=using)
-
-    def prepare(
-        self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> RedisTaskResult:
-        """Validate a job and give it its id: a READY result that is not pushed yet.
-
-        Raises at the call site: InvalidTask, TypeError for an argument that does not
-        survive JSON, ValueError for a job over MAX_PAYLOAD_BYTES.
-        """
-        self.validate_once(task)
-        return self.prepare_valid(task, args, kwargs)
-
-    def validate_once(self, task: Task) -> None:
-        """``validate_task``, remembered: a task (a frozen value) that passed once
-        passes again, so the checks are not paid on every enqueue."""
-        validated: set[Task] = self.__dict__.setdefault("_validated_tasks", set())
-        try:
-            if task in validated:
-                return
-        except TypeError:  # a field that cannot be hashed: check every time
-            self.validate_task(task)
-            return
-        self.validate_task(task)
-        if len(validated) >= 1024:
-            validated.clear()
-        validated.add(task)
-
-    def prepare_valid(
-        self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> RedisTaskResult:
-        """``prepare`` for a task already validated."""
-        ensure_json_arguments(task.module_path, args, kwargs)
-        envelope = Envelope(
-            task_path=task.module_path,
-            args=list(args),
-            kwargs=dict(kwargs),
-            queue_name=task.queue_name,
-            priority=task.priority,
-            run_after=task.run_after.timestamp() if task.run_after else None,
-        )
-        payload = envelope.dumps()
-        size = len(payload.encode())
-        if size > self.config.max_payload_bytes:
-            raise ValueError(
-                f"The job for {task.module_path}() is {size} bytes of JSON, over the "
-                f"{self.config.max_payload_bytes}-byte MAX_PAYLOAD_BYTES limit: pass "
-                "a reference (a primary key, a file path) instead of the data."
-            )
-        result = make_result(self.alias, task, JobRecord(new_job_id(), {}, envelope))
-        object.__setattr__(result, "_payload", payload)
-        if isinstance(task, RedisTask):
-            object.__setattr__(result, "_options", task.job_options(args, kwargs))
-        return result
-
-
-class _CommitBatch:
-    """The jobs pushed together when a transaction commits (an on_commit callback)."""
-
-    def __init__(self, backend: JobPreparation, results: list[RedisTaskResult]) -> None:
-        self.backend = backend
-        self.results = results
-
-    def __call__(self) -> None:
-        self.backend.push(self.results)
-
-
-def make_result(alias: str, task: Task, record: JobRecord) -> RedisTaskResult:
-    """The TaskResult of a job as its record stands: the one place results are built."""
-    envelope = record.envelope
-    result = RedisTaskResult(
-        task=task,
-        id=record.id,
-        status=TaskResultStatus(record.status),
-        enqueued_at=record.enqueued_at,
-        started_at=record.started_at,
-        finished_at=record.finished_at,
-        last_attempted_at=record.last_attempted_at,
-        args=envelope.args if envelope else [],
-        kwargs=envelope.kwargs if envelope else {},
-        backend=alias,
-        errors=[TaskError(**error) for error in record.errors],
-        worker_ids=record.worker_ids,
-    )
-    has_value, value = record.return_value
-    if result.status == TaskResultStatus.SUCCESSFUL and has_value:
-        object.__setattr__(result, "_return_value", value)
-    return result
 
 
 class RedisQueueBackend(JobPreparation, BaseTaskBackend):
@@ -344,7 +152,7 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         self._stored(
             results,
             lambda: self.broker.enqueue(
-                [_new_job(result) for result in results], record_queues=not self.queue_names
+                [new_job(result) for result in results], record_queues=not self.queue_names
             ),
         )
 
@@ -353,7 +161,7 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
     ) -> None:
         """``push`` for jobs that wait for another (``after``: a job id, AFTER_GROUP for
         a group's callback, or '') or belong to group ``group_id``."""
-        jobs = [_new_job(result, wait) for result, wait in zip(results, after, strict=True)]
+        jobs = [new_job(result, wait) for result, wait in zip(results, after, strict=True)]
         self._stored(
             results,
             lambda: self.broker.enqueue_linked(
@@ -620,19 +428,6 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
             self.alias,
             envelope.run_after,
         )
-
-
-def _new_job(result: RedisTaskResult, after: str = "") -> NewJob:
-    run_after = result.task.run_after
-    return NewJob(
-        result.id,
-        result.task.queue_name,
-        result.task.priority,
-        result._payload,
-        int(run_after.timestamp() * 1000) if run_after else 0,
-        after,
-        result._options,
-    )
 
 
 # The options a linked enqueue (a group, a chain, a broadcast) cannot keep.

@@ -28,9 +28,6 @@ from .rows import (
     status_label,
 )
 
-# A worker or scheduler silent for longer than this is shown as gone.
-WORKER_ALIVE_MS = 30_000
-SCHEDULER_ALIVE_MS = 15_000
 # Workers and schedulers read for the overview, the heard from last first.
 LIVE_READ_LIMIT = 200
 CHART_MINUTES = 60
@@ -80,46 +77,6 @@ class FailedScan:
 
 def _most_first(counts: Counter[str]) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-
-
-@dataclass(frozen=True, slots=True)
-class Live:
-    """A worker or scheduler heard from within its window: its id, when Redis last
-    heard from it (ms, Redis's clock), and a worker's record."""
-
-    id: str
-    seen_ms: float
-    info: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def host(self) -> str:
-        # A worker's record names its host; ids are <host>:<pid>:<random> too.
-        return self.info.get("host") or self.id.rsplit(":", 2)[0]
-
-    @property
-    def queues(self) -> list[str]:
-        """The queues a worker's record says it serves ([] for every one)."""
-        return [name for name in self.info.get("queues", "").split(",") if name]
-
-    def serves(self, queue: str) -> bool:
-        """Whether this worker serves ``queue``: one given no queue serves every one."""
-        names = self.queues
-        return not names or queue in names
-
-
-def live_workers(backend: RedisQueueBackend, now_ms: int, limit: int) -> list[Live]:
-    """The workers whose heartbeat is under WORKER_ALIVE_MS old and whose record has not
-    expired, of the ``limit`` heard from last."""
-    heard = backend.queries.alive(backend.keys.workers, limit)
-    seen = [(worker_id, at) for worker_id, at in heard if now_ms - at < WORKER_ALIVE_MS]
-    infos = backend.queries.worker_info([worker_id for worker_id, _ in seen])
-    return [Live(i, at, info) for (i, at), info in zip(seen, infos, strict=True) if info]
-
-
-def live_schedulers(backend: RedisQueueBackend, now_ms: int, limit: int) -> list[Live]:
-    """The schedulers that stepped within SCHEDULER_ALIVE_MS, of the ``limit`` last."""
-    seen = backend.queries.alive(backend.keys.schedulers, limit)
-    return [Live(i, at) for i, at in seen if now_ms - at < SCHEDULER_ALIVE_MS]
 
 
 class Dashboard:
@@ -319,7 +276,7 @@ class Dashboard:
                 for _, stats in minutes
             )
         now = self.queries.clock_ms()
-        live = live_workers(self.backend, now, LIVE_READ_LIMIT)
+        live = self.queries.live_workers(now, LIVE_READ_LIMIT)
         by_worker = {job.worker: job for job in running}
         # The task of each worker's current job: payloads of those jobs only.
         current = {
@@ -341,7 +298,7 @@ class Dashboard:
         ]
         schedulers = [
             {"id": s.id, "seen_at": from_ms(s.seen_ms)}
-            for s in live_schedulers(self.backend, now, LIVE_READ_LIMIT)
+            for s in self.queries.live_schedulers(now, LIVE_READ_LIMIT)
         ]
         drawn = chart(minutes)
         totals: dict[str, object] = {

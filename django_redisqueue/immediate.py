@@ -19,12 +19,12 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from .backend import JobPreparation, new_job_id
 from .base import RedisTask, RedisTaskResult
 from .compat import ImmediateBackend as DjangoImmediateBackend
 from .compat import TaskError, TaskResultDoesNotExist, TaskResultStatus
 from .exceptions import DependencyFailed, NotCancellable
 from .jobs import error_info
+from .preparation import JobPreparation, new_job_id
 from .queries import GroupState
 from .workflows import GroupResult, Job
 

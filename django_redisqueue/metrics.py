@@ -38,8 +38,8 @@ from .gateway import REDIS_ERRORS, UNCERTAIN_ERRORS
 
 if TYPE_CHECKING:
     from .backend import RedisQueueBackend
-    from .dashboard import Live
     from .events import JobEvent
+    from .queries import Live
 
 logger = logging.getLogger(__name__)
 
@@ -275,8 +275,6 @@ class _Read:
 
 
 def _read(backend: RedisQueueBackend) -> _Read:
-    from .dashboard import live_schedulers, live_workers
-
     queries, keys = backend.queries, backend.keys
     queues = backend.served_queues()[:QUEUE_SERIES_LIMIT]
     counts = queries.counts(queues)
@@ -291,8 +289,8 @@ def _read(backend: RedisQueueBackend) -> _Read:
     return _Read(
         counts=counts,
         head_waits=queries.head_waits(queues),
-        workers=live_workers(backend, now, ALIVE_READ_LIMIT),
-        schedulers_alive=len(live_schedulers(backend, now, ALIVE_READ_LIMIT)),
+        workers=queries.live_workers(now, ALIVE_READ_LIMIT),
+        schedulers_alive=len(queries.live_schedulers(now, ALIVE_READ_LIMIT)),
         scheduler_age=(now - last_step[0][1]) / 1000 if last_step else None,
         counters=queries.metrics(),
     )

@@ -28,6 +28,7 @@ from .broker import Broker
 from .compat import Task
 from .gateway import REDIS_ERRORS
 from .jobs import to_json
+from .preparation import new_job
 from .registry import registry
 
 if TYPE_CHECKING:
@@ -445,12 +446,11 @@ def run_now(backend: RedisQueueBackend, schedule: Schedule) -> str:
     """Enqueue a job of the schedule's task at once (not an occurrence: ``last`` stays)
     and record it as the schedule's last job; return its id. Raises PeriodicTaskError
     when the task is unique and the job holding its key has not ended."""
-    from .backend import _new_job
 
     task = resolve_task(backend, schedule)
     result = backend.prepare_valid(task, schedule.args, schedule.kwargs)
     stored = backend.broker.periodic_run_now(
-        schedule.name, _new_job(result), record_queues=not backend.queue_names
+        schedule.name, new_job(result), record_queues=not backend.queue_names
     )
     if isinstance(stored, str):
         raise PeriodicTaskError(

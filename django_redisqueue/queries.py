@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.backoff import NoBackoff
@@ -22,6 +22,9 @@ from .keys import KeySchema
 # Running jobs read at most by one look at them (overview, running page, metrics): far
 # more than any fleet runs at once; past it, the counts per queue fall short.
 RUNNING_READ_LIMIT = 10_000
+# A worker or scheduler silent for longer than this is gone (dashboard, metrics, probe).
+WORKER_ALIVE_MS = 30_000
+SCHEDULER_ALIVE_MS = 15_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,31 @@ class LimitState:
     running: int
     parked: int
     next_look_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Live:
+    """A worker or scheduler heard from within its window: its id, when Redis last
+    heard from it (ms, Redis's clock), and a worker's record."""
+
+    id: str
+    seen_ms: float
+    info: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def host(self) -> str:
+        # A worker's record names its host; ids are <host>:<pid>:<random> too.
+        return self.info.get("host") or self.id.rsplit(":", 2)[0]
+
+    @property
+    def queues(self) -> list[str]:
+        """The queues a worker's record says it serves ([] for every one)."""
+        return [name for name in self.info.get("queues", "").split(",") if name]
+
+    def serves(self, queue: str) -> bool:
+        """Whether this worker serves ``queue``: one given no queue serves every one."""
+        names = self.queues
+        return not names or queue in names
 
 
 class Queries(Gateway):
@@ -225,6 +253,19 @@ class Queries(Gateway):
     def alive(self, key: str, limit: int = 200) -> list[tuple[str, float]]:
         """Workers or schedulers, most recently seen first, with their last-seen time."""
         return self.page(key, 0, limit, newest_first=True)
+
+    def live_workers(self, now_ms: int, limit: int) -> list[Live]:
+        """The workers whose heartbeat is under WORKER_ALIVE_MS old and whose record has
+        not expired, of the ``limit`` heard from last."""
+        heard = self.alive(self.keys.workers, limit)
+        seen = [(worker_id, at) for worker_id, at in heard if now_ms - at < WORKER_ALIVE_MS]
+        infos = self.worker_info([worker_id for worker_id, _ in seen])
+        return [Live(i, at, info) for (i, at), info in zip(seen, infos, strict=True) if info]
+
+    def live_schedulers(self, now_ms: int, limit: int) -> list[Live]:
+        """The schedulers that stepped within SCHEDULER_ALIVE_MS, of the ``limit`` last."""
+        seen = self.alive(self.keys.schedulers, limit)
+        return [Live(i, at) for i, at in seen if now_ms - at < SCHEDULER_ALIVE_MS]
 
     def worker_info(self, worker_ids: Sequence[str]) -> list[dict[str, str]]:
         pipe = self._pipeline(transaction=False)

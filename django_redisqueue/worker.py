@@ -26,7 +26,7 @@ from types import FrameType
 
 from django.db import close_old_connections
 
-from .backend import RedisQueueBackend, make_result
+from .backend import RedisQueueBackend
 from .base import RedisTask, RedisTaskResult
 from .broker import AFTER_GROUP_PREFIX, FAILED, RELEASE, RETRY, SUCCESSFUL, Claimed, Outcome
 from .compat import TaskContext, TaskError, TaskResultStatus, task_finished, task_started
@@ -37,6 +37,7 @@ from .jobs import Envelope, JobRecord, ensure_json, error_info, to_json
 from .logformat import job_fields
 from .memory import MB, resident_set_size
 from .metrics import JobMetrics, MetricsRefused
+from .preparation import make_result
 from .registry import registry
 
 logger = logging.getLogger(__name__)

@@ -1277,7 +1277,7 @@ def test_periodic_jobs_follow_their_model(r, redis_server, backend, report):
     started = time.monotonic()
     try:
         with (
-            mock.patch("django_redisqueue.backend.new_job_id", ids.new_job_id),
+            mock.patch("django_redisqueue.preparation.new_job_id", ids.new_job_id),
             mock.patch.object(periodic_module, "BATCH", BATCH),
             mock.patch.object(periodic_module, "MAX_BACKLOG", MAX_BACKLOG),
             mock.patch.object(backend, "broker", broker),

@@ -75,7 +75,7 @@ The scripts read Redis's clock (TIME), which a test cannot move. So:
   an enqueue slower than 20 ms), the model accepts exactly the outcomes some instant
   of that window would give, and follows the one Redis took.
 
-Job ids are made deterministic (``backend.new_job_id`` is replaced during the test by
+Job ids are made deterministic (``preparation.new_job_id`` is replaced during the test by
 a counter hashed into an id), so that a failing sequence replays with the same ids,
 and so the same ties between equal scores.
 """
@@ -2279,7 +2279,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
     started = time.monotonic()
     try:
         with (
-            mock.patch("django_redisqueue.backend.new_job_id", ids.new_job_id),
+            mock.patch("django_redisqueue.preparation.new_job_id", ids.new_job_id),
             mock.patch("django_redisqueue.broker.ENQUEUE_BATCH_JOBS", BATCH),
         ):
             run_state_machine_as_test(

@@ -15,7 +15,6 @@ from django.utils import timezone
 
 from django_redisqueue import TaskFailed
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
-from django_redisqueue.dashboard import live_schedulers
 from django_redisqueue.exceptions import NotCancellable
 from django_redisqueue.gateway import now_ms
 from django_redisqueue.scheduler import Scheduler
@@ -120,7 +119,7 @@ def test_sigterm_stops_an_idle_scheduler(r):
 
 def test_a_scheduler_that_stops_cleanly_is_no_longer_live_at_once(r, backend):
     def live() -> list[str]:
-        return [s.id for s in live_schedulers(backend, backend.broker.clock_ms(), 10)]
+        return [s.id for s in backend.queries.live_schedulers(backend.queries.clock_ms(), 10)]
 
     scheduler = start_manage("runscheduler")
     wait_until(live, 30, "the scheduler's first step")

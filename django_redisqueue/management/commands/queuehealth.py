@@ -14,16 +14,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redisqueue.backend import RedisQueueBackend
-from django_redisqueue.dashboard import (
-    SCHEDULER_ALIVE_MS,
-    Live,
-    live_schedulers,
-    live_workers,
-)
 from django_redisqueue.gateway import REDIS_ERRORS
 from django_redisqueue.jobs import QUEUE_NAME_RE
-from django_redisqueue.management.commands.runworker import get_backend
-from django_redisqueue.queries import Queries
+from django_redisqueue.management.common import get_backend
+from django_redisqueue.queries import SCHEDULER_ALIVE_MS, Live, Queries
 from django_redisqueue.worker import raise_after
 
 HEALTHY = 0
@@ -227,10 +221,12 @@ class Probe:
         now = queries.clock_ms()
         checks: list[Check] = []
         if self.check_workers:
-            workers = self.here(live_workers(self.backend, now, WORKERS_READ_LIMIT))
+            workers = self.here(self.backend.queries.live_workers(now, WORKERS_READ_LIMIT))
             checks += self.worker_checks(queues, counts, workers)
         if self.check_scheduler:
-            schedulers = self.here(live_schedulers(self.backend, now, SCHEDULERS_READ_LIMIT))
+            schedulers = self.here(
+                self.backend.queries.live_schedulers(now, SCHEDULERS_READ_LIMIT)
+            )
             checks.append(self.scheduler_check(schedulers, now))
         if self.max_wait:
             checks += self.wait_checks(queues, counts, queries.head_waits(queues))

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.utils.timezone import localtime
 
 from django_redisqueue.dashboard import Dashboard
-from django_redisqueue.management.commands.runworker import get_backend
+from django_redisqueue.management.common import get_backend
 from django_redisqueue.rows import ScheduleRow
 
 COLUMNS = ("ready", "running", "delayed", "failed", "finished")

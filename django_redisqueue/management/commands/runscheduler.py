@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_redisqueue.management.commands.runworker import configure_logging, get_backend
+from django_redisqueue.management.common import configure_logging, get_backend
 from django_redisqueue.scheduler import Scheduler
 
 
