@@ -22,7 +22,7 @@ from tests.servers import RedisServer  # noqa: E402
 
 
 def fill(backend, count: int, queue: str, due_from: int = 0) -> None:
-    from django_redisqueue.jobs import Envelope
+    from django_redisqueue.core.jobs import Envelope
 
     script = backend.broker._scripts["enqueue"]
     keys = backend.keys.script_keys

@@ -83,8 +83,8 @@ def dependents_costs(count: int, client) -> tuple[float, float, float]:
     """ms per depends_on enqueue for the first and the last 1,000 of ``count``, and ms
     of Redis time in the finish that lets them go."""
     from bench import tasks
-    from django_redisqueue.broker import Outcome
     from django_redisqueue.compat import task_backends
+    from django_redisqueue.store.wire import Outcome
 
     client.flushall()
     parent = tasks.noop.enqueue()

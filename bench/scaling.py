@@ -80,7 +80,7 @@ def wait_for(what: str, condition: Callable[[], Any], timeout: float) -> Any:
 
 
 def key_prefix(options: dict[str, Any], alias: str) -> str:
-    """The hash-tagged prefix of a backend's keys (django_redisqueue/keys.py)."""
+    """The hash-tagged prefix of a backend's keys (django_redisqueue/store/keys.py)."""
     return "{" + options.get("KEY_PREFIX", f"drq:{alias}") + "}:"
 
 

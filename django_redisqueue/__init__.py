@@ -1,9 +1,9 @@
 """Background tasks for Django on Redis: a backend for Django's tasks framework,
 a worker (``manage.py runworker``) and an admin dashboard."""
 
-from .base import RedisTask, RedisTaskResult, task
-from .exceptions import RedisQueueError, ResultTimeout, TaskFailed
-from .workflows import GroupResult, Job, broadcast, chain, group
+from django_redisqueue.core.fanout import GroupResult, Job, broadcast, chain, group
+from django_redisqueue.core.tasks import RedisTask, RedisTaskResult, task
+from django_redisqueue.exceptions import RedisQueueError, ResultTimeout, TaskFailed
 
 __all__ = [
     "GroupResult",

@@ -29,17 +29,17 @@ from django.utils.translation import gettext
 from django.views.decorators.clickjacking import xframe_options_deny
 from django.views.decorators.http import require_GET, require_POST
 
-from .backend import RedisQueueBackend, our_backends
-from .compat import TaskResultDoesNotExist, task_backends
-from .dashboard import FILTER_SCAN_LIMIT, MENU_QUEUES, FailedScan
-from .dashboard import Dashboard as DashboardData
-from .exceptions import NotCancellable
-from .gateway import REDIS_ERRORS
-from .jobs import JOB_ID_RE, from_ms
-from .metrics import QUEUE_SERIES_LIMIT
-from .models import Dashboard
-from .periodic import PeriodicTaskError, run_now, schedules_of
-from .rows import PAGE_SIZE, JobRow, Page, is_path, page_number
+from django_redisqueue.backend import RedisQueueBackend, our_backends
+from django_redisqueue.compat import TaskResultDoesNotExist, task_backends
+from django_redisqueue.core.jobs import JOB_ID_RE, from_ms
+from django_redisqueue.dashboard.reads import FILTER_SCAN_LIMIT, MENU_QUEUES, FailedScan
+from django_redisqueue.dashboard.reads import Dashboard as DashboardData
+from django_redisqueue.dashboard.rows import PAGE_SIZE, JobRow, Page, is_path, page_number
+from django_redisqueue.exceptions import NotCancellable
+from django_redisqueue.models import Dashboard
+from django_redisqueue.observe.metrics import QUEUE_SERIES_LIMIT
+from django_redisqueue.periodic import PeriodicTaskError, run_now, schedules_of
+from django_redisqueue.store.gateway import REDIS_ERRORS
 
 VIEW = "django_redisqueue.view_dashboard"
 MANAGE = "django_redisqueue.manage_queues"

@@ -7,6 +7,6 @@ class RedisQueueConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        from . import checks
+        from django_redisqueue import checks
 
         checks.register()

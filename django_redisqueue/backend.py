@@ -14,10 +14,7 @@ import redis
 from django.conf import settings
 from django.utils.module_loading import import_string
 
-from . import broker as broker_module
-from .base import RedisTask, RedisTaskResult
-from .broker import AFTER_GROUP, Broker, MissingJob, NotReplicated
-from .compat import (
+from django_redisqueue.compat import (
     DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
     InvalidTask,
@@ -26,15 +23,8 @@ from .compat import (
     task_backends,
     task_enqueued,
 )
-from .connection import Client, make_client
-from .exceptions import (
-    BrokerUnavailable,
-    JobCancelled,
-    NotCancellable,
-    ResultTimeout,
-)
-from .gateway import REDIS_ERRORS, Reconnector
-from .jobs import (
+from django_redisqueue.core.fanout import GroupResult, Job
+from django_redisqueue.core.jobs import (
     QUEUE_NAME_RE,
     Envelope,
     JobRecord,
@@ -43,15 +33,31 @@ from .jobs import (
     from_seconds,
     to_json,
 )
-from .keys import KeySchema
-from .preparation import JobPreparation, make_result, new_job, new_job_id, unregistered_task
-from .queries import GroupState, Queries
-from .registry import registry
-from .workflows import GroupResult, Job
+from django_redisqueue.core.registry import registry
+from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
+from django_redisqueue.exceptions import (
+    BrokerUnavailable,
+    JobCancelled,
+    NotCancellable,
+    ResultTimeout,
+)
+from django_redisqueue.preparation import (
+    JobPreparation,
+    make_result,
+    new_job,
+    new_job_id,
+    unregistered_task,
+)
+from django_redisqueue.store.broker import Broker, NotReplicated
+from django_redisqueue.store.connection import Client, make_client
+from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
+from django_redisqueue.store.keys import KeySchema
+from django_redisqueue.store.queries import GroupState, Queries
+from django_redisqueue.store.wire import AFTER_GROUP, FAILED, SUCCESSFUL, MissingJob
 
 logger = logging.getLogger(__name__)
 
-FINAL_STATUSES = frozenset({broker_module.SUCCESSFUL, broker_module.FAILED})
+FINAL_STATUSES = frozenset({SUCCESSFUL, FAILED})
 
 # Longest single blocking call while waiting for a result; the wait goes on after it.
 WAIT_SLICE = 1.0
@@ -230,7 +236,7 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
                          "_return_value"):  # fmt: skip
                 object.__setattr__(result, name, getattr(held, name))
 
-    # Fan-out (workflows.py)
+    # Fan-out (core/fanout.py)
 
     def enqueue_group(self, members: Sequence[Job], callback: Job | None) -> GroupResult:
         """Queue a group's members and its callback (held until every member ended):
@@ -316,7 +322,7 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         for start in range(0, len(members), 1000):
             for fields in self.queries.jobs(members[start : start + 1000], "status", "result"):
                 value = None
-                if fields.get("status") == broker_module.SUCCESSFUL and fields.get("result"):
+                if fields.get("status") == SUCCESSFUL and fields.get("result"):
                     try:
                         value = from_json(fields["result"])
                     except (ValueError, RecursionError):

@@ -27,8 +27,8 @@ from django.apps import AppConfig, apps
 from django.core import checks
 from django.core.management import find_commands
 
-from .backend import RedisQueueBackend, our_backends
-from .conf import validate
+from django_redisqueue.backend import RedisQueueBackend, our_backends
+from django_redisqueue.core.conf import validate
 
 APP = "django_redisqueue"
 COMMANDS = ("runworker", "runscheduler")
@@ -51,7 +51,7 @@ def check_redis(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     """W001: each RedisQueueBackend's Redis answers a PING within PING_TIMEOUT."""
-    from .compat import task_backends
+    from django_redisqueue.compat import task_backends
 
     messages: list[checks.CheckMessage] = []
     for alias, params in our_backends():
@@ -127,9 +127,9 @@ def check_periodic_tasks(
 ) -> list[checks.CheckMessage]:
     """W003: each PERIODIC schedule's task can be imported, is a task, and is one its
     backend accepts and its workers know (an installed app's ``tasks`` module)."""
-    from .compat import task_backends
-    from .periodic import PeriodicTaskError, resolve_task, schedules_of
-    from .registry import registry
+    from django_redisqueue.compat import task_backends
+    from django_redisqueue.core.registry import registry
+    from django_redisqueue.periodic import PeriodicTaskError, resolve_task, schedules_of
 
     messages: list[checks.CheckMessage] = []
     for alias, params in our_backends():

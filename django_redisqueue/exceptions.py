@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from django.core.exceptions import ImproperlyConfigured
 
 if TYPE_CHECKING:
-    from .compat import TaskResult
+    from django_redisqueue.compat import TaskResult
 
 
 class RedisQueueError(Exception):

@@ -19,14 +19,14 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from .base import RedisTask, RedisTaskResult
-from .compat import ImmediateBackend as DjangoImmediateBackend
-from .compat import TaskError, TaskResultDoesNotExist, TaskResultStatus
-from .exceptions import DependencyFailed, NotCancellable
-from .jobs import error_info
-from .preparation import JobPreparation, new_job_id
-from .queries import GroupState
-from .workflows import GroupResult, Job
+from django_redisqueue.compat import ImmediateBackend as DjangoImmediateBackend
+from django_redisqueue.compat import TaskError, TaskResultDoesNotExist, TaskResultStatus
+from django_redisqueue.core.fanout import GroupResult, Job
+from django_redisqueue.core.jobs import error_info
+from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
+from django_redisqueue.exceptions import DependencyFailed, NotCancellable
+from django_redisqueue.preparation import JobPreparation, new_job_id
+from django_redisqueue.store.queries import GroupState
 
 
 class ImmediateBackend(JobPreparation, DjangoImmediateBackend):

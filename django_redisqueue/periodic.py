@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING, Any
 from django.utils.module_loading import import_string
 from django.utils.timezone import get_default_timezone
 
-from .broker import Broker
-from .compat import Task
-from .gateway import REDIS_ERRORS
-from .jobs import to_json
-from .preparation import new_job
-from .registry import registry
+from django_redisqueue.compat import Task
+from django_redisqueue.core.jobs import to_json
+from django_redisqueue.core.registry import registry
+from django_redisqueue.preparation import new_job
+from django_redisqueue.store.broker import Broker
+from django_redisqueue.store.gateway import REDIS_ERRORS
 
 if TYPE_CHECKING:
-    from .backend import RedisQueueBackend
-    from .base import RedisTaskResult
+    from django_redisqueue.backend import RedisQueueBackend
+    from django_redisqueue.core.tasks import RedisTaskResult
 
 logger = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from .base import RedisTask, RedisTaskResult
-from .broker import NewJob
-from .compat import Task, TaskError, TaskResultStatus
-from .conf import Options, parse_options
-from .exceptions import UnknownTask
-from .jobs import Envelope, JobRecord, ensure_json_arguments
+from django_redisqueue.compat import Task, TaskError, TaskResultStatus
+from django_redisqueue.core.conf import Options, parse_options
+from django_redisqueue.core.jobs import Envelope, JobRecord, ensure_json_arguments
+from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
+from django_redisqueue.exceptions import UnknownTask
+from django_redisqueue.store.wire import NewJob
 
 
 def new_job_id() -> str:

@@ -6,8 +6,8 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from .backend import redisqueue_backends
-from .metrics import CONTENT_TYPE, render
+from django_redisqueue.backend import redisqueue_backends
+from django_redisqueue.observe.metrics import CONTENT_TYPE, render
 
 
 @never_cache

@@ -175,9 +175,9 @@ def run_worker_here(backend, **options) -> None:
     """Run a burst worker in this process. Inside a test's transaction the worker must
     not close the database connection between jobs, as Django's test client does not
     between requests."""
-    from django_redisqueue.worker import Worker
+    from django_redisqueue.runtime.worker import Worker
 
-    with patch("django_redisqueue.worker.close_old_connections"):
+    with patch("django_redisqueue.runtime.worker.close_old_connections"):
         Worker(backend, burst=True, **options).run()
 
 

@@ -14,8 +14,8 @@ from django.test import Client, override_settings
 
 from django_redisqueue.backend import RedisQueueBackend, our_backends
 from django_redisqueue.compat import TaskResultStatus
-from django_redisqueue.gateway import now_ms
-from django_redisqueue.worker import Worker
+from django_redisqueue.runtime.worker import Worker
+from django_redisqueue.store.gateway import now_ms
 from tests import tasks
 from tests.conftest import run_worker_here, user
 

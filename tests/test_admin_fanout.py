@@ -10,7 +10,7 @@ from django.test import Client
 
 from django_redisqueue import broadcast, chain, group
 from django_redisqueue.compat import TaskResultStatus
-from django_redisqueue.gateway import now_ms
+from django_redisqueue.store.gateway import now_ms
 from tests import tasks
 from tests.conftest import run_worker_here, user
 from tests.test_admin import BASE

@@ -17,9 +17,9 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from django_redisqueue import admin as dashboard_admin
-from django_redisqueue import dashboard
 from django_redisqueue.compat import TaskResultStatus
-from django_redisqueue.rows import relative
+from django_redisqueue.dashboard import reads as dashboard
+from django_redisqueue.dashboard.rows import relative
 from django_redisqueue.templatetags.redisqueue_dashboard import moment
 from tests import tasks
 from tests.conftest import run_worker_here

@@ -12,9 +12,9 @@ import pytest
 from django.test import Client
 
 from django_redisqueue.compat import TaskResultStatus, task_backends
-from django_redisqueue.dashboard import MENU_QUEUES
-from django_redisqueue.rows import PAGE_SIZE
-from django_redisqueue.worker import Worker
+from django_redisqueue.dashboard.reads import MENU_QUEUES
+from django_redisqueue.dashboard.rows import PAGE_SIZE
+from django_redisqueue.runtime.worker import Worker
 from tests import tasks
 from tests.conftest import run_worker_here
 from tests.topology import keys_server, make_client

@@ -5,7 +5,8 @@ from importlib import resources
 import pytest
 
 from django_redisqueue import ResultTimeout
-from django_redisqueue.broker import ENQUEUE_BATCH_JOBS, FAILED, SUCCESSFUL, NewJob, Outcome
+from django_redisqueue.store.broker import ENQUEUE_BATCH_JOBS
+from django_redisqueue.store.wire import FAILED, SUCCESSFUL, NewJob, Outcome
 from tests import tasks
 from tests.topology import keys_server, scripts_run
 
@@ -377,7 +378,7 @@ def test_a_retry_without_an_error_keeps_the_error_list_readable(r, broker, backe
 
 def test_the_scripts_build_the_keys_the_key_schema_names(r, backend):
     """lua/common.lua completes the one key it is given as keys.py spells every key."""
-    common = (resources.files("django_redisqueue") / "lua" / "common.lua").read_text()
+    common = (resources.files("django_redisqueue.store") / "lua" / "common.lua").read_text()
     names = list(backend.keys.fixed_keys)
     script = r.register_script(common + f"\nreturn {{{', '.join(names)}}}")
     built = script(keys=backend.keys.script_keys)

@@ -10,7 +10,7 @@ from django.test import override_settings
 
 from django_redisqueue import checks as redisqueue_checks
 from django_redisqueue.compat import TASKS_PACKAGE
-from django_redisqueue.conf import parse_options, validate
+from django_redisqueue.core.conf import parse_options, validate
 from django_redisqueue.exceptions import ConfigurationError
 from tests.conftest import manage
 from tests.servers import free_port

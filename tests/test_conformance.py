@@ -38,7 +38,7 @@ from django_redisqueue.compat import (
     django_task,
     task_backends,
 )
-from django_redisqueue.gateway import now_ms
+from django_redisqueue.store.gateway import now_ms
 from tests import tasks
 from tests.conftest import manage, start_manage, wait_until
 

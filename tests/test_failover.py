@@ -246,7 +246,7 @@ def test_a_django_redis_sentinel_cache_serves_the_backend_across_a_failover(r, c
             switches = [
                 record.message
                 for record in caplog.records
-                if record.name == "django_redisqueue.worker"
+                if record.name == "django_redisqueue.runtime.worker"
                 and "reachable again" in record.message
             ]
             assert len(switches) == 1 and where in switches[0], switches
@@ -266,9 +266,9 @@ def worker_thread():
     from unittest import mock
 
     from django_redisqueue.compat import task_backends
-    from django_redisqueue.worker import Worker
+    from django_redisqueue.runtime.worker import Worker
 
-    with mock.patch("django_redisqueue.worker.close_old_connections"):
+    with mock.patch("django_redisqueue.runtime.worker.close_old_connections"):
         worker = Worker(task_backends["default"])
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()

@@ -11,10 +11,10 @@ import pytest
 from django.test import override_settings
 
 from django_redisqueue import chain, group
-from django_redisqueue.broker import MissingJob, NewJob
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
-from django_redisqueue.dashboard import Dashboard
-from django_redisqueue.workflows import Progress, broadcast
+from django_redisqueue.core.fanout import Progress, broadcast
+from django_redisqueue.dashboard.reads import Dashboard
+from django_redisqueue.store.wire import MissingJob, NewJob
 from tests import tasks
 from tests.conftest import run_worker_here, wait_until
 from tests.topology import keys_server, scripts_run
@@ -193,7 +193,7 @@ def test_depends_on_a_job_that_does_not_exist_queues_nothing(r, backend):
         backend.broker.enqueue_linked([NewJob("1" * 26, "default", 0, "{}", 0, "2" * 26)])
     # Over several calls: the missing job is in the last, and refuses the first too.
     jobs = [NewJob(f"{i:026}", "default", 0, "{}") for i in range(4)]
-    with patch("django_redisqueue.broker.ENQUEUE_BATCH_JOBS", 2), pytest.raises(MissingJob):
+    with patch("django_redisqueue.store.broker.ENQUEUE_BATCH_JOBS", 2), pytest.raises(MissingJob):
         backend.broker.enqueue_linked([*jobs, NewJob("9" * 26, "default", 0, "{}", 0, "8" * 26)])
     assert r.keys("*") == []
 
@@ -239,7 +239,7 @@ def test_a_broadcast_for_a_queue_reaches_only_its_workers(backend):
 
 
 def test_a_worker_runs_broadcasts_between_jobs(r, backend):
-    from django_redisqueue.worker import Worker
+    from django_redisqueue.runtime.worker import Worker
 
     worker = Worker(backend, burst=True)
     worker.register()
@@ -247,7 +247,7 @@ def test_a_worker_runs_broadcasts_between_jobs(r, backend):
     tasks.record.enqueue("job")
     run_worker_here(backend)  # another worker: registered after the broadcast
     assert logged(r) == ["job"]
-    with patch("django_redisqueue.worker.close_old_connections"):
+    with patch("django_redisqueue.runtime.worker.close_old_connections"):
         worker.run()
     assert logged(r) == ["job", "everywhere"]
 
@@ -255,14 +255,14 @@ def test_a_worker_runs_broadcasts_between_jobs(r, backend):
 def test_a_broadcast_behind_a_full_read_of_others_queues_runs(r, backend):
     """More messages for other queues than one receive reads (100) come first: the
     worker reads on past them, and runs the one for it."""
-    from django_redisqueue.worker import Worker
+    from django_redisqueue.runtime.worker import Worker
 
     worker = Worker(backend, queues=["default"], burst=True)
     worker.register()
     for i in range(120):
         broadcast(tasks.record.job(f"high {i}"), queue="high")
     broadcast(tasks.record.job("everywhere"))
-    with patch("django_redisqueue.worker.close_old_connections"):
+    with patch("django_redisqueue.runtime.worker.close_old_connections"):
         worker.run()
     assert logged(r) == ["everywhere"]
 
@@ -336,8 +336,8 @@ def test_waiting_for_a_group_outlasts_redis_refusing_writes(r, backend):
 def test_a_broadcast_outcome_is_kept_until_redis_stores_it(r, backend):
     import redis
 
-    from django_redisqueue.gateway import Reconnector
-    from django_redisqueue.worker import Worker
+    from django_redisqueue.runtime.worker import Worker
+    from django_redisqueue.store.gateway import Reconnector
 
     worker = Worker(backend, burst=True)
     worker.register()
@@ -355,7 +355,7 @@ def test_a_broadcast_outcome_is_kept_until_redis_stores_it(r, backend):
     backoff = Reconnector(logging.getLogger("test"), "test", ceiling=0.01)
     with (
         patch.object(worker.broker, "receive", fails_when_reporting),
-        patch("django_redisqueue.worker.close_old_connections"),
+        patch("django_redisqueue.runtime.worker.close_old_connections"),
     ):
         worker._receive_broadcasts(backoff)  # runs it, then the report fails
         assert worker.broadcast_seen == 0
@@ -396,12 +396,12 @@ def test_spoilt_broadcast_keys_never_stop_a_worker_from_running_jobs(r, backend,
      ("broadcast_sent", "x"), ("workers", "x")],
 )  # fmt: skip
 def test_a_broadcast_is_sent_and_delivered_whatever_its_keys_hold(r, backend, key, value):
-    from django_redisqueue.worker import Worker
+    from django_redisqueue.runtime.worker import Worker
 
     worker = Worker(backend, queues=["default"], burst=True)
     worker.register()
     broadcast(tasks.record.job("before"))  # numbers past the spoilt counter's
-    with patch("django_redisqueue.worker.close_old_connections"):
+    with patch("django_redisqueue.runtime.worker.close_old_connections"):
         worker.run()
     if value is None:
         r.delete(getattr(backend.keys, key))
@@ -410,7 +410,7 @@ def test_a_broadcast_is_sent_and_delivered_whatever_its_keys_hold(r, backend, ke
     worker.register()  # its heartbeat goes on
     number = broadcast(tasks.record.job("after"))
     assert number > 1
-    with patch("django_redisqueue.worker.close_old_connections"):
+    with patch("django_redisqueue.runtime.worker.close_old_connections"):
         worker.run()
     assert logged(r) == ["before", "after"]
     assert [int(n) for n in r.zrange(backend.keys.broadcast_sent, 0, -1)][-1] == number
@@ -424,17 +424,17 @@ def test_a_worker_whose_cursors_were_deleted_reads_the_next_broadcast(r, backend
 
 
 def test_a_broadcast_counter_set_back_by_hand_still_delivers(r, backend):
-    from django_redisqueue.worker import Worker
+    from django_redisqueue.runtime.worker import Worker
 
     worker = Worker(backend, queues=["default"], burst=True)
     worker.register()
     r.set(backend.keys.broadcast_seq, 1000)
-    with patch("django_redisqueue.worker.close_old_connections"):
+    with patch("django_redisqueue.runtime.worker.close_old_connections"):
         worker.run()  # it saw the counter at 1000
     r.delete(backend.keys.broadcast_seq)
     worker.register()
     broadcast(tasks.record.job("after"))  # numbered 1
-    with patch("django_redisqueue.worker.close_old_connections"):
+    with patch("django_redisqueue.runtime.worker.close_old_connections"):
         worker.run()
     assert logged(r) == ["after"]
 
@@ -501,7 +501,7 @@ def test_a_spoilt_group_count_does_not_stop_a_member_ending(r, backend):
 def test_a_group_cancelled_between_its_enqueue_calls_never_runs_its_callback(r, backend):
     """The calls of a large group's enqueue are separate steps: a cancel can come between
     them, before the callback is stored (the last call holds it)."""
-    from django_redisqueue.broker import AFTER_GROUP
+    from django_redisqueue.store.wire import AFTER_GROUP
 
     broker, gid, noop = backend.broker, "g" * 26, '{"v":1,"task":"tests.tasks.noop"}'
     first, late = (NewJob(f"{i}" * 26, "default", 0, noop) for i in range(2))

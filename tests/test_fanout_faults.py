@@ -17,8 +17,8 @@ import redis
 
 from django_redisqueue import chain, group
 from django_redisqueue.compat import TaskResultStatus, task_backends
-from django_redisqueue.scheduler import IDLE_WAIT
-from django_redisqueue.workflows import broadcast
+from django_redisqueue.core.fanout import broadcast
+from django_redisqueue.runtime.scheduler import IDLE_WAIT
 from tests import tasks
 from tests.conftest import private_redis, wait_until
 

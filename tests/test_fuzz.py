@@ -32,9 +32,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus
+from django_redisqueue.core.registry import registry
 from django_redisqueue.exceptions import NotCancellable, ResultTimeout, TaskFailed
-from django_redisqueue.registry import registry
-from django_redisqueue.scheduler import Scheduler
+from django_redisqueue.runtime.scheduler import Scheduler
 from tests import tasks
 from tests.conftest import run_worker_here
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from django_redisqueue.core.jobs import Envelope, JobRecord, cut_traceback
 from django_redisqueue.exceptions import InvalidPayload
-from django_redisqueue.jobs import Envelope, JobRecord, cut_traceback
 
 GOOD = {"v": 1, "task": "tests.tasks.add", "args": [1, 2], "kwargs": {}, "queue": "default"}
 

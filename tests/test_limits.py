@@ -10,9 +10,9 @@ import time
 import pytest
 
 from django_redisqueue import task
-from django_redisqueue.base import parse_rate_limit
-from django_redisqueue.broker import Outcome
-from django_redisqueue.workflows import group
+from django_redisqueue.core.fanout import group
+from django_redisqueue.core.tasks import parse_rate_limit
+from django_redisqueue.store.wire import Outcome
 from tests import tasks
 from tests.conftest import run_worker_here, wait_until
 

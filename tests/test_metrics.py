@@ -19,10 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_redisqueue import metrics
-from django_redisqueue.broker import RETRY
-from django_redisqueue.events import JobEvent
-from django_redisqueue.metrics import (
+from django_redisqueue.observe import metrics
+from django_redisqueue.observe.metrics import (
     CONTENT_TYPE,
     MAX_REQUEST_THREADS,
     REQUEST_TIMEOUT,
@@ -35,6 +33,8 @@ from django_redisqueue.metrics import (
     render,
     serve,
 )
+from django_redisqueue.runtime.events import JobEvent
+from django_redisqueue.store.wire import RETRY
 from tests import tasks
 from tests.conftest import manage, private_redis, run_worker_here, wait_until
 
@@ -261,8 +261,8 @@ def test_an_empty_exposition_still_parses():
 
 
 def test_an_outcome_redis_refused_is_not_counted(backend):
-    from django_redisqueue.broker import SUCCESSFUL, Outcome
-    from django_redisqueue.worker import Finished, Worker
+    from django_redisqueue.runtime.worker import Finished, Worker
+    from django_redisqueue.store.wire import SUCCESSFUL, Outcome
 
     worker = Worker(backend)
     event = JobEvent("j1", "tests.tasks.add", "default", SUCCESSFUL, 0.1, 1, 0.0)

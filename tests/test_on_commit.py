@@ -9,7 +9,7 @@ from django.test import override_settings
 from django_redisqueue import RedisTaskResult
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_enqueued
 from django_redisqueue.exceptions import BrokerUnavailable
-from django_redisqueue.gateway import now_ms
+from django_redisqueue.store.gateway import now_ms
 from tests import tasks
 from tests.conftest import manage, wait_until
 from tests.models import Report

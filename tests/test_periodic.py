@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from django_redisqueue.compat import task_backends
-from django_redisqueue.dashboard import Dashboard
+from django_redisqueue.dashboard.reads import Dashboard
 from django_redisqueue.periodic import (
     BATCH,
     MAX_BACKLOG,
@@ -33,7 +33,7 @@ from django_redisqueue.periodic import (
     run_now,
     schedules_of,
 )
-from django_redisqueue.scheduler import Scheduler
+from django_redisqueue.runtime.scheduler import Scheduler
 from tests import tasks
 from tests.conftest import manage, wait_until
 from tests.test_fuzz import TRIED, counted, fuzz

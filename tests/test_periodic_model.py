@@ -92,7 +92,6 @@ from hypothesis.stateful import (
 )
 
 from django_redisqueue import periodic as periodic_module
-from django_redisqueue.broker import Broker, NewJob
 from django_redisqueue.periodic import (
     COUNT_LIMIT,
     PeriodicStep,
@@ -100,6 +99,8 @@ from django_redisqueue.periodic import (
     Schedule,
     run_now,
 )
+from django_redisqueue.store.broker import Broker
+from django_redisqueue.store.wire import NewJob
 from tests import tasks
 from tests.test_protocol_model import snapshot
 

@@ -105,22 +105,22 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from django_redisqueue.broker import (
+from django_redisqueue.compat import TaskResultDoesNotExist
+from django_redisqueue.core.fanout import Job as WorkflowJob
+from django_redisqueue.exceptions import NotCancellable
+from django_redisqueue.store.broker import Broker
+from django_redisqueue.store.queries import Queries
+from django_redisqueue.store.wire import (
     AFTER_GROUP,
     FAILED,
     RELEASE,
     RETRY,
     SUCCESSFUL,
-    Broker,
     MissingJob,
     NewJob,
     Outcome,
     Received,
 )
-from django_redisqueue.compat import TaskResultDoesNotExist
-from django_redisqueue.exceptions import NotCancellable
-from django_redisqueue.queries import Queries
-from django_redisqueue.workflows import Job as WorkflowJob
 from tests import tasks
 from tests.protocol_model_limits import (
     DELAYED,
@@ -2280,7 +2280,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
     try:
         with (
             mock.patch("django_redisqueue.preparation.new_job_id", ids.new_job_id),
-            mock.patch("django_redisqueue.broker.ENQUEUE_BATCH_JOBS", BATCH),
+            mock.patch("django_redisqueue.store.broker.ENQUEUE_BATCH_JOBS", BATCH),
         ):
             run_state_machine_as_test(
                 lambda: ProtocolMachine(env),

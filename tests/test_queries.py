@@ -5,7 +5,7 @@ hand, reads as absent or empty; every other error Redis answers is raised, never
 import pytest
 import redis
 
-from django_redisqueue.queries import Queries
+from django_redisqueue.store.queries import Queries
 from tests import tasks
 
 pytestmark = pytest.mark.django_db

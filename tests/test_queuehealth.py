@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from django_redisqueue.compat import task_backends
 from django_redisqueue.management.commands import queuehealth
-from django_redisqueue.queries import SCHEDULER_ALIVE_MS, WORKER_ALIVE_MS, Queries
+from django_redisqueue.store.queries import SCHEDULER_ALIVE_MS, WORKER_ALIVE_MS, Queries
 from tests import tasks
 from tests.conftest import manage, not_on_cluster, private_redis, wait_until
 from tests.servers import free_port

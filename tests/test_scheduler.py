@@ -16,8 +16,8 @@ from django.utils import timezone
 from django_redisqueue import TaskFailed
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
 from django_redisqueue.exceptions import NotCancellable
-from django_redisqueue.gateway import now_ms
-from django_redisqueue.scheduler import Scheduler
+from django_redisqueue.runtime.scheduler import Scheduler
+from django_redisqueue.store.gateway import now_ms
 from tests import tasks
 from tests.conftest import blocked_clients, manage, start_manage, wait_until
 

@@ -9,8 +9,8 @@ import pytest
 from django.db import transaction
 
 from django_redisqueue import chain, group, task
-from django_redisqueue.broker import Outcome
-from django_redisqueue.workflows import broadcast
+from django_redisqueue.core.fanout import broadcast
+from django_redisqueue.store.wire import Outcome
 from tests import tasks
 from tests.conftest import ROOT, child_env, run_worker_here
 

@@ -178,7 +178,7 @@ def test_bad_arguments_are_command_errors(args, message):
 @pytest.mark.django_db  # the worker closes stale DB connections around each job
 def test_signals_are_sent_around_each_job(backend):
     from django_redisqueue.compat import task_enqueued, task_finished, task_started
-    from django_redisqueue.worker import Worker
+    from django_redisqueue.runtime.worker import Worker
 
     seen, stored_when_finished = [], []
 
@@ -259,7 +259,9 @@ def test_a_failed_job_logs_its_exception_and_traceback(backend, caplog):
     with caplog.at_level(logging.INFO):
         run_worker_here(backend)
     ours = [
-        r for r in caplog.records if r.name == "django_redisqueue.worker" and job.id in r.message
+        r
+        for r in caplog.records
+        if r.name == "django_redisqueue.runtime.worker" and job.id in r.message
     ]
     django = [r for r in caplog.records if "state=FAILED" in r.getMessage()]
     assert "FAILED" in ours[-1].getMessage() and "ValueError: boom" in ours[-1].getMessage()

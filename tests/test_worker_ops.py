@@ -15,11 +15,11 @@ from django.utils import autoreload
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_redisqueue import memory
 from django_redisqueue.compat import TaskResultStatus
-from django_redisqueue.events import JobEvent
-from django_redisqueue.logformat import JsonFormatter, job_fields
-from django_redisqueue.reloading import RELOAD_EXIT_CODE, ReloadWatcher
+from django_redisqueue.observe.logformat import JsonFormatter, job_fields
+from django_redisqueue.runtime import memory
+from django_redisqueue.runtime.events import JobEvent
+from django_redisqueue.runtime.reloading import RELOAD_EXIT_CODE, ReloadWatcher
 from tests import tasks
 from tests.conftest import ROOT, child_env, manage, run_worker_here, wait_until
 
@@ -381,7 +381,7 @@ def test_json_lines_stay_one_line_of_the_job_s_fields_whatever_redis_held(
 ):
     event = JobEvent(job_id, task, queue, status, duration, attempt, wait)
     record = logging.LogRecord(
-        "django_redisqueue.worker", logging.INFO, __file__, 1, "%s", (message,), None
+        "django_redisqueue.runtime.worker", logging.INFO, __file__, 1, "%s", (message,), None
     )
     record.__dict__.update(job_fields(event))
 
@@ -402,7 +402,7 @@ def test_json_lines_stay_one_line_of_the_job_s_fields_whatever_redis_held(
 def test_a_json_lines_stream_is_as_usable_as_the_stream_it_wraps(tmp_path):
     """Under --log-format json, sys.stdout and sys.stderr are JsonLines: code that asks
     them for an encoding, a buffer or a file descriptor (faulthandler) still works."""
-    from django_redisqueue.logformat import JsonLines
+    from django_redisqueue.observe.logformat import JsonLines
 
     with open(tmp_path / "out", "w+", encoding="utf-8") as raw:
         lines = JsonLines(raw, "py.stdout", logging.INFO)

@@ -10,7 +10,7 @@ from django.core.management.base import CommandError
 
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.compat import task_backends
-from django_redisqueue.logformat import JsonFormatter, JsonLines, json_everywhere
+from django_redisqueue.observe.logformat import JsonFormatter, JsonLines, json_everywhere
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 # Django's (6.0+) and the django-tasks backport's.

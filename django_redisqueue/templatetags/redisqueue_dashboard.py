@@ -10,7 +10,7 @@ from django.utils.dateformat import format as format_date
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from ..rows import relative
+from django_redisqueue.dashboard.rows import relative
 
 register = template.Library()
 

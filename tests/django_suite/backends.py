@@ -21,7 +21,7 @@ from asgiref.local import Local
 
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.compat import TASKS_PACKAGE, task_backends
-from django_redisqueue.worker import Worker
+from django_redisqueue.runtime.worker import Worker
 
 # Seconds a burst worker may take to empty the queues of one enqueue.
 WORKER_TIMEOUT = 60.0

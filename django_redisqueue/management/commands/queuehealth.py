@@ -14,11 +14,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redisqueue.backend import RedisQueueBackend
-from django_redisqueue.gateway import REDIS_ERRORS
-from django_redisqueue.jobs import QUEUE_NAME_RE
+from django_redisqueue.core.jobs import QUEUE_NAME_RE
 from django_redisqueue.management.common import get_backend
-from django_redisqueue.queries import SCHEDULER_ALIVE_MS, Live, Queries
-from django_redisqueue.worker import raise_after
+from django_redisqueue.runtime.alarms import raise_after
+from django_redisqueue.store.gateway import REDIS_ERRORS
+from django_redisqueue.store.queries import SCHEDULER_ALIVE_MS, Live, Queries
 
 HEALTHY = 0
 # 1 is a CommandError's (unknown backend or queue) and 2 argparse's (a wrong option).

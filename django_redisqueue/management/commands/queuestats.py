@@ -9,9 +9,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.utils.timezone import localtime
 
-from django_redisqueue.dashboard import Dashboard
+from django_redisqueue.dashboard.reads import Dashboard
+from django_redisqueue.dashboard.rows import ScheduleRow
 from django_redisqueue.management.common import get_backend
-from django_redisqueue.rows import ScheduleRow
 
 COLUMNS = ("ready", "running", "delayed", "failed", "finished")
 

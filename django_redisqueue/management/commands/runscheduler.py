@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_redisqueue.management.common import configure_logging, get_backend
-from django_redisqueue.scheduler import Scheduler
+from django_redisqueue.runtime.scheduler import Scheduler
 
 
 class Command(BaseCommand):

@@ -11,19 +11,19 @@ from typing import Any, TextIO, cast
 from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 
 from django_redisqueue.backend import RedisQueueBackend
-from django_redisqueue.jobs import QUEUE_NAME_RE
-from django_redisqueue.logformat import JsonLines
+from django_redisqueue.core.jobs import QUEUE_NAME_RE
+from django_redisqueue.core.registry import registry
 from django_redisqueue.management.common import configure_logging, get_backend
-from django_redisqueue.metrics import parse_address, serve
-from django_redisqueue.pool import run_workers
-from django_redisqueue.registry import registry
-from django_redisqueue.reloading import (
+from django_redisqueue.observe.logformat import JsonLines
+from django_redisqueue.observe.metrics import parse_address, serve
+from django_redisqueue.runtime.pool import run_workers
+from django_redisqueue.runtime.reloading import (
     RELOAD_GRACE,
     ReloadWatcher,
     is_reload_child,
     run_reloading_parent,
 )
-from django_redisqueue.worker import Worker
+from django_redisqueue.runtime.worker import Worker
 
 
 def positive_int(value: str) -> int:

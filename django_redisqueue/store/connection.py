@@ -17,7 +17,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from .conf import Options
+from django_redisqueue.core.conf import Options
 
 Client = redis.Redis | RedisCluster
 

@@ -28,8 +28,8 @@ from types import FrameType
 
 from django.db import connections
 
-from .reloading import ReloadWatcher, give_back_running_job
-from .worker import Worker
+from django_redisqueue.runtime.reloading import ReloadWatcher, give_back_running_job
+from django_redisqueue.runtime.worker import Worker
 
 logger = logging.getLogger(__name__)
 

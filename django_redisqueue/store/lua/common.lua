@@ -320,7 +320,7 @@ local function append_error(job, error)
   redis.call('HSET', job, 'errors', errors)
 end
 
--- The error of a job that cannot be run for what Redis holds, as worker.py words it.
+-- The error of a job that cannot be run for what Redis holds, as runtime/worker.py words it.
 local function invalid_error(message)
   return cjson.encode({
     exception_class_path = 'django_redisqueue.exceptions.InvalidPayload',

@@ -18,27 +18,47 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import FrameType
 
 from django.db import close_old_connections
 
-from .backend import RedisQueueBackend
-from .base import RedisTask, RedisTaskResult
-from .broker import AFTER_GROUP_PREFIX, FAILED, RELEASE, RETRY, SUCCESSFUL, Claimed, Outcome
-from .compat import TaskContext, TaskError, TaskResultStatus, task_finished, task_started
-from .events import JobEvent
-from .exceptions import InvalidPayload, JobTimeout, LeaseLost, UnknownTask, WorkerShutdown
-from .gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector
-from .jobs import Envelope, JobRecord, ensure_json, error_info, to_json
-from .logformat import job_fields
-from .memory import MB, resident_set_size
-from .metrics import JobMetrics, MetricsRefused
-from .preparation import make_result
-from .registry import registry
+from django_redisqueue.backend import RedisQueueBackend
+from django_redisqueue.compat import (
+    TaskContext,
+    TaskError,
+    TaskResultStatus,
+    task_finished,
+    task_started,
+)
+from django_redisqueue.core.jobs import Envelope, JobRecord, ensure_json, error_info, to_json
+from django_redisqueue.core.registry import registry
+from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
+from django_redisqueue.exceptions import (
+    InvalidPayload,
+    LeaseLost,
+    UnknownTask,
+    WorkerShutdown,
+)
+from django_redisqueue.observe.logformat import job_fields
+from django_redisqueue.observe.metrics import JobMetrics, MetricsRefused
+from django_redisqueue.preparation import make_result
+from django_redisqueue.runtime.alarms import time_limit
+from django_redisqueue.runtime.events import JobEvent
+from django_redisqueue.runtime.memory import MB, resident_set_size
+from django_redisqueue.runtime.queue_order import QueueOrder
+from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector
+from django_redisqueue.store.wire import (
+    AFTER_GROUP_PREFIX,
+    FAILED,
+    RELEASE,
+    RETRY,
+    SUCCESSFUL,
+    Claimed,
+    Outcome,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -72,64 +92,6 @@ RECEIVE_ATTEMPTS = 5
 METRICS_ERRORS: tuple[type[Exception], ...] = (MetricsRefused, *REDIS_ERRORS)
 # Sent by the heartbeat to the main thread to stop a job whose lease was lost.
 LEASE_LOST_SIGNAL = signal.SIGUSR1
-
-
-@contextmanager
-def raise_after(seconds: float | None, error: Callable[[], BaseException]) -> Iterator[None]:
-    """Raise ``error()`` inside the block once it has run ``seconds`` (SIGALRM).
-
-    Only in the main thread (elsewhere, or with no seconds, the block runs unbounded).
-    Code blocked inside C that does not return to Python is stopped only when it does.
-    """
-    if not seconds or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_alarm(signum: int, frame: FrameType | None) -> None:
-        raise error()
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def time_limit(seconds: float | None, what: str) -> contextlib.AbstractContextManager[None]:
-    """Stop a task (JobTimeout) that runs past its timeout, on the worker's main thread."""
-    return raise_after(
-        seconds, lambda: JobTimeout(f"{what} ran past its timeout of {seconds} s and was stopped")
-    )
-
-
-class QueueOrder:
-    """The order in which a worker tries its queues on each claim.
-
-    Strict (no weights): always the configured order, so a busy first queue starves
-    the others. Weighted: a smooth weighted round-robin picks the queue tried first
-    (``high:5 low:1`` puts ``low`` first once in six claims); the rest follow in the
-    configured order, so no job waits for ever while work remains anywhere.
-    """
-
-    def __init__(self, queues: Sequence[str], weights: Mapping[str, int] | None = None):
-        self.queues = list(queues)
-        self.weights = dict(weights or {})
-        self._current = dict.fromkeys(self.queues, 0)
-
-    def next(self) -> list[str]:
-        """The queue order for the next claim."""
-        if not self.weights:
-            return self.queues
-        total = 0
-        for queue in self.queues:
-            weight = self.weights.get(queue, 1)
-            self._current[queue] += weight
-            total += weight
-        first = max(self.queues, key=self._current.__getitem__)
-        self._current[first] -= total
-        return [first, *(q for q in self.queues if q != first)]
 
 
 class Heartbeat(threading.Thread):

@@ -20,11 +20,11 @@ import socket
 import time
 from types import FrameType
 
-from .backend import RedisQueueBackend
-from .exceptions import WorkerLost
-from .gateway import REDIS_ERRORS, Reconnector
-from .jobs import error_info, to_json
-from .periodic import PeriodicStep
+from django_redisqueue.backend import RedisQueueBackend
+from django_redisqueue.core.jobs import error_info, to_json
+from django_redisqueue.exceptions import WorkerLost
+from django_redisqueue.periodic import PeriodicStep
+from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
 
 logger = logging.getLogger(__name__)
 

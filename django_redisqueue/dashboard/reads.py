@@ -11,10 +11,9 @@ from typing import Any
 
 from django.utils.timezone import localtime
 
-from .backend import RedisQueueBackend
-from .jobs import STATUSES, from_ms
-from .periodic import schedules_of
-from .rows import (
+from django_redisqueue.backend import RedisQueueBackend
+from django_redisqueue.core.jobs import STATUSES, from_ms
+from django_redisqueue.dashboard.rows import (
     BroadcastRow,
     GroupDetail,
     GroupRow,
@@ -27,6 +26,7 @@ from .rows import (
     page_number,
     status_label,
 )
+from django_redisqueue.periodic import schedules_of
 
 # Workers and schedulers read for the overview, the heard from last first.
 LIVE_READ_LIMIT = 200

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .exceptions import InvalidPayload
+from django_redisqueue.exceptions import InvalidPayload
 
 ENVELOPE_VERSION = 1
 

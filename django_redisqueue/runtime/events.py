@@ -7,8 +7,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .broker import Claimed
-from .jobs import Envelope, whole_number
+from django_redisqueue.core.jobs import Envelope, whole_number
+from django_redisqueue.store.wire import Claimed
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,28 +13,28 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any, cast
 
 import redis
 from redis.exceptions import NoScriptError
 
-from .connection import Client
-from .gateway import Gateway, sync, text
-from .keys import KeySchema
+from django_redisqueue.store.connection import Client
+from django_redisqueue.store.gateway import Gateway, sync, text
+from django_redisqueue.store.keys import KeySchema
+from django_redisqueue.store.wire import (
+    AFTER_GROUP,
+    Claimed,
+    MissingJob,
+    NewJob,
+    Outcome,
+    PeriodicReply,
+    Received,
+    Tick,
+)
 
 logger = logging.getLogger(__name__)
 
-SUCCESSFUL = "SUCCESSFUL"
-FAILED = "FAILED"
-RETRY = "RETRY"  # an outcome only: the job goes back to the delayed set, READY
-RELEASE = "RELEASE"  # an outcome only: given back unfinished to its queue, READY
-# NewJob.after of a group's callback: it waits for every member of its group to end
-# (no job id has a '*').
-AFTER_GROUP = "*"
-# How a callback's job hash names its group in its ``after`` field: ``group:<gid>``.
-AFTER_GROUP_PREFIX = "group:"
 
 # Seconds a worker's record outlives its last heartbeat.
 WORKER_TTL = 60
@@ -68,96 +68,6 @@ def _pairs(flat: Sequence[Any]) -> dict[str, str]:
         item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item) for item in flat
     ]
     return dict(zip(values[::2], values[1::2], strict=False))
-
-
-@dataclass(frozen=True, slots=True)
-class NewJob:
-    """A job to store: READY now, or in its queue's delayed set until ``due_ms``."""
-
-    job_id: str
-    queue: str
-    priority: int
-    payload: str  # the JSON envelope
-    due_ms: int = 0  # ms since the epoch by Redis's clock; 0 (or passed): ready now
-    # The job it runs after: '' (none), a job id, or AFTER_GROUP (a group's callback).
-    after: str = ""
-    # '' or JSON: its unique key and limits (lua/common.lua's job_options).
-    options: str = ""
-
-    def as_args(self) -> list[Any]:
-        return [self.job_id, self.payload, self.queue, self.priority, self.due_ms, self.options]
-
-    def as_linked_args(self) -> list[Any]:
-        return [*self.as_args(), self.after]
-
-
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    """A job taken by a worker: it owns it until it finishes or the lease runs out."""
-
-    job_id: str
-    owner: str  # the fencing token: only this owner may finish the job
-    fields: dict[str, str]  # the job's hash, as jobs.JobRecord reads it
-
-    @property
-    def payload(self) -> str:
-        return self.fields.get("payload", "")
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How a job ended, as the worker hands it back to finish it."""
-
-    job_id: str
-    owner: str
-    status: str  # SUCCESSFUL, FAILED, RETRY or RELEASE
-    result: str = ""  # JSON return value
-    error: str = ""  # JSON {"exception_class_path": ..., "traceback": ...}
-    retry_in_ms: int = 0  # for RETRY
-
-    def as_args(self) -> list[Any]:
-        return [self.job_id, self.owner, self.status, self.result, self.error, self.retry_in_ms]
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """What one scheduler step did, and how long until the next step is due."""
-
-    promoted: int
-    recovered: int
-    failed: int
-    next_in: float | None  # seconds; None when nothing is delayed or running; 0: again
-    now_ms: int  # Redis's clock when the step ran
-    held: bool = False  # it ran past recover_until_ms, so it recovered no lease
-
-
-@dataclass(frozen=True, slots=True)
-class PeriodicReply:
-    """What a periodic step did for one schedule (lua/periodic.lua, mode 'run')."""
-
-    # ok, stale (compute again from ``last``), edited (another timetable is in force:
-    # nothing done), new, paused, invalid
-    status: str
-    last: int  # the schedule's last occurrence (ms), as Redis now holds it (0: none)
-    enqueued: int  # jobs stored
-    last_job: str  # the id of the last job stored ('' if none)
-
-
-@dataclass(frozen=True, slots=True)
-class Received:
-    """What one receive took: the broadcast messages to run (number, payload), and
-    whether unread messages remain past those it read."""
-
-    messages: list[tuple[int, str]]
-    more: bool
-
-
-class MissingJob(LookupError):
-    """A job named to run after (``depends_on``) does not exist, or has expired."""
-
-    def __init__(self, job_id: str) -> None:
-        super().__init__(job_id)
-        self.job_id = job_id
 
 
 class NotReplicated(redis.RedisError):
@@ -623,7 +533,7 @@ class Broker(Gateway):
 
     def add_metrics(self, counts: Mapping[str, int], sums: Mapping[str, float]) -> list[str]:
         """Add a worker's counts (HINCRBY) and sums (HINCRBYFLOAT: a field that holds
-        a fraction refuses HINCRBY) to the metrics hash (metrics.py) in one round trip;
+        a fraction refuses HINCRBY) to the metrics hash (observe/metrics.py) in one round trip;
         return the fields Redis refused, whose amounts were not added."""
         pipe = self._pipeline(transaction=False)
         for name, count in counts.items():

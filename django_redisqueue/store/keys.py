@@ -50,7 +50,7 @@ key                           type    contents (written by)
                                       ``jobs|<queue>|<task>|<status>``, and the
                                       histograms' ``duration|…|<le>``,
                                       ``duration_sum|…|``, ``wait|…``,
-                                      ``wait_sum|…`` (metrics.py); no TTL
+                                      ``wait_sum|…`` (observe/metrics.py); no TTL
 ``{P}:paused``                set     names of paused queues (workers skip them)
 ``{P}:queues``                set     names of the queues used, kept when QUEUES
                                       is empty (any name valid) for workers,

@@ -13,11 +13,11 @@ from redis.backoff import NoBackoff
 from redis.client import Pipeline
 from redis.retry import Retry
 
-from .connection import Client
-from .exceptions import InvalidPayload
-from .gateway import Gateway, read_leniently, readable, sync, text
-from .jobs import MAX_TIMESTAMP, QUEUE_NAME_RE, Envelope
-from .keys import KeySchema
+from django_redisqueue.core.jobs import MAX_TIMESTAMP, QUEUE_NAME_RE, Envelope
+from django_redisqueue.exceptions import InvalidPayload
+from django_redisqueue.store.connection import Client
+from django_redisqueue.store.gateway import Gateway, read_leniently, readable, sync, text
+from django_redisqueue.store.keys import KeySchema
 
 # Running jobs read at most by one look at them (overview, running page, metrics): far
 # more than any fleet runs at once; past it, the counts per queue fall short.

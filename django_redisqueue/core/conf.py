@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .compat import DEFAULT_TASK_QUEUE_NAME
-from .exceptions import ConfigurationError
-from .jobs import QUEUE_NAME_RE
+from django_redisqueue.compat import DEFAULT_TASK_QUEUE_NAME
+from django_redisqueue.core.jobs import QUEUE_NAME_RE
+from django_redisqueue.exceptions import ConfigurationError
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
@@ -42,7 +42,7 @@ class Options:
     replica_acks: int = 0  # replicas that must have a write before it counts as done
     replica_acks_timeout: float = 1.0  # seconds to wait for them
     periodic: Mapping[str, Mapping[str, Any]] | None = None  # name -> schedule (periodic.py)
-    metrics: bool = True  # workers count jobs for the Prometheus metrics (metrics.py)
+    metrics: bool = True  # workers count jobs for the Prometheus metrics (observe/metrics.py)
 
     @property
     def redis_url(self) -> str:
@@ -308,7 +308,7 @@ def _schedule_problems(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     """What is wrong with one schedule, as (message, hint) pairs."""
     from datetime import timedelta
 
-    from .jobs import ensure_json_arguments
+    from django_redisqueue.core.jobs import ensure_json_arguments
 
     problems = []
     unknown = sorted(map(str, set(spec) - set(PERIODIC_FIELDS)))

@@ -16,8 +16,8 @@ from redis.client import Pipeline
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
-from .connection import Client, describe
-from .keys import KeySchema
+from django_redisqueue.store.connection import Client, describe
+from django_redisqueue.store.keys import KeySchema
 
 logger = logging.getLogger(__name__)
 

@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
 
-from .gateway import REDIS_ERRORS, UNCERTAIN_ERRORS
+from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS
 
 if TYPE_CHECKING:
-    from .backend import RedisQueueBackend
-    from .events import JobEvent
-    from .queries import Live
+    from django_redisqueue.backend import RedisQueueBackend
+    from django_redisqueue.runtime.events import JobEvent
+    from django_redisqueue.store.queries import Live
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast, overload
 from django.db import transaction
 from django.utils import timezone
 
-from .compat import (
+from django_redisqueue.compat import (
     DEFAULT_TASK_PRIORITY,
     DEFAULT_TASK_QUEUE_NAME,
     Task,
@@ -28,11 +28,11 @@ from .compat import (
     TaskResultStatus,
     task_backends,
 )
-from .exceptions import TaskFailed
-from .jobs import JOB_ID_RE, to_json
+from django_redisqueue.core.jobs import JOB_ID_RE, to_json
+from django_redisqueue.exceptions import TaskFailed
 
 if TYPE_CHECKING:
-    from .workflows import Job
+    from django_redisqueue.core.fanout import Job
 
 DEFAULT_BACKEND_ALIAS = "default"
 
@@ -206,7 +206,7 @@ class RedisTask(Task):
     def job(self, *args: Any, **kwargs: Any) -> Job:
         """This task with these arguments, not queued yet: a member of a ``group()``,
         a step of a ``chain()`` (or ``.then()``), or a ``broadcast()``."""
-        from .workflows import Job
+        from django_redisqueue.core.fanout import Job
 
         return Job(self, args, kwargs)
 

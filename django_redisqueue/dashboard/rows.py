@@ -1,6 +1,6 @@
 """What a dashboard page shows of each thing it lists (a job, a group, a broadcast
 message), read leniently from whatever Redis holds, and the pages they come in.
-``dashboard.py`` reads them; the templates show them."""
+``reads.py`` reads them; the templates show them."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from django.utils import translation
 from django.utils.html import avoid_wrapping
 from django.utils.timesince import timesince, timeuntil
 
-from .broker import AFTER_GROUP_PREFIX
-from .exceptions import InvalidPayload
-from .jobs import (
+from django_redisqueue.core.jobs import (
     JOB_ID_RE,
     MAX_TIMESTAMP,
     Envelope,
@@ -25,8 +23,10 @@ from .jobs import (
     to_json,
     whole_number,
 )
-from .periodic import Schedule
-from .queries import GroupState
+from django_redisqueue.exceptions import InvalidPayload
+from django_redisqueue.periodic import Schedule
+from django_redisqueue.store.queries import GroupState
+from django_redisqueue.store.wire import AFTER_GROUP_PREFIX
 
 PAGE_SIZE = 50
 PREVIEW_CHARS = 80

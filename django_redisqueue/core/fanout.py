@@ -21,11 +21,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
-from .compat import TaskResultDoesNotExist, task_backends
+from django_redisqueue.compat import TaskResultDoesNotExist, task_backends
 
 if TYPE_CHECKING:
-    from .base import RedisTask, RedisTaskResult
-    from .queries import GroupState
+    from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
+    from django_redisqueue.store.queries import GroupState
 
 
 @dataclass(frozen=True, slots=True)

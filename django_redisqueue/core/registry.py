@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.utils.module_loading import autodiscover_modules
 
-from .compat import Task
+from django_redisqueue.compat import Task
 
 
 class TaskRegistry:

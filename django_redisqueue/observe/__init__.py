@@ -1,0 +1,2 @@
+"""What operators watch: the metrics (counting and the Prometheus exposition) and the
+JSON log format."""

@@ -1,0 +1,2 @@
+"""The processes that run jobs: the worker, the scheduler, the pool that supervises
+workers, code reloading and memory limits."""

@@ -1,0 +1,108 @@
+"""What the protocol's moves take and give back: job statuses and outcomes, a job to
+store, a claimed job, a scheduler step's summary, a periodic step's reply, the broadcast
+messages received. The values only; ``broker.py`` makes the moves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+SUCCESSFUL = "SUCCESSFUL"
+FAILED = "FAILED"
+RETRY = "RETRY"  # an outcome only: the job goes back to the delayed set, READY
+RELEASE = "RELEASE"  # an outcome only: given back unfinished to its queue, READY
+# NewJob.after of a group's callback: it waits for every member of its group to end
+# (no job id has a '*').
+AFTER_GROUP = "*"
+# How a callback's job hash names its group in its ``after`` field: ``group:<gid>``.
+AFTER_GROUP_PREFIX = "group:"
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to store: READY now, or in its queue's delayed set until ``due_ms``."""
+
+    job_id: str
+    queue: str
+    priority: int
+    payload: str  # the JSON envelope
+    due_ms: int = 0  # ms since the epoch by Redis's clock; 0 (or passed): ready now
+    # The job it runs after: '' (none), a job id, or AFTER_GROUP (a group's callback).
+    after: str = ""
+    # '' or JSON: its unique key and limits (lua/common.lua's job_options).
+    options: str = ""
+
+    def as_args(self) -> list[Any]:
+        return [self.job_id, self.payload, self.queue, self.priority, self.due_ms, self.options]
+
+    def as_linked_args(self) -> list[Any]:
+        return [*self.as_args(), self.after]
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A job taken by a worker: it owns it until it finishes or the lease runs out."""
+
+    job_id: str
+    owner: str  # the fencing token: only this owner may finish the job
+    fields: dict[str, str]  # the job's hash, as jobs.JobRecord reads it
+
+    @property
+    def payload(self) -> str:
+        return self.fields.get("payload", "")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a job ended, as the worker hands it back to finish it."""
+
+    job_id: str
+    owner: str
+    status: str  # SUCCESSFUL, FAILED, RETRY or RELEASE
+    result: str = ""  # JSON return value
+    error: str = ""  # JSON {"exception_class_path": ..., "traceback": ...}
+    retry_in_ms: int = 0  # for RETRY
+
+    def as_args(self) -> list[Any]:
+        return [self.job_id, self.owner, self.status, self.result, self.error, self.retry_in_ms]
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """What one scheduler step did, and how long until the next step is due."""
+
+    promoted: int
+    recovered: int
+    failed: int
+    next_in: float | None  # seconds; None when nothing is delayed or running; 0: again
+    now_ms: int  # Redis's clock when the step ran
+    held: bool = False  # it ran past recover_until_ms, so it recovered no lease
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodicReply:
+    """What a periodic step did for one schedule (lua/periodic.lua, mode 'run')."""
+
+    # ok, stale (compute again from ``last``), edited (another timetable is in force:
+    # nothing done), new, paused, invalid
+    status: str
+    last: int  # the schedule's last occurrence (ms), as Redis now holds it (0: none)
+    enqueued: int  # jobs stored
+    last_job: str  # the id of the last job stored ('' if none)
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """What one receive took: the broadcast messages to run (number, payload), and
+    whether unread messages remain past those it read."""
+
+    messages: list[tuple[int, str]]
+    more: bool
+
+
+class MissingJob(LookupError):
+    """A job named to run after (``depends_on``) does not exist, or has expired."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(job_id)
+        self.job_id = job_id
