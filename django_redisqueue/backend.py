@@ -25,12 +25,14 @@ from django_redisqueue.compat import (
 )
 from django_redisqueue.core.fanout import GroupResult, Job
 from django_redisqueue.core.jobs import (
+    FAILED,
     QUEUE_NAME_RE,
+    SUCCESSFUL,
     Envelope,
     JobRecord,
     error_info,
-    from_json,
     from_seconds,
+    stored_value,
     to_json,
 )
 from django_redisqueue.core.registry import registry
@@ -53,7 +55,7 @@ from django_redisqueue.store.connection import Client, make_client
 from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
 from django_redisqueue.store.keys import KeySchema
 from django_redisqueue.store.queries import GroupState, Queries
-from django_redisqueue.store.wire import AFTER_GROUP, FAILED, SUCCESSFUL, MissingJob
+from django_redisqueue.store.wire import AFTER_GROUP, CANCELLED, MissingJob
 
 logger = logging.getLogger(__name__)
 
@@ -321,13 +323,8 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         members = self.queries.group_members(group_id)
         for start in range(0, len(members), 1000):
             for fields in self.queries.jobs(members[start : start + 1000], "status", "result"):
-                value = None
-                if fields.get("status") == SUCCESSFUL and fields.get("result"):
-                    try:
-                        value = from_json(fields["result"])
-                    except (ValueError, RecursionError):
-                        value = None
-                values.append(value)
+                succeeded = fields.get("status") == SUCCESSFUL
+                values.append(stored_value(fields.get("result"))[1] if succeeded else None)
         return values
 
     def wait_group(self, group_id: str, timeout: float | None = None) -> None:
@@ -417,7 +414,7 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         status = self.broker.cancel(result_id, to_json(error_info(error)))
         if status is None:
             raise TaskResultDoesNotExist(result_id)
-        if status != "CANCELLED":
+        if status != CANCELLED:
             raise NotCancellable(
                 f"Job {result_id} is {status}: only a job that has not started (READY) "
                 "can be cancelled."

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CATCH_UP = ("latest", "all")
 # Most occurrences one step enqueues for a schedule that catches up "all"; a full
 # batch makes the scheduler step again at once.
 BATCH = 100

@@ -40,7 +40,8 @@ import redis
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
-from django_redisqueue.store.wire import FAILED, RELEASE, RETRY, SUCCESSFUL, NewJob
+from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
+from django_redisqueue.store.wire import RELEASE, RETRY, NewJob
 from tests import tasks
 
 # The places of a job in the model.

@@ -5,8 +5,9 @@ from importlib import resources
 import pytest
 
 from django_redisqueue import ResultTimeout
+from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
 from django_redisqueue.store.broker import ENQUEUE_BATCH_JOBS
-from django_redisqueue.store.wire import FAILED, SUCCESSFUL, NewJob, Outcome
+from django_redisqueue.store.wire import NewJob, Outcome
 from tests import tasks
 from tests.topology import keys_server, scripts_run
 

@@ -261,8 +261,9 @@ def test_an_empty_exposition_still_parses():
 
 
 def test_an_outcome_redis_refused_is_not_counted(backend):
+    from django_redisqueue.core.jobs import SUCCESSFUL
     from django_redisqueue.runtime.worker import Finished, Worker
-    from django_redisqueue.store.wire import SUCCESSFUL, Outcome
+    from django_redisqueue.store.wire import Outcome
 
     worker = Worker(backend)
     event = JobEvent("j1", "tests.tasks.add", "default", SUCCESSFUL, 0.1, 1, 0.0)

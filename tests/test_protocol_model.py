@@ -107,15 +107,14 @@ from hypothesis.stateful import (
 
 from django_redisqueue.compat import TaskResultDoesNotExist
 from django_redisqueue.core.fanout import Job as WorkflowJob
+from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
 from django_redisqueue.exceptions import NotCancellable
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.queries import Queries
 from django_redisqueue.store.wire import (
     AFTER_GROUP,
-    FAILED,
     RELEASE,
     RETRY,
-    SUCCESSFUL,
     MissingJob,
     NewJob,
     Outcome,

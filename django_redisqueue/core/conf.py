@@ -261,6 +261,8 @@ def _topology_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
 # Periodic jobs (periodic.py): PERIODIC is {name: {"task": "app.tasks.f", "cron": "0 3 * * *"
 # or "every": seconds, "args": [...], "kwargs": {...}, "catch_up": "latest" or "all"}}.
 PERIODIC_FIELDS = ("task", "cron", "every", "args", "kwargs", "catch_up")
+# How a schedule catches up on the occurrences it missed: one job, or one each.
+CATCH_UP = ("latest", "all")
 # An interval's bounds (seconds): the scheduler's finest step, and a year.
 MIN_EVERY_SECONDS = 1
 MAX_EVERY_SECONDS = 366 * 86400
@@ -356,7 +358,7 @@ def _schedule_problems(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
             ensure_json_arguments(str(task), args, kwargs)
         except (TypeError, ValueError) as exc:
             problems.append((f"has arguments that JSON cannot carry: {exc}", "Pass JSON values."))
-    if spec.get("catch_up", "latest") not in ("latest", "all"):
+    if spec.get("catch_up", "latest") not in CATCH_UP:
         problems.append(
             (
                 f"has 'catch_up' {spec['catch_up']!r}.",

@@ -42,7 +42,13 @@ MAX_TRACEBACK_CHARS = 16_000
 # recursion of code that walks them (Django's TaskResult does).
 MAX_DEPTH = 100
 
-STATUSES = ("READY", "RUNNING", "SUCCESSFUL", "FAILED")
+# A job's status, as its hash stores it (docs/protocol.md, "States"); a cancelled job is
+# FAILED with JobCancelled.
+READY = "READY"
+RUNNING = "RUNNING"
+SUCCESSFUL = "SUCCESSFUL"
+FAILED = "FAILED"
+STATUSES = (READY, RUNNING, SUCCESSFUL, FAILED)
 
 
 def to_json(value: Any) -> str:
@@ -365,7 +371,7 @@ class JobRecord:
     def status(self) -> str:
         """One of STATUSES; READY for a hash whose status is unreadable."""
         status = self.fields.get("status", "")
-        return status if status in STATUSES else "READY"
+        return status if status in STATUSES else READY
 
     @property
     def queue(self) -> str:
@@ -418,10 +424,15 @@ class JobRecord:
     @property
     def return_value(self) -> tuple[bool, Any]:
         """(True, value) if a readable JSON result is stored, else (False, None)."""
-        text = self.fields.get("result")
-        if not text:
-            return False, None
-        try:
-            return True, from_json(text)
-        except (ValueError, RecursionError):
-            return False, None
+        return stored_value(self.fields.get("result"))
+
+
+def stored_value(text: str | None) -> tuple[bool, Any]:
+    """A return value as a job's hash stores it: (True, value) if it is readable JSON,
+    else (False, None)."""
+    if not text:
+        return False, None
+    try:
+        return True, from_json(text)
+    except (ValueError, RecursionError):
+        return False, None

@@ -33,7 +33,15 @@ from django_redisqueue.compat import (
     task_finished,
     task_started,
 )
-from django_redisqueue.core.jobs import Envelope, JobRecord, ensure_json, error_info, to_json
+from django_redisqueue.core.jobs import (
+    FAILED,
+    SUCCESSFUL,
+    Envelope,
+    JobRecord,
+    ensure_json,
+    error_info,
+    to_json,
+)
 from django_redisqueue.core.registry import registry
 from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
 from django_redisqueue.exceptions import (
@@ -50,15 +58,7 @@ from django_redisqueue.runtime.events import JobEvent
 from django_redisqueue.runtime.memory import MB, resident_set_size
 from django_redisqueue.runtime.queue_order import QueueOrder
 from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector
-from django_redisqueue.store.wire import (
-    AFTER_GROUP_PREFIX,
-    FAILED,
-    RELEASE,
-    RETRY,
-    SUCCESSFUL,
-    Claimed,
-    Outcome,
-)
+from django_redisqueue.store.wire import AFTER_GROUP_PREFIX, RELEASE, RETRY, Claimed, Outcome
 
 logger = logging.getLogger(__name__)
 

@@ -1,14 +1,15 @@
 """What the protocol's moves take and give back: job statuses and outcomes, a job to
 store, a claimed job, a scheduler step's summary, a periodic step's reply, the broadcast
-messages received. The values only; ``broker.py`` makes the moves."""
+messages received. The values only; ``broker.py`` makes the moves. (The statuses an
+outcome shares with a job, SUCCESSFUL and FAILED, are ``core.jobs``'.)"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-SUCCESSFUL = "SUCCESSFUL"
-FAILED = "FAILED"
+# What cancel answers for a job it cancelled (otherwise, the status that prevents it).
+CANCELLED = "CANCELLED"
 RETRY = "RETRY"  # an outcome only: the job goes back to the delayed set, READY
 RELEASE = "RELEASE"  # an outcome only: given back unfinished to its queue, READY
 # NewJob.after of a group's callback: it waits for every member of its group to end
