@@ -50,6 +50,19 @@ def pytest_runtest_makereport(item, call):
             report.longrepr = _utf8(longrepr)
 
 
+# The longest tests, first: started last, one of them would keep one process busy
+# while the others idle at the end of a parallel run.
+LONGEST_FIRST = ("test_protocol_model.py", "test_periodic_model.py", "test_faults.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)
+
+
 FIGURES: list[str] = []
 
 
