@@ -30,51 +30,24 @@ from django.views.decorators.clickjacking import xframe_options_deny
 from django.views.decorators.http import require_GET, require_POST
 
 from django_redisqueue.backend import RedisQueueBackend, our_backends
-from django_redisqueue.compat import TaskResultDoesNotExist, task_backends
+from django_redisqueue.compat import task_backends
 from django_redisqueue.core.jobs import JOB_ID_RE, from_ms
+from django_redisqueue.dashboard import actions
 from django_redisqueue.dashboard.reads import FILTER_SCAN_LIMIT, MENU_QUEUES, FailedScan
 from django_redisqueue.dashboard.reads import Dashboard as DashboardData
 from django_redisqueue.dashboard.rows import PAGE_SIZE, JobRow, Page, is_path, page_number
-from django_redisqueue.exceptions import NotCancellable
 from django_redisqueue.models import Dashboard
 from django_redisqueue.observe.metrics import QUEUE_SERIES_LIMIT
-from django_redisqueue.periodic import PeriodicTaskError, run_now, schedules_of
 from django_redisqueue.store.gateway import REDIS_ERRORS
 
 VIEW = "django_redisqueue.view_dashboard"
 MANAGE = "django_redisqueue.manage_queues"
-# Jobs changed per script call by the "all" actions, so that Redis never blocks long.
-ACTION_BATCH = 1000
 # How often a dashboard page fetches its live part again.
 REFRESH_SECONDS = 5
 # Jobs one action on a selection may name: those of one page.
 SELECTION_LIMIT = PAGE_SIZE
 # Django 6.1's admin marks breadcrumbs up as a list, and styles only that.
 BREADCRUMBS_AS_LIST = django.VERSION >= (6, 1)
-
-
-@dataclass(frozen=True)
-class Action:
-    label: str
-    destructive: bool
-    needs_job: bool = False  # acts on one job only
-    needs_group: bool = False  # acts on one group, of no one queue
-    needs_schedule: bool = False  # acts on one periodic schedule, of no one queue
-
-
-ACTIONS = {
-    "retry_failed": Action("Retry failed jobs", destructive=False),
-    "delete_failed": Action("Delete failed jobs", destructive=True),
-    "run_now": Action("Run the delayed job now", destructive=False, needs_job=True),
-    "cancel": Action("Cancel the job", destructive=True, needs_job=True),
-    "pause": Action("Pause the queue", destructive=False),
-    "resume": Action("Resume the queue", destructive=False),
-    "empty": Action("Delete every waiting job of the queue", destructive=True),
-    "cancel_group": Action("Cancel the group", destructive=True, needs_group=True),
-    "pause_schedule": Action("Pause", destructive=False, needs_schedule=True),
-    "resume_schedule": Action("Resume", destructive=False, needs_schedule=True),
-    "run_schedule": Action("Run now", destructive=False, needs_schedule=True),
-}
 
 
 class JobIdConverter:
@@ -91,23 +64,6 @@ class JobIdConverter:
 
 
 register_converter(JobIdConverter, "drq_job_id")
-
-# What an action of the queue's script did, in its message.
-DONE = {
-    "retry_failed": "put back on their queue",
-    "delete_failed": "deleted",
-    "run_now": "queued to run now",
-    "empty": "deleted from the queue",
-}
-GONE = " The others had left that list meanwhile."
-
-# The actions on the jobs selected in each list, as its select offers them.
-SELECTION_ACTIONS = {
-    "waiting": [("cancel", "Cancel selected jobs")],
-    "delayed": [("run_now", "Run selected jobs now"), ("cancel", "Cancel selected jobs")],
-    "failed": [("retry_failed", "Retry selected jobs"), ("delete_failed", "Delete selected jobs")],
-}
-SELECTION_LABELS = dict(action for actions in SELECTION_ACTIONS.values() for action in actions)
 
 
 def choices(seen: list[tuple[str, int]], chosen: str) -> list[tuple[str, int]]:
@@ -329,7 +285,7 @@ class DashboardAdmin(admin.ModelAdmin):
             queue=queue,
             page=page,
             paused=paused,
-            selection_actions=SELECTION_ACTIONS["waiting"],
+            selection_actions=actions.SELECTION_ACTIONS["waiting"],
         )
 
     def delayed_index_view(self, request: HttpRequest, alias: str) -> HttpResponse:
@@ -346,7 +302,7 @@ class DashboardAdmin(admin.ModelAdmin):
             f"Delayed jobs: {queue}",
             queue=queue,
             page=page,
-            selection_actions=SELECTION_ACTIONS["delayed"],
+            selection_actions=actions.SELECTION_ACTIONS["delayed"],
         )
 
     def running_view(self, request: HttpRequest, alias: str) -> HttpResponse:
@@ -402,7 +358,7 @@ class DashboardAdmin(admin.ModelAdmin):
             filtered=bool(task or exception),
             ignored=[name for name, value in given.items() if value and not is_path(value)],
             scan_limit=FILTER_SCAN_LIMIT,
-            selection_actions=SELECTION_ACTIONS["failed"],
+            selection_actions=actions.SELECTION_ACTIONS["failed"],
         )
 
     def job_lookup_view(self, request: HttpRequest, alias: str) -> HttpResponse:
@@ -461,7 +417,7 @@ class DashboardAdmin(admin.ModelAdmin):
         backend = self._backend(request, alias)
         if not allowed(request, MANAGE):
             raise PermissionDenied
-        spec = ACTIONS.get(action)
+        spec = actions.ACTIONS.get(action)
         if spec is None or spec.needs_schedule:  # a schedule's actions ask nothing first
             raise Http404(f"No action {action!r} to confirm")
         queue = self._action_queue(backend, spec, request.GET)
@@ -490,7 +446,7 @@ class DashboardAdmin(admin.ModelAdmin):
         backend = self._backend(request, alias)
         if not allowed(request, MANAGE):
             raise PermissionDenied
-        spec = ACTIONS.get(action)
+        spec = actions.ACTIONS.get(action)
         if spec is None:
             raise Http404(f"No action {action!r}")
         queue = self._action_queue(backend, spec, request.POST)
@@ -505,12 +461,16 @@ class DashboardAdmin(admin.ModelAdmin):
         else:
             with _redis_failures_told(request, spec.label):
                 if spec.needs_group:
-                    self._cancel_group(request, backend, group_id)
+                    told = actions.cancel_group(backend, group_id)
                 elif spec.needs_schedule:
                     schedule = request.POST.get("schedule", "")
-                    self._act_on_schedule(request, backend, action, schedule)
+                    try:
+                        told = actions.act_on_schedule(backend, action, schedule)
+                    except LookupError as exc:
+                        raise Http404(str(exc)) from exc
                 else:
-                    self._apply(request, backend, action, queue, job_id)
+                    told = actions.apply(backend, action, queue, job_id)
+                _tell(request, told)
         return HttpResponseRedirect(self._next_url(request, alias, request.POST.get("next", "")))
 
     def selection_view(self, request: HttpRequest, alias: str) -> HttpResponse:
@@ -528,7 +488,7 @@ class DashboardAdmin(admin.ModelAdmin):
         next_url = self._next_url(request, alias, request.POST.get("next", ""))
         action = request.POST.get("action", "")
         job_ids = list(dict.fromkeys(request.POST.getlist("job_id")))
-        label = SELECTION_LABELS.get(action)
+        label = actions.SELECTION_LABELS.get(action)
         if label is None:
             messages.error(request, "Choose an action for the selected jobs: nothing done.")
         elif not job_ids:
@@ -539,7 +499,7 @@ class DashboardAdmin(admin.ModelAdmin):
             )
         elif not all(JOB_ID_RE.fullmatch(job_id) for job_id in job_ids):
             messages.error(request, "Some selected values are not job ids: nothing done.")
-        elif ACTIONS[action].destructive and request.POST.get("confirmed") != "yes":
+        elif actions.ACTIONS[action].destructive and request.POST.get("confirmed") != "yes":
             return self._render(
                 request,
                 "confirm.html",
@@ -554,122 +514,21 @@ class DashboardAdmin(admin.ModelAdmin):
             )
         else:
             with _redis_failures_told(request, label):
-                self._apply_to_selection(request, backend, action, queue, job_ids)
+                _tell(request, actions.apply_to_selection(backend, action, queue, job_ids))
         return HttpResponseRedirect(next_url)
 
-    def _apply_to_selection(
-        self,
-        request: HttpRequest,
-        backend: RedisQueueBackend,
-        action: str,
-        queue: str,
-        job_ids: list[str],
-    ) -> None:
-        if action != "cancel":
-            changed = backend.broker.operate(action, queue, job_ids)
-            level = messages.success if changed == len(job_ids) else messages.warning
-            level(
-                request,
-                f"{changed} of {len(job_ids)} selected job(s) of queue {queue} "
-                f"{DONE[action]}." + ("" if changed == len(job_ids) else GONE),
-            )
-            return
-        refused = []
-        for job_id in job_ids:
-            try:
-                backend.cancel(job_id)
-            except (NotCancellable, TaskResultDoesNotExist):
-                refused.append(job_id)
-        cancelled = len(job_ids) - len(refused)
-        if cancelled:
-            messages.success(request, f"{cancelled} of {len(job_ids)} selected job(s) cancelled.")
-        if refused:
-            shown = ", ".join(refused[:5]) + (", …" if len(refused) > 5 else "")
-            messages.warning(
-                request,
-                f"{len(refused)} selected job(s) not cancelled, as they had started, ended "
-                f"or expired meanwhile: {shown}.",
-            )
-
     def _action_queue(
-        self, backend: RedisQueueBackend, spec: Action, data: Mapping[str, str]
+        self, backend: RedisQueueBackend, spec: actions.Action, data: Mapping[str, str]
     ) -> str:
         """The queue an action acts on ('' for a group's or a schedule's)."""
         if spec.needs_group or spec.needs_schedule:
             return ""
         return self._queue(backend, data.get("queue", ""))
 
-    def _act_on_schedule(
-        self, request: HttpRequest, backend: RedisQueueBackend, action: str, name: str
-    ) -> None:
-        """Pause, resume or run now a schedule of the settings (any other name: 404)."""
-        schedule = next((s for s in schedules_of(backend) if s.name == name), None)
-        if schedule is None:
-            raise Http404(f"No periodic job {name!r} in backend {backend.alias!r}")
-        if action == "run_schedule":
-            try:
-                job_id = run_now(backend, schedule)
-            except PeriodicTaskError as exc:
-                messages.error(request, str(exc))
-                return
-            messages.success(request, f"Periodic job {name}: job {job_id} queued to run now.")
-            return
-        paused = action == "pause_schedule"
-        backend.broker.periodic_pause(name, paused=paused)
-        messages.success(
-            request,
-            f"Periodic job {name} paused: its occurrences pass without a job."
-            if paused
-            else f"Periodic job {name} resumed: from its next occurrence, the paused "
-            "time is not caught up.",
-        )
 
-    def _cancel_group(
-        self, request: HttpRequest, backend: RedisQueueBackend, group_id: str
-    ) -> None:
-        if backend.queries.group(group_id) is None:
-            messages.error(
-                request, f"Group {group_id} was not cancelled: it does not exist (or it expired)."
-            )
-            return
-        cancelled = backend.cancel_group(group_id)
-        level = messages.success if cancelled else messages.warning
-        level(
-            request,
-            f"Group {group_id} cancelled: {cancelled} job(s) that had not started were "
-            "cancelled. Members already running finish; a callback that has not started "
-            "never runs.",
-        )
-
-    def _apply(
-        self,
-        request: HttpRequest,
-        backend: RedisQueueBackend,
-        action: str,
-        queue: str,
-        job_id: str,
-    ) -> None:
-        broker = backend.broker
-        if action == "cancel":
-            try:
-                backend.cancel(job_id)
-            except (NotCancellable, TaskResultDoesNotExist) as exc:
-                messages.error(request, f"Job {job_id} was not cancelled: {exc}")
-            else:
-                messages.success(request, f"Job {job_id} cancelled.")
-            return
-        if action in ("pause", "resume"):
-            broker.operate(action, queue)
-            messages.success(request, f"Queue {queue} {action}d.")
-            return
-        if job_id:
-            changed = broker.operate(action, queue, [job_id])
-        else:
-            changed = 0
-            while batch := broker.operate(action, queue, limit=ACTION_BATCH):
-                changed += batch
-        level = messages.success if changed else messages.warning
-        level(request, f"{changed} job(s) of queue {queue} {DONE[action]}.")
+def _tell(request: HttpRequest, told: list[actions.Told]) -> None:
+    for level, text in told:
+        messages.add_message(request, level, text)
 
 
 @contextlib.contextmanager

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from django_redisqueue import admin as dashboard_admin
 from django_redisqueue.compat import TaskResultStatus
+from django_redisqueue.dashboard import actions
 from django_redisqueue.dashboard import reads as dashboard
 from django_redisqueue.dashboard.rows import relative
 from django_redisqueue.templatetags.redisqueue_dashboard import moment
@@ -408,9 +408,7 @@ def test_a_wrong_selection_changes_nothing(manager, backend, r, data, said):
 
 @fuzz(60)
 @given(
-    action=st.one_of(
-        st.sampled_from(sorted(dashboard_admin.SELECTION_LABELS)), st.text(max_size=12)
-    ),
+    action=st.one_of(st.sampled_from(sorted(actions.SELECTION_LABELS)), st.text(max_size=12)),
     job_ids=st.lists(
         st.one_of(
             st.text(max_size=140), st.just(MARK), st.from_regex(r"[a-z0-9]{1,20}", fullmatch=True)
