@@ -71,24 +71,19 @@ what the script stamps with its own clock (a start, a resume, ``last_at``,
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import time
-from collections import Counter
 from collections.abc import Callable
 from typing import Any, NamedTuple
 from unittest import mock
 
 import redis
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
     rule,
-    run_state_machine_as_test,
 )
 
 from django_redisqueue import periodic as periodic_module
@@ -102,6 +97,7 @@ from django_redisqueue.periodic import (
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.wire import NewJob
 from tests import tasks
+from tests.model_harness import INJECTED, RUN, STATES, FaultyRedis, Ids, run_model
 from tests.test_protocol_model import snapshot
 
 TASK = "tests.tasks.noop_any"
@@ -178,40 +174,6 @@ SPOILT_SKIPPED = ("abc", "1e400", "-3", "7")
 TAKEN_FIELDS = {"status": "SUCCESSFUL", "payload": "mine"}
 RESULT_TTL = 86400
 
-INJECTED = {
-    "oom": lambda: redis.exceptions.OutOfMemoryError(
-        "command not allowed when used memory > 'maxmemory'."
-    ),
-    "readonly": lambda: redis.exceptions.ReadOnlyError(
-        "You can't write against a read only replica."
-    ),
-    "busy": lambda: redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"),
-    "connection": lambda: redis.exceptions.ConnectionError("Connection reset by peer"),
-    "timeout": lambda: redis.exceptions.TimeoutError("Timeout reading from socket"),
-}
-
-RUN: Counter[str] = Counter()
-STATES: set[int] = set()
-
-
-class FaultyRedis(redis.Redis):
-    """A client whose next script call can fail: refused before it runs (``fault``),
-    or run with its reply lost (``lose_reply``). The broker under test makes no
-    pipelined script calls (no REPLICA_ACKS)."""
-
-    fault: Exception | None = None
-    lose_reply: Exception | None = None
-
-    def evalsha(self, sha, numkeys, *keys_and_args):  # type: ignore[override]
-        if self.fault is not None:
-            exc, self.fault = self.fault, None
-            raise exc
-        reply = super().evalsha(sha, numkeys, *keys_and_args)
-        if self.lose_reply is not None:
-            exc, self.lose_reply = self.lose_reply, None
-            raise exc
-        return reply
-
 
 class ModelBroker(Broker):
     """A broker whose periodic calls are checked by the model, whoever makes them."""
@@ -251,17 +213,6 @@ class Window(NamedTuple):
 
     lo: int
     hi: int
-
-
-class Ids:
-    """Deterministic job ids for run now."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def new_job_id(self) -> str:
-        self.n += 1
-        return hashlib.sha256(str(self.n).encode()).hexdigest()[:26]
 
 
 def period(schedule: Schedule) -> int:
@@ -1273,34 +1224,24 @@ def test_periodic_jobs_follow_their_model(r, redis_server, backend, report):
     ids = Ids()
     env = {"r": r, "backend": backend, "client": client, "broker": broker, "ids": ids}
     env["payload"] = backend.prepare(tasks.noop_any, (), {})._payload
-    RUN.clear()
-    STATES.clear()
-    started = time.monotonic()
-    try:
-        with (
+    seconds = run_model(
+        lambda: PeriodicMachine(env),
+        examples=EXAMPLES,
+        steps=40,
+        r=r,
+        client=client,
+        patches=[
             mock.patch("django_redisqueue.preparation.new_job_id", ids.new_job_id),
             mock.patch.object(periodic_module, "BATCH", BATCH),
             mock.patch.object(periodic_module, "MAX_BACKLOG", MAX_BACKLOG),
             mock.patch.object(backend, "broker", broker),
-        ):
-            run_state_machine_as_test(
-                lambda: PeriodicMachine(env),
-                settings=settings(
-                    max_examples=EXAMPLES,
-                    stateful_step_count=40,
-                    deadline=None,
-                    database=None,
-                    suppress_health_check=list(HealthCheck),
-                ),
-            )
-    finally:
-        r.config_set("maxmemory", 0)
-        client.close()
+        ],
+    )
     steps = RUN["checks"] - RUN["examples"]
     counted = ", ".join(
         f"{RUN[name]} {name}" for name in sorted(RUN) if name not in ("checks", "examples")
     )
     report(
         f"periodic model: {steps} steps in {RUN['examples']} sequences, {len(STATES)} "
-        f"distinct states, {time.monotonic() - started:.1f} s ({counted})"
+        f"distinct states, {seconds:.1f} s ({counted})"
     )

@@ -82,7 +82,6 @@ and so the same ties between equal scores.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -95,14 +94,12 @@ from unittest import mock
 
 import pytest
 import redis
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
     rule,
-    run_state_machine_as_test,
 )
 
 from django_redisqueue.compat import TaskResultDoesNotExist
@@ -121,6 +118,7 @@ from django_redisqueue.store.wire import (
     Received,
 )
 from tests import tasks
+from tests.model_harness import INJECTED, RUN, STATES, FaultyRedis, Ids, run_model
 from tests.protocol_model_limits import (
     DELAYED,
     DELETED,
@@ -168,23 +166,6 @@ LEASE_LOST = "django_redisqueue.exceptions.LeaseLost"
 CANCELLED = "django_redisqueue.exceptions.JobCancelled"
 DEPENDENCY = "django_redisqueue.exceptions.DependencyFailed"
 
-# Errors Redis (or the way to it) raises; injected before a script runs.
-INJECTED = {
-    "oom": lambda: redis.exceptions.OutOfMemoryError(
-        "command not allowed when used memory > 'maxmemory'."
-    ),
-    "readonly": lambda: redis.exceptions.ReadOnlyError(
-        "You can't write against a read only replica."
-    ),
-    "busy": lambda: redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"),
-    "connection": lambda: redis.exceptions.ConnectionError("Connection reset by peer"),
-    "timeout": lambda: redis.exceptions.TimeoutError("Timeout reading from socket"),
-}
-
-# Steps, distinct model states and examples over the run, reported at the end.
-RUN: Counter[str] = Counter()
-STATES: set[int] = set()
-
 STATUSES = (SUCCESSFUL, FAILED, RETRY, RELEASE)
 
 # Strategies. Jobs and workers are picked by index in lists the model keeps in a
@@ -209,64 +190,6 @@ LINKED_DELAY = st.sampled_from(["now", "now", "past", "an hour"])
 LINKED = st.tuples(JOB_QUEUE, PRIORITY, LINKED_DELAY, LINK, PICK)
 MEMBER = st.tuples(JOB_QUEUE, PRIORITY, LINKED_DELAY, MEMBER_LINK, PICK)
 BROADCAST_QUEUE = st.sampled_from(["", "", *QUEUES])
-
-
-class FaultyRedis(redis.Redis):
-    """A client whose next script call can be made to fail: refused before it runs
-    (``fault``), or run with its reply lost (``lose_reply``)."""
-
-    fault: Exception | None = None
-    lose_reply: Exception | None = None
-
-    def evalsha(self, sha, numkeys, *keys_and_args):  # type: ignore[override]
-        if self.fault is not None:
-            exc, self.fault = self.fault, None
-            raise exc
-        reply = super().evalsha(sha, numkeys, *keys_and_args)
-        if self.lose_reply is not None:
-            exc, self.lose_reply = self.lose_reply, None
-            raise exc
-        return reply
-
-    def pipeline(self, transaction=True, shard_hint=None):  # type: ignore[override]
-        pipe = FaultyPipeline(self.connection_pool, self.response_callbacks, transaction, None)
-        pipe.owner = self
-        return pipe
-
-
-class FaultyPipeline(redis.client.Pipeline):
-    """A pipeline of FaultyRedis: a pipeline that calls scripts fails as FaultyRedis's
-    script calls do (the broker pipelines its calls with REPLICA_ACKS)."""
-
-    owner: FaultyRedis
-
-    def execute(self, raise_on_error=True):  # type: ignore[override]
-        owner = self.owner
-        if not any(args[0] == "EVALSHA" for args, _ in self.command_stack):
-            return super().execute(raise_on_error)
-        if owner.fault is not None:
-            exc, owner.fault = owner.fault, None
-            self.reset()
-            raise exc
-        replies = super().execute(raise_on_error)
-        if any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
-            return replies  # nothing ran: the reply to lose is the next call's, as above
-        if owner.lose_reply is not None:
-            exc, owner.lose_reply = owner.lose_reply, None
-            raise exc
-        return replies
-
-
-class Ids:
-    """Deterministic job ids in a pseudo-random order (ties between equal scores are
-    broken by id in Redis)."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def new_job_id(self) -> str:
-        self.n += 1
-        return hashlib.sha256(str(self.n).encode()).hexdigest()[:26]
 
 
 class Err(NamedTuple):
@@ -2273,28 +2196,17 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
     env = {"r": r, "backend": backend, "client": client, "broker": broker, "ids": ids}
     env["queries"] = queries
     env["payload"] = payload
-    RUN.clear()
-    STATES.clear()
-    started = time.monotonic()
-    try:
-        with (
+    seconds = run_model(
+        lambda: ProtocolMachine(env),
+        examples=examples,
+        steps=50,
+        r=r,
+        client=client,
+        patches=[
             mock.patch("django_redisqueue.preparation.new_job_id", ids.new_job_id),
             mock.patch("django_redisqueue.store.broker.ENQUEUE_BATCH_JOBS", BATCH),
-        ):
-            run_state_machine_as_test(
-                lambda: ProtocolMachine(env),
-                settings=settings(
-                    max_examples=examples,
-                    stateful_step_count=50,
-                    deadline=None,
-                    database=None,
-                    derandomize=False,
-                    suppress_health_check=list(HealthCheck),
-                ),
-            )
-    finally:
-        r.config_set("maxmemory", 0)
-        client.close()
+        ],
+    )
     steps = RUN["checks"] - RUN["examples"]
     extra = ", ".join(
         f"{RUN[name]} {name}"
@@ -2329,5 +2241,5 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
     report(
         f"protocol model{' (pipelined)' if pipelined else ''}: {steps} steps in "
         f"{RUN['examples']} sequences, "
-        f"{len(STATES)} distinct states, {time.monotonic() - started:.1f} s ({extra})"
+        f"{len(STATES)} distinct states, {seconds:.1f} s ({extra})"
     )
