@@ -1,12 +1,15 @@
-# make test: set up .venv, then run ruff, mypy and the test suite on every supported
-#   (Python, Django) pair with nox (see noxfile.py).
-# make test-fast: ruff, mypy and the test suite in .venv only (Python 3.11, Django 5.2).
+# make test: the loop, in minutes: set up .venv, then ruff, the import layers, mypy and
+#   the test suite in .venv (Python 3.11, Django 5.2 + backport), one process per core,
+#   but for the browser, failover and long tests, and with the model-based tests at a
+#   third of their examples.
+# make check: everything CI runs: make test, then with nox the rest on every supported
+#   (Python, Django) pair (see noxfile.py).
 # make demo: set up .venv and run the example project (web server, worker, Redis).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-fast demo lint system-packages
+.PHONY: test check demo lint redis-server system-packages
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,11 +18,16 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # redis-server runs the tests' private Redis; Debian's chromium runs the browser tests
-# (Playwright cannot download its own browser here). As root, install what is missing.
+# (make check; Playwright cannot download its own browser here). As root, install what
+# is missing.
+redis-server:
+	@$(MAKE) --no-print-directory system-packages BROWSER=no
+
+BROWSER ?= yes
 system-packages:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
-	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	[ "$(BROWSER)" = no ] || [ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
 	  apt-get update -qq && apt-get install -y -qq $$missing; \
 	elif [ -n "$$missing" ]; then \
@@ -33,11 +41,13 @@ lint: $(VENV)/.installed
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-test: $(VENV)/.installed system-packages
-	$(BIN)/nox
+test: $(VENV)/.installed redis-server lint
+	REDISQUEUE_MODEL_EXAMPLES=100 REDISQUEUE_PERIODIC_EXAMPLES=80 \
+	  $(BIN)/pytest --numprocesses=auto -m "not failover and not long" \
+	  --ignore=tests/test_browser.py
 
-test-fast: $(VENV)/.installed system-packages lint
-	$(BIN)/pytest --numprocesses=auto
+check: test system-packages
+	$(BIN)/nox
 
 demo: $(VENV)/.installed
 	$(BIN)/python example_project/demo.py

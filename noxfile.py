@@ -1,11 +1,15 @@
-"""The test matrix: ``nox`` runs ruff and mypy once, then on the oldest and the newest
-supported (Python, Django) pairs the tests that meet Django or Python (the app, its
-commands, the admin), on the pair between them the suites where Django's version
-shows (its tasks API, the admin's markup, the checks), and on every pair Django's own
-``tests/tasks/`` against this backend. The suites that test Redis and the Lua scripts
-alone (the protocol models, Redis errors, faults, fuzzing of what Redis holds), which no
-Django version changes, run once, on the oldest pair; the failover and long tests, and
-the core suites again on a Redis Cluster, on the newest.
+"""The test matrix, what ``make check`` runs after ``make test``: ``nox`` runs ruff and
+mypy once, then on each supported (Python, Django) pair what ``make test`` did not run
+there. ``make test`` runs the suite in .venv, on the oldest pair, but for the browser,
+failover and long tests and with the model-based tests at a third of their examples; so
+the oldest pair's session runs the model-based tests at their full examples and the
+browser tests. On the newest pair, the tests that meet Django or Python (the app, its
+commands, the admin), the browser, failover and long tests, and the core suites again on
+a Redis Cluster; on the pair between them, the suites where Django's version shows (its
+tasks API, the admin's markup, the checks). On every pair, Django's own ``tests/tasks/``
+against this backend. The suites that test Redis and the Lua scripts alone (the protocol
+models, Redis errors, faults, fuzzing of what Redis holds), which no Django version
+changes, run on the oldest pair only.
 ``nox -s tests-3.11`` runs one pair, ``nox -s lint`` ruff and mypy.
 
 The ``tests`` sessions need ``redis-server`` on the PATH: the suites start their own.
@@ -57,6 +61,8 @@ DJANGO_SUITES = [
 ]
 # The browser tests compare the oldest and the newest Django's admin.
 BROWSER = "tests/test_browser.py"
+# What the oldest pair's session adds to ``make test``, which ran the rest on that pair.
+OLDEST_REST = ["tests/test_protocol_model.py", "tests/test_periodic_model.py", BROWSER]
 
 # The suites that run a second time on a Redis Cluster.
 CLUSTER_TESTS = [
@@ -123,9 +129,13 @@ def tests(session: nox.Session) -> None:
     session.run("python", "-m", "django", "--version")
     oldest, newest = session.python == MATRIX[0][0], session.python == MATRIX[-1][0]
     ignored = [] if oldest else REDIS_SUITES
+    if session.posargs or newest:
+        chosen: list[str] = []
+    else:
+        chosen = OLDEST_REST if oldest else DJANGO_SUITES
     session.run(
         "pytest",
-        *(() if oldest or newest or session.posargs else DJANGO_SUITES),
+        *chosen,
         # One process per core (pytest-xdist), each with a redis-server of its own.
         "--numprocesses=auto",
         # The failover tests (Sentinel and Cluster chaos) and the long ones take minutes.
