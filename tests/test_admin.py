@@ -18,6 +18,7 @@ from django_redisqueue.runtime.worker import Worker
 from django_redisqueue.store.gateway import now_ms
 from tests import tasks
 from tests.conftest import run_worker_here, user
+from tests.keys import DEFAULT_KEYS
 
 pytestmark = pytest.mark.django_db
 
@@ -149,7 +150,7 @@ def test_overview_counts_match_redis(manager, backend, r):
     assert "5 in all" in page  # the chart's label: jobs finished in the last hour
     assert "No worker is running" in page
     assert "No scheduler is running" in page
-    assert r.zcard("{drq:default}:queue:high") == 2
+    assert r.zcard(DEFAULT_KEYS.queue("high")) == 2
 
 
 def row(page, queue):
@@ -196,7 +197,7 @@ def test_failed_jobs_show_their_errors_and_can_be_retried_or_deleted(manager, ba
     assert "1 job(s) of queue default put back on their queue" in response.text
     assert backend.get_result(jobs[0].id).status == TaskResultStatus.READY
     assert jobs[0].id not in manager.get(BASE + "failed/default/").text
-    assert r.zrange("{drq:default}:queue:default", 0, -1) == [jobs[0].id]
+    assert r.zrange(DEFAULT_KEYS.queue("default"), 0, -1) == [jobs[0].id]
 
     not_confirmed = manager.post(BASE + "act/delete_failed/", {"queue": "default"}, follow=True)
     assert "not confirmed, nothing done" in not_confirmed.text
@@ -207,7 +208,7 @@ def test_failed_jobs_show_their_errors_and_can_be_retried_or_deleted(manager, ba
         BASE + "act/delete_failed/",
         {"queue": "default", "job_id": jobs[1].id, "confirmed": "yes"},
     )
-    assert r.exists(f"{{drq:default}}:job:{jobs[1].id}") == 0
+    assert r.exists(DEFAULT_KEYS.job(jobs[1].id)) == 0
 
     manager.post(BASE + "act/retry_failed/", {"queue": "default"})  # all that are left
     assert backend.get_result(jobs[2].id).status == TaskResultStatus.READY
@@ -217,14 +218,14 @@ def test_failed_jobs_show_their_errors_and_can_be_retried_or_deleted(manager, ba
     assert len(stored.errors) == 2  # the history is kept across the retry
 
     manager.post(BASE + "act/delete_failed/", {"queue": "default", "confirmed": "yes"})
-    assert r.zcard("{drq:default}:failed:default") == 0
+    assert r.zcard(DEFAULT_KEYS.failed("default")) == 0
 
 
 def test_run_a_delayed_job_now_and_cancel_jobs(manager, backend, r):
     delayed = tasks.add.using(delay=600).enqueue(1, 2)
     manager.post(BASE + "act/run_now/", {"queue": "default", "job_id": delayed.id})
-    assert r.zrange("{drq:default}:queue:default", 0, -1) == [delayed.id]
-    assert r.zcard("{drq:default}:delayed:default") == 0
+    assert r.zrange(DEFAULT_KEYS.queue("default"), 0, -1) == [delayed.id]
+    assert r.zcard(DEFAULT_KEYS.delayed("default")) == 0
 
     waiting = tasks.add.enqueue(1, 1)
     response = manager.post(
@@ -252,7 +253,7 @@ def test_pause_resume_and_empty_a_queue(manager, backend, r):
     assert backend.get_result(job.id).status == TaskResultStatus.READY  # skipped
 
     manager.post(BASE + "act/resume/", {"queue": "low"})
-    assert r.llen("{drq:default}:wake:low") == 1  # idle workers look again
+    assert r.llen(DEFAULT_KEYS.wake("low")) == 1  # idle workers look again
     run_worker(backend)
     assert backend.get_result(job.id).status == TaskResultStatus.SUCCESSFUL
 
@@ -260,7 +261,7 @@ def test_pause_resume_and_empty_a_queue(manager, backend, r):
         tasks.add.using(queue_name="low").enqueue(i, i)
     response = manager.post(BASE + "act/empty/", {"queue": "low", "confirmed": "yes"}, follow=True)
     assert "5 job(s) of queue low deleted from the queue" in response.text
-    assert r.zcard("{drq:default}:queue:low") == 0
+    assert r.zcard(DEFAULT_KEYS.queue("low")) == 0
 
 
 def test_running_jobs_and_workers_alive(manager, backend, r):

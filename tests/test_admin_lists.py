@@ -23,13 +23,14 @@ from django_redisqueue.dashboard.rows import relative
 from django_redisqueue.templatetags.redisqueue_dashboard import moment
 from tests import tasks
 from tests.conftest import run_worker_here
+from tests.keys import DEFAULT_KEYS
 from tests.test_admin import BASE
 
 pytestmark = pytest.mark.django_db
 
 SELECTED = BASE + "selected/"
 MARK = "<script>drq()"  # must never reach a page unescaped
-FAILED_SET = "{drq:default}:failed:default"
+FAILED_SET = DEFAULT_KEYS.failed("default")
 
 
 def fuzz(examples: int) -> hypothesis_settings:
@@ -116,7 +117,7 @@ def test_times_read_as_people_say_them_with_the_exact_time_in_a_title(viewer, ba
     backend.broker.heartbeat("web-1:7:cafe", {"queues": "default"}, {})
 
     delayed = viewer.get(BASE + "delayed/default/").text
-    due = r.zrange("{drq:default}:delayed:default", 0, 0, withscores=True)[0][1]
+    due = r.zrange(DEFAULT_KEYS.delayed("default"), 0, 0, withscores=True)[0][1]
     exact = datetime.fromtimestamp(due / 1000, UTC)
     stamp = re.search(r'<time datetime="([^"]+)" title="([^"]+)">([^<]+)</time>', delayed)
     assert stamp[1] == exact.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -327,7 +328,7 @@ def test_retry_and_delete_the_selected_failed_jobs(manager, backend, r):
     assert "1 of 2 selected job(s) of queue default deleted. The others had left" in messages_of(
         done
     )
-    assert r.zcard(FAILED_SET) == 0 and r.exists(f"{{drq:default}}:job:{jobs[2].id}") == 0
+    assert r.zcard(FAILED_SET) == 0 and r.exists(DEFAULT_KEYS.job(jobs[2].id)) == 0
     assert backend.get_result(jobs[0].id).status == TaskResultStatus.READY
 
 
@@ -337,10 +338,10 @@ def test_run_now_and_cancel_the_selected_delayed_and_waiting_jobs(manager, backe
         SELECTED,
         {"action": "run_now", "queue": "default", "job_id": [delayed[0].id, delayed[2].id]},
     )
-    assert sorted(r.zrange("{drq:default}:queue:default", 0, -1)) == sorted(
+    assert sorted(r.zrange(DEFAULT_KEYS.queue("default"), 0, -1)) == sorted(
         [delayed[0].id, delayed[2].id]
     )
-    assert r.zrange("{drq:default}:delayed:default", 0, -1) == [delayed[1].id]
+    assert r.zrange(DEFAULT_KEYS.delayed("default"), 0, -1) == [delayed[1].id]
 
     backend.broker.claim(["default"], "worker-1")  # one of them starts
     running = next(

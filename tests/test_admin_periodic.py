@@ -11,7 +11,8 @@ from django.core.management import call_command
 from django.test import Client
 
 from tests.conftest import user
-from tests.test_periodic import P, periodic, state, stepper
+from tests.keys import PERIODIC_KEYS
+from tests.test_periodic import periodic, state, stepper
 
 pytestmark = pytest.mark.django_db
 
@@ -68,7 +69,7 @@ def test_pause_resume_and_run_now(backend, manager, r):
     )
     job_id = r.hget(state("nightly"), "last_job")
     assert f"job {job_id} queued to run now" in response.text
-    assert r.zrange(f"{P}:queue:default", 0, -1) == [job_id]
+    assert r.zrange(PERIODIC_KEYS.queue("default"), 0, -1) == [job_id]
     assert "READY" in rows(response.text)[0]
     assert f'href="/admin/django_redisqueue/dashboard/periodic/job/{job_id}/"' in response.text
 
@@ -83,7 +84,7 @@ def test_actions_need_the_manage_permission_post_and_csrf(backend, viewer, r):
     strict.force_login(User.objects.get(username="manager"))
     assert strict.post(ACT + "run_schedule/", {"schedule": "nightly"}).status_code == 403
     assert r.hget(state("nightly"), "paused") is None
-    assert r.zcard(f"{P}:queue:default") == 0
+    assert r.zcard(PERIODIC_KEYS.queue("default")) == 0
 
 
 @pytest.mark.parametrize("name", ["", "nope", "<script>alert(1)</script>", "a/b", "beat\n"])
@@ -93,12 +94,12 @@ def test_unknown_names_are_404_and_never_reflected(backend, manager, r, name):
         assert response.status_code == 404
         assert "<script>" not in response.text
     assert manager.get(PAGE.replace("schedules/", "confirm/run_schedule/")).status_code == 404
-    assert not r.keys(f"{P}:periodic*")
+    assert not r.keys(PERIODIC_KEYS.periodic + "*")
 
 
 def test_a_schedule_left_in_redis_shows_escaped(backend, viewer, r):
     stepper(backend)
-    r.sadd(f"{P}:periodic", "<script>x</script>")
+    r.sadd(PERIODIC_KEYS.periodic, "<script>x</script>")
     r.hset(state("<script>x</script>"), mapping={"spec": '{"task": "<b>t</b>"}', "last": "x"})
     page = viewer.get(PAGE).text
     assert "<script>x" not in page and "&lt;script&gt;x" in page

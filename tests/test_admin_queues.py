@@ -17,6 +17,7 @@ from django_redisqueue.dashboard.rows import PAGE_SIZE
 from django_redisqueue.runtime.worker import Worker
 from tests import tasks
 from tests.conftest import run_worker_here
+from tests.keys import ANYQUEUE_KEYS
 from tests.topology import keys_server, make_client
 
 pytestmark = pytest.mark.django_db
@@ -105,7 +106,7 @@ def commands(r, get):
     """The Redis commands (calls, by INFO commandstats) that ``get()`` costs."""
 
     def calls():
-        stats = keys_server(r, "{drq:anyqueue}:").info("commandstats")
+        stats = keys_server(r, ANYQUEUE_KEYS.prefix).info("commandstats")
         return sum(stat["calls"] for name, stat in stats.items() if name != "cmdstat_info")
 
     before = calls()

@@ -9,6 +9,7 @@ from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
 from django_redisqueue.store.broker import ENQUEUE_BATCH_JOBS
 from django_redisqueue.store.wire import NewJob, Outcome
 from tests import tasks
+from tests.keys import DEFAULT_KEYS
 from tests.topology import keys_server, scripts_run
 
 QUEUES = ["high", "default", "low"]
@@ -51,7 +52,7 @@ def test_claim_records_a_lease_and_finish_is_fenced(r, broker, backend):
     job = tasks.add.enqueue(1, 2)
     claimed = claim_one(broker)
     assert claimed.job_id == job.id and claimed.fields["attempts"] == "1"
-    assert r.zscore("{drq:default}:running", job.id) is not None
+    assert r.zscore(DEFAULT_KEYS.running, job.id) is not None
     assert backend.get_result(job.id).status == "RUNNING"
 
     stranger = Outcome(job.id, "w2/1", SUCCESSFUL, result="3")
@@ -61,8 +62,8 @@ def test_claim_records_a_lease_and_finish_is_fenced(r, broker, backend):
     assert broker.finish(Outcome(job.id, claimed.owner, SUCCESSFUL, result="3")) is True
     stored = backend.get_result(job.id)
     assert (stored.status, stored.return_value, stored.worker_ids) == (SUCCESSFUL, 3, ["w1"])
-    assert r.zcard("{drq:default}:running") == 0
-    assert 0 < r.ttl(f"{{drq:default}}:job:{job.id}") <= 24 * 3600
+    assert r.zcard(DEFAULT_KEYS.running) == 0
+    assert 0 < r.ttl(DEFAULT_KEYS.job(job.id)) <= 24 * 3600
     # A second finish by the former owner is rejected too: the job is no longer RUNNING.
     assert broker.finish(Outcome(job.id, claimed.owner, FAILED, error="{}")) is False
 
@@ -89,31 +90,31 @@ def test_claiming_starts_the_job_by_redis_clock(r, broker, backend):
     assert stored.status == "RUNNING"
     assert stored.enqueued_at <= stored.started_at == stored.last_attempted_at
     assert abs(int(claimed.fields["started_at"]) - redis_now) < 5000
-    assert abs(r.zscore("{drq:default}:running", job.id) - (redis_now + 60_000)) < 5000
+    assert abs(r.zscore(DEFAULT_KEYS.running, job.id) - (redis_now + 60_000)) < 5000
 
 
 def test_heartbeat_records_the_worker_and_reports_jobs_no_longer_owned(r, broker):
     job = tasks.noop.enqueue()
     claimed = claim_one(broker)
-    before = r.zscore("{drq:default}:running", job.id)
+    before = r.zscore(DEFAULT_KEYS.running, job.id)
     lost = broker.heartbeat("w1", {"pid": 7}, {job.id: claimed.owner, "gone": "w1/1"})
     assert lost == ["gone"]
-    assert r.hget("{drq:default}:worker:w1", "pid") == "7"
-    assert 0 < r.ttl("{drq:default}:worker:w1") <= 60
-    assert r.zscore("{drq:default}:workers", "w1") is not None
-    assert r.zscore("{drq:default}:running", job.id) >= before
+    assert r.hget(DEFAULT_KEYS.worker("w1"), "pid") == "7"
+    assert 0 < r.ttl(DEFAULT_KEYS.worker("w1")) <= 60
+    assert r.zscore(DEFAULT_KEYS.workers, "w1") is not None
+    assert r.zscore(DEFAULT_KEYS.running, job.id) >= before
 
 
 def test_wake_tokens_stay_bounded_and_are_passed_on(r, broker):
     for _ in range(50):
         tasks.noop.enqueue()
-    assert r.llen("{drq:default}:wake:default") == 1
-    r.delete("{drq:default}:wake:default")  # an idle worker took it...
+    assert r.llen(DEFAULT_KEYS.wake("default")) == 1
+    r.delete(DEFAULT_KEYS.wake("default"))  # an idle worker took it...
     broker.claim(QUEUES, "w1", woken_by="default")  # ...and leaves one for the next
-    assert r.llen("{drq:default}:wake:default") == 1
-    r.delete("{drq:default}:wake:default")
+    assert r.llen(DEFAULT_KEYS.wake("default")) == 1
+    r.delete(DEFAULT_KEYS.wake("default"))
     broker.claim(QUEUES, "w1")  # a busy worker took no token: it passes none on
-    assert r.llen("{drq:default}:wake:default") == 0
+    assert r.llen(DEFAULT_KEYS.wake("default")) == 0
 
 
 def test_a_token_taken_from_one_queue_is_passed_on_after_a_claim_from_another(r, broker):
@@ -121,10 +122,10 @@ def test_a_token_taken_from_one_queue_is_passed_on_after_a_claim_from_another(r,
     the workers that serve default alone must still be woken for its jobs."""
     tasks.noop.enqueue()
     tasks.noop.using(queue_name="high").enqueue()
-    r.delete("{drq:default}:wake:default", "{drq:default}:wake:high")  # taken
+    r.delete(DEFAULT_KEYS.wake("default"), DEFAULT_KEYS.wake("high"))  # taken
     _, claimed = broker.claim(["high", "default"], "w1", woken_by="default")
     assert claimed.fields["queue"] == "high"
-    assert r.llen("{drq:default}:wake:default") == 1
+    assert r.llen(DEFAULT_KEYS.wake("default")) == 1
 
 
 def test_errors_accumulate_as_a_json_list(broker, backend):
@@ -134,8 +135,8 @@ def test_errors_accumulate_as_a_json_list(broker, backend):
         error = f'{{"exception_class_path":"builtins.ValueError","traceback":"try {attempt}"}}'
         broker.finish(Outcome(claimed.job_id, claimed.owner, FAILED, error=error))
         # put it back by hand, as a retry would: retries come with the scheduler
-        broker.client.hset(f"{{drq:default}}:job:{job.id}", "status", "READY")
-        broker.client.zadd("{drq:default}:queue:default", {job.id: 0})
+        broker.client.hset(DEFAULT_KEYS.job(job.id), "status", "READY")
+        broker.client.zadd(DEFAULT_KEYS.queue("default"), {job.id: 0})
     stored = backend.get_result(job.id)
     assert [e.traceback for e in stored.errors] == ["try 1", "try 2"]
     assert stored.attempts == 2
@@ -147,9 +148,9 @@ def test_a_recovered_or_given_back_job_keeps_its_place_in_the_queue(r, broker, b
     second = claim_one(broker)
     later = tasks.noop.enqueue().id
     broker.finish(Outcome(second.job_id, second.owner, "RELEASE"))  # given back
-    r.zadd("{drq:default}:running", {first.job_id: 0})  # its worker died: lease passed
+    r.zadd(DEFAULT_KEYS.running, {first.job_id: 0})  # its worker died: lease passed
     tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
-    assert (tick.recovered, r.hget(f"{{drq:default}}:job:{first.job_id}", "lost")) == (1, "1")
+    assert (tick.recovered, r.hget(DEFAULT_KEYS.job(first.job_id), "lost")) == (1, "1")
     assert claim_all(broker) == [*ids, later]  # FIFO as enqueued, not as given back
     assert backend.get_result(ids[1]).attempts == 1  # the given-back attempt is forgotten
 
@@ -171,7 +172,7 @@ def test_retrying_all_failed_jobs_leaves_cancelled_ones(r, broker, backend):
     backend.cancel(cancelled.id)
     claimed = claim_one(broker)
     broker.finish(Outcome(claimed.job_id, claimed.owner, FAILED, error="{}"))
-    assert r.zrange("{drq:default}:failed:default", 0, -1) == [failed.id]
+    assert r.zrange(DEFAULT_KEYS.failed("default"), 0, -1) == [failed.id]
     assert broker.operate("retry_failed", "default", limit=100) == 1
     assert claim_all(broker) == [failed.id]
     assert backend.get_result(cancelled.id).status == FAILED
@@ -181,7 +182,7 @@ def test_the_failed_index_expires_with_its_results_and_is_trimmed(r, broker):
     tasks.noop.enqueue()
     claimed = claim_one(broker)
     broker.finish(Outcome(claimed.job_id, claimed.owner, FAILED, error="{}"))
-    index = "{drq:default}:failed:default"
+    index = DEFAULT_KEYS.failed("default")
     assert 0 < r.ttl(index) <= 24 * 3600
     r.zadd(index, {"expired-long-ago": 1})
     broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
@@ -193,7 +194,7 @@ def test_wait_after_an_operator_retry_blocks_instead_of_spinning(r, broker, back
     assert broker.watch(job.id) == "READY"  # a waiter: the failure leaves a done token
     claimed = claim_one(broker)
     broker.finish(Outcome(claimed.job_id, claimed.owner, FAILED, error="{}"))
-    assert r.llen(f"{{drq:default}}:job:{job.id}:done") == 1
+    assert r.llen(DEFAULT_KEYS.done(job.id)) == 1
     assert broker.operate("retry_failed", "default", [job.id]) == 1
 
     def sent():
@@ -207,22 +208,22 @@ def test_wait_after_an_operator_retry_blocks_instead_of_spinning(r, broker, back
 
 
 def test_a_queue_member_whose_key_is_not_a_hash_is_failed_not_raised(r, broker):
-    r.set("{drq:default}:job:oops", "a string, not a job")
-    r.zadd("{drq:default}:queue:default", {"oops": 0})
+    r.set(DEFAULT_KEYS.job("oops"), "a string, not a job")
+    r.zadd(DEFAULT_KEYS.queue("default"), {"oops": 0})
     good = tasks.noop.enqueue()
     assert claim_one(broker).job_id == good.id
-    failed = r.zrange("{drq:default}:failed:default", 0, -1)
+    failed = r.zrange(DEFAULT_KEYS.failed("default"), 0, -1)
     assert len(failed) == 1 and failed[0].startswith("malformed-")
-    assert "not a hash" in r.hget(f"{{drq:default}}:job:{failed[0]}", "errors")
+    assert "not a hash" in r.hget(DEFAULT_KEYS.job(failed[0]), "errors")
 
 
 def test_garbage_in_a_job_hash_never_makes_a_script_fail(r, broker, backend):
     job = tasks.noop.enqueue()
-    key = f"{{drq:default}}:job:{job.id}"
+    key = DEFAULT_KEYS.job(job.id)
     r.hset(key, mapping={"attempts": "many", "lost": "x", "priority": "high", "score": "?"})
     claimed = claim_one(broker)
     assert claimed.fields["attempts"] == "1"
-    r.zadd("{drq:default}:running", {job.id: 0})
+    r.zadd(DEFAULT_KEYS.running, {job.id: 0})
     assert broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}").recovered == 1
     assert claim_one(broker).job_id == job.id  # requeued with a fresh place
 
@@ -349,17 +350,17 @@ def test_a_cursor_past_what_lua_writes_exactly_reads_each_message_once(r, broker
 def test_a_scheduler_can_leave_expired_leases_alone(r, broker):
     tasks.noop.enqueue()
     claimed = claim_one(broker)
-    r.zadd("{drq:default}:running", {claimed.job_id: 0})
+    r.zadd(DEFAULT_KEYS.running, {claimed.job_id: 0})
     tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}", recover=False)
-    assert tick.recovered == 0 and r.zscore("{drq:default}:running", claimed.job_id) == 0
+    assert tick.recovered == 0 and r.zscore(DEFAULT_KEYS.running, claimed.job_id) == 0
     assert broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}").recovered == 1
 
 
 def test_a_finished_job_left_in_a_queue_or_delayed_set_never_runs_again(r, broker, backend):
     cancelled = tasks.noop.using(delay=600).enqueue()
     backend.cancel(cancelled.id)
-    r.zadd("{drq:default}:delayed:default", {cancelled.id: 0})  # left there by hand, due
-    r.zadd("{drq:default}:queue:default", {cancelled.id: 0})
+    r.zadd(DEFAULT_KEYS.delayed("default"), {cancelled.id: 0})  # left there by hand, due
+    r.zadd(DEFAULT_KEYS.queue("default"), {cancelled.id: 0})
     tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
     assert tick.promoted == 0
     assert claim_one(broker) is None
@@ -370,7 +371,7 @@ def test_a_retry_without_an_error_keeps_the_error_list_readable(r, broker, backe
     job = tasks.noop.enqueue()
     first = claim_one(broker)
     broker.finish(Outcome(job.id, first.owner, "RETRY", error='{"traceback":"one"}'))
-    r.zadd("{drq:default}:delayed:default", {job.id: 0})
+    r.zadd(DEFAULT_KEYS.delayed("default"), {job.id: 0})
     broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
     second = claim_one(broker)
     broker.finish(Outcome(job.id, second.owner, "RETRY", error=""))

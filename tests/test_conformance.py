@@ -41,6 +41,7 @@ from django_redisqueue.compat import (
 from django_redisqueue.store.gateway import now_ms
 from tests import tasks
 from tests.conftest import manage, start_manage, wait_until
+from tests.keys import DEFAULT_KEYS
 
 
 def run_worker(*args: str) -> str:
@@ -51,7 +52,7 @@ def run_worker(*args: str) -> str:
 
 
 def queued_ids(r, queue=DEFAULT_TASK_QUEUE_NAME):
-    return r.zrange(f"{{drq:default}}:queue:{queue}", 0, -1)
+    return r.zrange(DEFAULT_KEYS.queue(queue), 0, -1)
 
 
 @contextmanager
@@ -461,7 +462,7 @@ def test_run_after_is_honoured(r):
     assert later.status == TaskResultStatus.READY  # not due: the worker left it alone
     assert abs(later.task.run_after - run_after) < timedelta(milliseconds=1)
 
-    due_ms = r.zscore("{drq:default}:delayed:default", later.id)
+    due_ms = r.zscore(DEFAULT_KEYS.delayed("default"), later.id)
     wait_until(lambda: now_ms() >= due_ms, 10, "the due time")
     assert manage("runscheduler", "--burst").returncode == 0
     run_worker()

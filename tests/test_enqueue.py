@@ -15,11 +15,12 @@ from django_redisqueue.compat import (
 from django_redisqueue.exceptions import BrokerUnavailable, ConfigurationError
 from tests import tasks
 from tests.conftest import not_on_cluster, run_worker_here
+from tests.keys import CACHED_KEYS, DEFAULT_KEYS
 from tests.topology import keys_server, scripts_run
 
 
 def queued(r, queue="default"):
-    return r.zrange(f"{{drq:default}}:queue:{queue}", 0, -1)
+    return r.zrange(DEFAULT_KEYS.queue(queue), 0, -1)
 
 
 def test_enqueue_returns_a_ready_result_and_queues_the_job(r, backend):
@@ -113,7 +114,7 @@ def test_get_result_of_unknown_id_raises(backend):
 @not_on_cluster  # django-redis serves no cluster
 def test_a_django_redis_connection_alias_works(r):
     result = tasks.add.using(backend="cached").enqueue(1, 2)
-    assert r.zrange("{drq:cached}:queue:default", 0, -1) == [result.id]
+    assert r.zrange(CACHED_KEYS.queue("default"), 0, -1) == [result.id]
     assert task_backends["cached"].get_result(result.id).args == [1, 2]
 
 
@@ -158,7 +159,7 @@ def test_enqueue_many_checks_every_job_before_sending_any(r):
 
 def test_enqueue_many_of_a_delayed_task_fills_the_delayed_set(r, backend):
     results = tasks.noop.using(delay=60).enqueue_many([((), {})] * 3)
-    delayed = r.zrange("{drq:default}:delayed:default", 0, -1, withscores=True)
+    delayed = r.zrange(DEFAULT_KEYS.delayed("default"), 0, -1, withscores=True)
     assert sorted(delayed) == sorted(
         (res.id, int(res.task.run_after.timestamp() * 1000)) for res in results
     )

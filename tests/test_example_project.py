@@ -19,6 +19,7 @@ from contextlib import closing, contextmanager
 import redis
 
 from tests.conftest import ROOT, blocked_clients, wait_until
+from tests.keys import DEFAULT_KEYS
 from tests.servers import RedisServer, free_port
 
 
@@ -152,7 +153,7 @@ def test_the_nightly_purge_is_a_periodic_job(tmp_path):
                 )
         assert subprocess.run(_manage("runscheduler", "--burst"), **run).returncode == 0
         client = redis.Redis.from_url(server.url, decode_responses=True)
-        state = "{drq:default}:periodic:purge-old-logs"
+        state = DEFAULT_KEYS.periodic_schedule("purge-old-logs")
         client.hset(state, "last", int(client.hget(state, "last")) - 86_400_000)
         scheduler = subprocess.run(_manage("runscheduler", "--burst"), **run)
         assert "Periodic job 'purge-old-logs': enqueued 1" in scheduler.stdout + scheduler.stderr

@@ -15,10 +15,10 @@ from django_redisqueue.core.tasks import parse_rate_limit
 from django_redisqueue.store.wire import Outcome
 from tests import tasks
 from tests.conftest import run_worker_here, wait_until
+from tests.keys import DEFAULT_KEYS
 
 QUEUES = ["high", "default", "low"]
 KEY = "tests.tasks.limited_two"
-P = "{drq:default}"
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def label(claimed) -> str:
 
 
 def parked(r, key=KEY) -> list[str]:
-    return r.zrange(f"{P}:limit:{key}:parked", 0, -1)
+    return r.zrange(DEFAULT_KEYS.limit(key, "parked"), 0, -1)
 
 
 def test_a_job_over_its_limit_is_parked_and_the_jobs_behind_it_run(r, broker, backend):
@@ -51,16 +51,16 @@ def test_a_job_over_its_limit_is_parked_and_the_jobs_behind_it_run(r, broker, ba
     third = claim(broker, "w3")
     assert third.job_id == free  # L2 is over the limit: parked, and F behind it runs
     assert parked(r) == [limited[2]]
-    assert r.hget(f"{P}:job:{limited[2]}", "parked") == KEY
+    assert r.hget(DEFAULT_KEYS.job(limited[2]), "parked") == KEY
     assert backend.get_result(limited[2]).status == "READY"
-    assert r.zcard(f"{P}:queue:default") == 0
+    assert r.zcard(DEFAULT_KEYS.queue("default")) == 0
     assert claim(broker, "w4") is None  # nothing else: L2 waits, no worker spins on it
 
     finish(broker, first)  # a slot frees: L2 goes back to its queue, at its place
-    assert parked(r) == [] and r.hget(f"{P}:job:{limited[2]}", "parked") is None
-    assert r.zrange(f"{P}:queue:default", 0, -1) == [limited[2]]
+    assert parked(r) == [] and r.hget(DEFAULT_KEYS.job(limited[2]), "parked") is None
+    assert r.zrange(DEFAULT_KEYS.queue("default"), 0, -1) == [limited[2]]
     assert claim(broker, "w1").job_id == limited[2]
-    assert r.smembers(f"{P}:limit:{KEY}:running") == {second.job_id, limited[2]}
+    assert r.smembers(DEFAULT_KEYS.limit(KEY, "running")) == {second.job_id, limited[2]}
 
 
 def test_a_limited_job_at_the_head_of_a_strict_priority_queue_holds_back_nothing(r, broker):
@@ -93,7 +93,7 @@ def test_every_way_a_job_leaves_running_frees_its_slot(r, broker, backend):
     broker.finish(Outcome(c.job_id, c.owner, "RELEASE"))
     assert len(parked(r)) == 2  # L3 back; L2 given back too
     c = claim(broker, "w1")
-    r.zadd(f"{P}:running", {b.job_id: 0, c.job_id: 0})  # both leases pass
+    r.zadd(DEFAULT_KEYS.running, {b.job_id: 0, c.job_id: 0})  # both leases pass
     tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
     assert tick.recovered == 2 and parked(r) == []  # two slots: L4 and L5 unparked
     held = [claim(broker, "w5"), claim(broker, "w5")]
@@ -104,7 +104,7 @@ def test_every_way_a_job_leaves_running_frees_its_slot(r, broker, backend):
     assert parked(r) == []
     assert [claim(broker, "w7"), claim(broker, "w8"), claim(broker, "w9")][2] is None
     assert parked(r) == ids[3:]
-    assert r.scard(f"{P}:limit:{KEY}:running") == 2  # the two just claimed
+    assert r.scard(DEFAULT_KEYS.limit(KEY, "running")) == 2  # the two just claimed
 
 
 def test_a_parked_job_can_be_cancelled(r, broker, backend):
@@ -112,7 +112,7 @@ def test_a_parked_job_can_be_cancelled(r, broker, backend):
     claim(broker, "w1"), claim(broker, "w2"), claim(broker, "w3")
     results[2].cancel()
     assert results[2].status == "FAILED" and parked(r) == []
-    assert r.hget(f"{P}:job:{results[2].id}", "parked") is None
+    assert r.hget(DEFAULT_KEYS.job(results[2].id), "parked") is None
 
 
 def test_a_rate_limit_parks_until_its_window_frees_a_start(r, broker, backend):
@@ -122,8 +122,8 @@ def test_a_rate_limit_parks_until_its_window_frees_a_start(r, broker, backend):
     assert claim(broker, "w1") is None  # 10 starts in this second: the rest park
     key = "tests.tasks.rate_limited"
     assert parked(r, key) == ids[10:]
-    look = r.zscore(f"{P}:limits", key)
-    first_start = int(r.hget(f"{P}:job:{ids[0]}", "last_attempted_at"))
+    look = r.zscore(DEFAULT_KEYS.limits, key)
+    first_start = int(r.hget(DEFAULT_KEYS.job(ids[0]), "last_attempted_at"))
     assert look == first_start + 1000  # when the first start leaves the window
 
     tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
@@ -131,14 +131,14 @@ def test_a_rate_limit_parks_until_its_window_frees_a_start(r, broker, backend):
     assert parked(r, key) == ids[10:]  # not due yet: nothing moved
 
     # Time passes for the first start alone (its score moves back a second).
-    starts = f"{P}:limit:{key}:starts"
+    starts = DEFAULT_KEYS.limit(key, "starts")
     oldest, second = r.zrange(starts, 0, 1, withscores=True)
     r.zadd(starts, {oldest[0]: oldest[1] - 1000})
-    r.zadd(f"{P}:limits", {key: 0})
+    r.zadd(DEFAULT_KEYS.limits, {key: 0})
     broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
     # One start left the window: one job back; the next look is when the next leaves.
-    assert parked(r, key) == ids[11:] and r.zcard(f"{P}:queue:default") == 1
-    assert r.zscore(f"{P}:limits", key) == second[1] + 1000
+    assert parked(r, key) == ids[11:] and r.zcard(DEFAULT_KEYS.queue("default")) == 1
+    assert r.zscore(DEFAULT_KEYS.limits, key) == second[1] + 1000
     assert claim(broker).job_id == ids[10]
 
 
@@ -146,16 +146,16 @@ def test_spoilt_limit_keys_never_stop_a_claim(r, broker):
     tasks.limited_two.enqueue("L0", 0)
     tasks.rate_limited.enqueue("R0")
     for part in ("running", "parked"):
-        r.set(f"{P}:limit:{KEY}:{part}", "garbage")
-    r.set(f"{P}:limit:tests.tasks.rate_limited:starts", "garbage")
-    r.set(f"{P}:limits", "garbage")
+        r.set(DEFAULT_KEYS.limit(KEY, part), "garbage")
+    r.set(DEFAULT_KEYS.limit("tests.tasks.rate_limited", "starts"), "garbage")
+    r.set(DEFAULT_KEYS.limits, "garbage")
     assert claim(broker).job_id and claim(broker).job_id
     tasks.limited_two.enqueue("L1", 0)
     tasks.limited_two.enqueue("L2", 0)
     assert claim(broker).job_id and claim(broker) is None  # L2 parked: looked at again
-    assert r.type(f"{P}:limits") == "zset" and r.zscore(f"{P}:limits", KEY)
+    assert r.type(DEFAULT_KEYS.limits) == "zset" and r.zscore(DEFAULT_KEYS.limits, KEY)
     r.hset(
-        f"{P}:job:x1",
+        DEFAULT_KEYS.job("x1"),
         mapping={
             "status": "READY",
             "queue": "default",
@@ -164,7 +164,7 @@ def test_spoilt_limit_keys_never_stop_a_claim(r, broker):
             "rate": "9/0",
         },
     )
-    r.zadd(f"{P}:queue:default", {"x1": 1})
+    r.zadd(DEFAULT_KEYS.queue("default"), {"x1": 1})
     assert claim(broker).job_id == "x1"  # a garbage limit reads as at least one slot
 
 
@@ -189,8 +189,8 @@ def test_jobs_of_one_key_under_different_limits_never_strand_each_other(r, broke
     assert parked(r, "shared") == [rated.id]
     assert claim(broker, "w3").job_id == waits.id
     # X is looked at again, at the latest when its start frees (sooner: W's lease look).
-    look = r.zscore(f"{P}:limits", "shared")
-    assert look <= int(r.hget(f"{P}:job:{spent.id}", "last_attempted_at")) + 3_600_000
+    look = r.zscore(DEFAULT_KEYS.limits, "shared")
+    assert look <= int(r.hget(DEFAULT_KEYS.job(spent.id), "last_attempted_at")) + 3_600_000
 
     # Two maximums on one key (a deploy changed it): each job by its own.
     more = [shared(concurrency_limit=1).enqueue("k1"), shared(concurrency_limit=3).enqueue("k3")]
@@ -199,7 +199,7 @@ def test_jobs_of_one_key_under_different_limits_never_strand_each_other(r, broke
 
 def age_starts(r, key: str, ms: int) -> None:
     """Time passes for every start of ``key``: each moves ``ms`` into the past."""
-    starts = f"{P}:limit:{key}:starts"
+    starts = DEFAULT_KEYS.limit(key, "starts")
     r.zadd(starts, {m: score - ms for m, score in r.zrange(starts, 0, -1, withscores=True)})
 
 
@@ -215,7 +215,7 @@ def test_rates_of_different_periods_on_one_key_each_hold(r, broker):
     assert claim(broker) is None  # 4 starts in 4 s: both 3/4s jobs stay parked
     assert parked(r, "shared") == [slow[3].id, again.id]
     age_starts(r, "shared", 2001)  # the three slow starts leave the 4 s window
-    r.zadd(f"{P}:limits", {"shared": 0})
+    r.zadd(DEFAULT_KEYS.limits, {"shared": 0})
     broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
     assert claim(broker).job_id == slow[3].id  # the fast start is one of 3 in 4 s
 
@@ -243,7 +243,7 @@ def test_limits_changed_under_running_parked_and_recovered_jobs(r, broker):
     assert claim(broker, "w4") is None and parked(r, "shared") == [old[3].id]
     new = shared(concurrency_limit=1, rate_limit="2/h").enqueue("new")
     assert claim(broker, "w4") is None  # 3 running, its limit is 1
-    r.zadd(f"{P}:running", {running[0].job_id: 0})  # a worker is lost
+    r.zadd(DEFAULT_KEYS.running, {running[0].job_id: 0})  # a worker is lost
     broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
     assert claim(broker, "w5").job_id == old[0].id  # recovered; 2 running + it: 3
     finish(broker, running[1])
@@ -251,8 +251,8 @@ def test_limits_changed_under_running_parked_and_recovered_jobs(r, broker):
     # old[3] (3 allowed) went back when a slot freed; "new" (1 allowed) never: 2 run.
     assert claim(broker, "w6").job_id == old[3].id
     assert claim(broker, "w7") is None and parked(r, "shared") == [new.id]
-    for job_id in r.zrange(f"{P}:running", 0, -1):
-        owner = r.hget(f"{P}:job:{job_id}", "owner")
+    for job_id in r.zrange(DEFAULT_KEYS.running, 0, -1):
+        owner = r.hget(DEFAULT_KEYS.job(job_id), "owner")
         assert broker.finish(Outcome(job_id, owner, "SUCCESSFUL", result="1"))
     # No job runs, but the key's two starts since the rated job came (old0's second,
     # old3's) spend its rate of 2 an hour: it stays parked.
@@ -270,7 +270,7 @@ def test_a_parked_job_with_room_behind_more_than_a_finish_looks_at_waits_no_leas
     assert first.job_id == twos[0].id
     assert claim(broker, "w3") is None and parked(r, "shared")[-1] == twos[1].id
     finish(broker, first)  # looks at the first 20: no room for them
-    look = r.zscore(f"{P}:limits", "shared")
+    look = r.zscore(DEFAULT_KEYS.limits, "shared")
     assert look <= broker.clock_ms()  # the rest at once
     broker.tick("s1", QUEUES, batch=500, lost_limit=2, lost_error="{}")
     assert claim(broker, "w3").job_id == twos[1].id
@@ -296,17 +296,17 @@ def test_garbage_in_a_limit_never_reads_as_a_looser_or_stuck_limit(r, broker):
         fields |= {"max_running": running} if running else {}
         fields |= {"rate": rate} if rate else {}
         for j in range(2):
-            r.hset(f"{P}:job:g{i}-{j}", mapping=fields)
-            r.zadd(f"{P}:queue:default", {f"g{i}-{j}": i * 10 + j})
+            r.hset(DEFAULT_KEYS.job(f"g{i}-{j}"), mapping=fields)
+            r.zadd(DEFAULT_KEYS.queue("default"), {f"g{i}-{j}": i * 10 + j})
     claimed = [c.job_id for c in iter(lambda: claim(broker), None)]
     # "1.5" is one slot; a rate of 0 starts or garbage is no rate limit.
     assert claimed == ["g0-0", "g1-0", "g1-1", "g2-0", "g2-1"]
     assert parked(r, "g0") == ["g0-1"]
     # A look at a key that names nothing, and parked jobs under an empty key: skipped.
-    r.zadd(f"{P}:limits", {"": 0, "gone": 0})
-    r.zadd(f"{P}:limit::parked", {"no-such-job": 1})
+    r.zadd(DEFAULT_KEYS.limits, {"": 0, "gone": 0})
+    r.zadd(DEFAULT_KEYS.limit("", "parked"), {"no-such-job": 1})
     tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
-    assert tick.next_in is not None and r.zcard(f"{P}:limit::parked") == 0
+    assert tick.next_in is not None and r.zcard(DEFAULT_KEYS.limit("", "parked")) == 0
 
 
 def test_a_groups_members_share_their_limit(r, backend):
@@ -361,7 +361,7 @@ def test_a_limit_key_given_per_call_limits_each_key_apart(r, broker):
             tasks.limited_two.using(limit_key=f"customer:{customer}").enqueue(i, 0)
     # Two keys, two slots each: all four start.
     assert all(claim(broker, f"w{i}") for i in range(4))
-    assert r.scard(f"{P}:limit:customer:a:running") == 2
+    assert r.scard(DEFAULT_KEYS.limit("customer:a", "running")) == 2
 
 
 # Real workers
@@ -371,7 +371,7 @@ def starts(r, results) -> list[int]:
     """Each job's last start (ms, Redis's clock)."""
     pipe = r.pipeline(transaction=False)
     for result in results:
-        pipe.hget(f"{P}:job:{result.id}", "last_attempted_at")
+        pipe.hget(DEFAULT_KEYS.job(result.id), "last_attempted_at")
     return [int(start) for start in pipe.execute()]
 
 
@@ -387,7 +387,7 @@ def drain_span(r, results) -> float:
     """Seconds from the first start to the last finish of ``results``, by Redis's clock."""
     pipe = r.pipeline(transaction=False)
     for result in results:
-        pipe.hmget(f"{P}:job:{result.id}", "started_at", "finished_at")
+        pipe.hmget(DEFAULT_KEYS.job(result.id), "started_at", "finished_at")
     stamps = pipe.execute()
     return (max(int(f) for _, f in stamps) - min(int(s) for s, _ in stamps)) / 1000
 
@@ -399,7 +399,7 @@ def test_four_workers_of_four_processes_never_run_more_than_the_limit(r, procs, 
     jobs do not wait for them: they start while limited jobs still wait, by Redis's
     clock (their drain span is reported beside the first run's)."""
     workers = [procs.start("runworker", "--concurrency", "4") for _ in range(4)]
-    wait_until(lambda: r.zcard(f"{P}:workers") == 16, timeout=60, message="16 workers")
+    wait_until(lambda: r.zcard(DEFAULT_KEYS.workers) == 16, timeout=60, message="16 workers")
     alone = [tasks.free_job.enqueue(f"A{i}") for i in range(400)]
     wait_until(lambda: r.llen(tasks.FREE_DONE) == len(alone), timeout=60, message="free jobs")
 
@@ -409,11 +409,11 @@ def test_four_workers_of_four_processes_never_run_more_than_the_limit(r, procs, 
     most_sampled, samples = 0, 0
     deadline = time.monotonic() + 60
     while r.llen(tasks.LIMITED_DONE) < len(limited) and time.monotonic() < deadline:
-        running = r.zrange(f"{P}:running", 0, -1)
+        running = r.zrange(DEFAULT_KEYS.running, 0, -1)
         if running:
             pipe = r.pipeline(transaction=False)
             for job_id in running:
-                pipe.hget(f"{P}:job:{job_id}", "limit")
+                pipe.hget(DEFAULT_KEYS.job(job_id), "limit")
             most_sampled = max(most_sampled, sum(1 for k in pipe.execute() if k == KEY))
             samples += 1
     assert r.llen(tasks.LIMITED_DONE) == len(limited), "the limited jobs did not all run"
@@ -450,7 +450,7 @@ def test_a_one_at_a_time_job_never_starts_beside_a_rate_limited_job_of_its_key(r
     wait_until(lambda: r.llen(tasks.LIMITED_DONE) == 120, timeout=60, message="all 120")
     pipe = r.pipeline(transaction=False)
     for result in results:
-        pipe.hmget(f"{P}:job:{result.id}", "last_attempted_at", "finished_at")
+        pipe.hmget(DEFAULT_KEYS.job(result.id), "last_attempted_at", "finished_at")
     spans = [(int(start), int(end)) for start, end in pipe.execute()]
     starts_alone = [s for (s, _), result in zip(spans, results, strict=True) if result.id in alone]
     beside = [
@@ -475,7 +475,9 @@ def test_a_rate_limit_holds_in_every_window_of_its_period(r, procs, backend, rep
     procs.start("runscheduler")
     workers = [procs.start("runworker", "--concurrency", "2") for _ in range(1)]
     wait_until(lambda: r.llen(tasks.LIMITED_DONE) == 35, timeout=30, message="all 35")
-    starts = sorted(int(r.hget(f"{P}:job:{result.id}", "last_attempted_at")) for result in results)
+    starts = sorted(
+        int(r.hget(DEFAULT_KEYS.job(result.id), "last_attempted_at")) for result in results
+    )
     most = max(sum(1 for t in starts if start <= t < start + 1000) for start in starts)
     report(
         f"rate limit 10/s: 35 jobs started over {(starts[-1] - starts[0]) / 1000:.2f} s; "
@@ -485,4 +487,4 @@ def test_a_rate_limit_holds_in_every_window_of_its_period(r, procs, backend, rep
     assert starts[-1] - starts[0] >= 3000  # 35 starts need three windows past the first
     for worker in workers:
         procs.stop(worker)
-    assert list(itertools.chain(r.keys(f"{P}:limit:*:parked"))) == []
+    assert list(itertools.chain(r.keys(DEFAULT_KEYS.limit("*", "parked")))) == []

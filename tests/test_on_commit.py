@@ -12,6 +12,7 @@ from django_redisqueue.exceptions import BrokerUnavailable
 from django_redisqueue.store.gateway import now_ms
 from tests import tasks
 from tests.conftest import manage, wait_until
+from tests.keys import DEFAULT_KEYS
 from tests.models import Report
 from tests.servers import free_port
 from tests.topology import keys_server, scripts_run
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def queued_ids(r, queue="default"):
-    return r.zrange(f"{{drq:default}}:queue:{queue}", 0, -1)
+    return r.zrange(DEFAULT_KEYS.queue(queue), 0, -1)
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ def test_nothing_is_queued_when_the_transaction_rolls_back(r, backend, enqueued)
         result = tasks.report_title.enqueue_on_commit(report.pk)
         raise RuntimeError("roll back")
 
-    assert r.keys("{drq:default}*") == []
+    assert r.keys(DEFAULT_KEYS.prefix + "*") == []
     assert enqueued == []
     with pytest.raises(TaskResultDoesNotExist):
         result.refresh()
@@ -84,15 +85,15 @@ def test_bad_arguments_raise_at_the_call_site_and_queue_nothing(r):
             tasks.add.enqueue_on_commit(object(), 2)
         with pytest.raises(ValueError, match="MAX_PAYLOAD_BYTES"):
             tasks.record.enqueue_on_commit("x" * (600 * 1024))
-    assert r.keys("{drq:default}*") == []
+    assert r.keys(DEFAULT_KEYS.prefix + "*") == []
 
 
 def test_a_delayed_job_waits_for_the_commit_then_for_its_time(r):
     with transaction.atomic():
         result = tasks.add.using(delay=0.5).enqueue_on_commit(2, 2)
-        assert r.zcard("{drq:default}:delayed:default") == 0
+        assert r.zcard(DEFAULT_KEYS.delayed("default")) == 0
 
-    due = r.zscore("{drq:default}:delayed:default", result.id)
+    due = r.zscore(DEFAULT_KEYS.delayed("default"), result.id)
     assert due == pytest.approx(result.task.run_after.timestamp() * 1000, abs=1)
     wait_until(lambda: now_ms() >= due, 10, "the due time")
     assert manage("runscheduler", "--burst").returncode == 0

@@ -36,17 +36,17 @@ from django_redisqueue.periodic import (
 from django_redisqueue.runtime.scheduler import Scheduler
 from tests import tasks
 from tests.conftest import manage, wait_until
+from tests.keys import PERIODIC_KEYS
 from tests.test_fuzz import TRIED, counted, fuzz
 
-P = "{drq:periodic}"
-QUEUE = f"{P}:queue:default"
+QUEUE = PERIODIC_KEYS.queue("default")
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")
 EVERY_SECOND = {"task": "tests.tasks.noop", "every": 1}
 
 
 def state(name: str) -> str:
-    return f"{P}:periodic:{name}"
+    return PERIODIC_KEYS.periodic_schedule(name)
 
 
 @contextmanager
@@ -217,7 +217,7 @@ def test_concurrent_steppers_enqueue_each_occurrence_once(r):
     found = occurrences_in(r, "beat")
     assert found == list(range(found[0], now // 1000 * 1000 + 1, 1000))
     assert len(found) >= 250
-    assert int(r.get(f"{P}:seq")) == len(found)  # one store per occurrence
+    assert int(r.get(PERIODIC_KEYS.seq)) == len(found)  # one store per occurrence
 
 
 def test_a_job_id_taken_is_never_overwritten(r):
@@ -225,11 +225,11 @@ def test_a_job_id_taken_is_never_overwritten(r):
         step = stepper(backend)
         last = int(r.hget(state("beat"), "last")) // 1000 * 1000
         taken = job_id("beat", last)
-        r.hset(f"{P}:job:{taken}", mapping={"status": "SUCCESSFUL", "payload": "mine"})
+        r.hset(PERIODIC_KEYS.job(taken), mapping={"status": "SUCCESSFUL", "payload": "mine"})
         r.hset(state("beat"), "last", last - 2000)  # set back (a clock, a hand)
         step.last.clear()
         step.step(backend.broker.clock_ms())
-    assert r.hget(f"{P}:job:{taken}", "payload") == "mine"
+    assert r.hget(PERIODIC_KEYS.job(taken), "payload") == "mine"
     assert job_id("beat", last - 1000) in r.zrange(QUEUE, 0, -1)
     assert taken not in r.zrange(QUEUE, 0, -1)
 
@@ -241,7 +241,7 @@ def test_a_new_schedule_starts_now_and_replays_nothing(r):
         assert int(r.hget(state("beat"), "last")) >= clock
         assert step.step(clock) > 0
     assert r.zcard(QUEUE) == 0
-    assert r.smembers(f"{P}:periodic") == {"beat"}
+    assert r.smembers(PERIODIC_KEYS.periodic) == {"beat"}
     assert json.loads(r.hget(state("beat"), "spec"))["task"] == "tests.tasks.noop"
 
 
@@ -335,19 +335,19 @@ def test_run_now_enqueues_a_job_and_records_it_without_moving_last(r):
 def test_removed_schedules_stop_and_their_state_is_deleted(r, caplog):
     with periodic({"kept": EVERY_SECOND, "gone": EVERY_SECOND}) as backend:
         stepper(backend)
-    assert r.smembers(f"{P}:periodic") == {"kept", "gone"}
+    assert r.smembers(PERIODIC_KEYS.periodic) == {"kept", "gone"}
     with periodic({"kept": EVERY_SECOND}) as backend, caplog.at_level(logging.INFO):
         step = stepper(backend)
         r.hset(state("kept"), "last", int(r.hget(state("kept"), "last")) - 3000)
         step.last.clear()
         step.step(backend.broker.clock_ms())
-    assert r.smembers(f"{P}:periodic") == {"kept"}
+    assert r.smembers(PERIODIC_KEYS.periodic) == {"kept"}
     assert not r.exists(state("gone"))
     assert occurrences_in(r, "gone") == [] and len(occurrences_in(r, "kept")) == 1
     assert "'gone' is no longer in settings" in caplog.text
     with periodic({}) as backend:
         Scheduler(backend, burst=True).run()  # no schedule left: its sync still cleans up
-    assert not r.exists(f"{P}:periodic") and not r.exists(state("kept"))
+    assert not r.exists(PERIODIC_KEYS.periodic) and not r.exists(state("kept"))
 
 
 @pytest.mark.parametrize("path", ["tests.tasks.nope", "tests.module_that_raises.f"])
@@ -486,12 +486,12 @@ def test_an_edit_while_other_schedulers_enqueue_replays_nothing(r):
                 thread.join()
     found = occurrences_in(r, "beat")
     for at in found:
-        stored = int(r.hget(f"{P}:job:{job_id('beat', at)}", "enqueued_at"))
+        stored = int(r.hget(PERIODIC_KEYS.job(job_id("beat", at)), "enqueued_at"))
         # Stored after the edit: a run after it; before it (or in its ms): one before.
         assert at > edited if stored > edited else at <= edited, (at, stored, edited)
     first = edited // 2000 * 2000 + 2000
     assert [at for at in found if at > edited] == list(range(first, clock + 1, 2000))
-    assert int(r.get(f"{P}:seq")) == len(found)
+    assert int(r.get(PERIODIC_KEYS.seq)) == len(found)
 
 
 @pytest.mark.parametrize(
@@ -586,7 +586,7 @@ def test_the_scheduler_loop_enqueues_each_occurrence(r):
             wait_until(lambda: len(occurrences_in(r, "fast")) >= 3, 30, "3 occurrences")
         finally:
             scheduler.stop()
-            r.rpush(f"{P}:scheduler:wake", 1)
+            r.rpush(PERIODIC_KEYS.scheduler_wake, 1)
             thread.join(timeout=30)
     found = occurrences_in(r, "fast")
     assert found == list(range(found[0], found[-1] + 1, 1000))
@@ -619,10 +619,10 @@ def test_a_spoilt_last_never_stops_the_schedules(r, value):
 
 
 def test_a_spoilt_set_of_names_is_rebuilt(r):
-    r.set(f"{P}:periodic", "spoilt")
+    r.set(PERIODIC_KEYS.periodic, "spoilt")
     with periodic({"a": EVERY_SECOND}) as backend:
         stepper(backend)
-    assert r.smembers(f"{P}:periodic") == {"a"}
+    assert r.smembers(PERIODIC_KEYS.periodic) == {"a"}
 
 
 FIELDS = ["last", "last_job", "last_at", "next", "paused", "spec", "timetable", "skipped"]
@@ -669,9 +669,9 @@ def test_fuzz_what_the_script_and_dashboard_read(r, report):
         elif kind == "zset":
             r.zadd(key, {"x": 1})
         if names_kind == "string":
-            r.set(f"{P}:periodic", "x")
+            r.set(PERIODIC_KEYS.periodic, "x")
         elif names_kind == "set":
-            r.sadd(f"{P}:periodic", "a", "<script>", "b")
+            r.sadd(PERIODIC_KEYS.periodic, "a", "<script>", "b")
         with periodic({"a": {**EVERY_SECOND, "catch_up": "all"}}) as backend:
             Dashboard(backend).schedules()
             step = PeriodicStep(backend)
@@ -718,7 +718,7 @@ def test_three_schedulers_for_two_minutes_enqueue_each_occurrence_once(
     wait_until(lambda: len(occurrences_in(r, "beat")) >= 120, 120, "120 occurrences")
     outputs = procs.stop_all()
     found = occurrences_in(r, "beat")
-    stores = int(r.get(f"{P}:seq"))
+    stores = int(r.get(PERIODIC_KEYS.seq))
     per_scheduler = [
         sum(map(int, re.findall(r"enqueued (\d+) occurrence", out))) for out in outputs
     ]

@@ -20,8 +20,9 @@ from django_redisqueue.runtime.scheduler import Scheduler
 from django_redisqueue.store.gateway import now_ms
 from tests import tasks
 from tests.conftest import blocked_clients, manage, start_manage, wait_until
+from tests.keys import DEFAULT_KEYS, LEASED_KEYS
 
-DELAYED = "{drq:default}:delayed:default"
+DELAYED = DEFAULT_KEYS.delayed("default")
 
 
 def stop(process) -> str:
@@ -68,18 +69,18 @@ def test_an_earlier_job_wakes_the_sleeping_scheduler(r, backend):
     try:
         late = tasks.add.using(delay=100).enqueue(1, 1)
         wait_until(
-            lambda: scheduler.waiting and r.llen("{drq:default}:scheduler:wake") == 0,
+            lambda: scheduler.waiting and r.llen(DEFAULT_KEYS.scheduler_wake) == 0,
             10,
             "the scheduler to sleep until the first job",
         )
         soon = tasks.add.using(delay=0.2).enqueue(2, 2)
         # Without the wake-up the scheduler would sleep for 100 s.
         wait_until(lambda: backend.queries.queue_length("default") == 1, 30, "promotion")
-        assert r.zrange("{drq:default}:queue:default", 0, -1) == [soon.id]
+        assert r.zrange(DEFAULT_KEYS.queue("default"), 0, -1) == [soon.id]
         assert r.zrange(DELAYED, 0, -1) == [late.id]
     finally:
         scheduler.stop()
-        r.rpush("{drq:default}:scheduler:wake", 1)
+        r.rpush(DEFAULT_KEYS.scheduler_wake, 1)
         thread.join(timeout=30)
     assert not thread.is_alive()
 
@@ -142,7 +143,7 @@ def test_the_job_of_a_killed_worker_runs_again_after_its_lease(r):
     worker.wait()
 
     assert leased.get_result(job.id).status == TaskResultStatus.RUNNING
-    deadline = r.zscore("{drq:leased}:running", job.id)
+    deadline = r.zscore(LEASED_KEYS.running, job.id)
     wait_until(lambda: now_ms() > deadline, 10, "the lease to run out")
     recovered = manage("runscheduler", "--burst", "--backend", "leased")
     assert "recovered 1 lost job(s)" in recovered.stderr
@@ -161,7 +162,7 @@ def test_a_job_that_keeps_killing_its_worker_fails_after_max_recoveries(r):
     for _ in range(3):
         died = manage("runworker", "--burst", "--backend", "leased")
         assert died.returncode == -signal.SIGKILL
-        deadline = r.zscore("{drq:leased}:running", job.id)
+        deadline = r.zscore(LEASED_KEYS.running, job.id)
         wait_until(lambda: now_ms() > deadline, 10, "the lease to run out")  # noqa: B023
         assert manage("runscheduler", "--burst", "--backend", "leased").returncode == 0
     stored = leased.get_result(job.id)
@@ -258,15 +259,15 @@ def test_the_clock_of_the_scheduler_host_decides_no_lease_and_no_due_time(r):
     with mock.patch("time.time", lambda: skewed):
         Scheduler(backend, burst=True).run()
     assert backend.get_result(running.id).status == TaskResultStatus.RUNNING
-    assert r.zscore("{drq:leased}:running", running.id) is not None
-    assert r.zscore("{drq:leased}:delayed:default", later.id) is not None
+    assert r.zscore(LEASED_KEYS.running, running.id) is not None
+    assert r.zscore(LEASED_KEYS.delayed("default"), later.id) is not None
 
 
 def test_after_a_redis_error_the_scheduler_gives_workers_a_lease_to_renew(r):
     backend = task_backends["leased"]
     tasks.noop.using(backend="leased").enqueue()
     _, claimed = backend.broker.claim(["default"], "w1")
-    r.zadd("{drq:leased}:running", {claimed.job_id: 0})  # its lease ran out meanwhile
+    r.zadd(LEASED_KEYS.running, {claimed.job_id: 0})  # its lease ran out meanwhile
     scheduler = Scheduler(backend, burst=True)
     failing = [redis.exceptions.ResponseError("OOM command not allowed")]
 
@@ -278,7 +279,7 @@ def test_after_a_redis_error_the_scheduler_gives_workers_a_lease_to_renew(r):
     real_tick = backend.broker.tick
     with mock.patch.object(backend.broker, "tick", tick), mock.patch("time.sleep"):
         scheduler.run()
-    assert r.zscore("{drq:leased}:running", claimed.job_id) == 0  # left to its worker
+    assert r.zscore(LEASED_KEYS.running, claimed.job_id) == 0  # left to its worker
     assert scheduler.recover_after > time.monotonic()
 
 
@@ -289,17 +290,17 @@ def test_a_step_that_redis_held_recovers_no_lease(r, caplog):
     backend = task_backends["leased"]
     tasks.noop.using(backend="leased").enqueue()
     _, claimed = backend.broker.claim(["default"], "w1")
-    r.zadd("{drq:leased}:running", {claimed.job_id: 0})  # its lease ran out meanwhile
+    r.zadd(LEASED_KEYS.running, {claimed.job_id: 0})  # its lease ran out meanwhile
     scheduler = Scheduler(backend, burst=True)
     # The last step read Redis's clock 10 s ago by Redis, just now by this host: the
     # next step is 10 s late, as if Redis had held it.
     scheduler.last_step = (backend.broker.clock_ms() - 10_000, time.monotonic())
     scheduler.run()
-    assert r.zscore("{drq:leased}:running", claimed.job_id) == 0  # left to its worker
+    assert r.zscore(LEASED_KEYS.running, claimed.job_id) == 0  # left to its worker
     assert scheduler.recover_after > time.monotonic()
     assert "Redis held a step" in caplog.text
     Scheduler(backend, burst=True).run()  # a step in time recovers it
-    assert r.zscore("{drq:leased}:running", claimed.job_id) is None
+    assert r.zscore(LEASED_KEYS.running, claimed.job_id) is None
 
 
 @pytest.mark.parametrize("held", [False, True])

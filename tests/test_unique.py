@@ -13,12 +13,11 @@ from django_redisqueue.core.fanout import broadcast
 from django_redisqueue.store.wire import Outcome
 from tests import tasks
 from tests.conftest import ROOT, child_env, run_worker_here
-
-P = "{drq:default}"
+from tests.keys import DEFAULT_KEYS, PERIODIC_KEYS
 
 
 def holder(r, key: str) -> str | None:
-    return r.get(f"{P}:unique:{key}")
+    return r.get(DEFAULT_KEYS.unique(key))
 
 
 def key_of(result) -> str:
@@ -31,7 +30,7 @@ def test_a_second_enqueue_while_the_first_waits_returns_the_first(r, backend):
     other = tasks.unique_report.enqueue("tuesday")
     assert second.id == first.id and other.id != first.id
     assert second.status == "READY" and second.enqueued_at == first.enqueued_at
-    assert r.zcard(f"{P}:queue:default") == 2
+    assert r.zcard(DEFAULT_KEYS.queue("default")) == 2
     assert holder(r, key_of(first)) == first.id
     # The key is the task and its arguments, keyword order aside.
     assert key_of(tasks.unique_report.using().job("monday")) == key_of(first)
@@ -53,7 +52,7 @@ def test_a_running_job_holds_its_key_through_retries_and_give_backs(r, backend):
         Outcome(claimed.job_id, claimed.owner, "RETRY", error="{}", retry_in_ms=60_000)
     )
     assert tasks.unique_report.enqueue("monday").id == first.id  # waiting to retry
-    r.zadd(f"{P}:delayed:default", {first.id: 0})
+    r.zadd(DEFAULT_KEYS.delayed("default"), {first.id: 0})
     backend.broker.tick("s1", ["default"], batch=10, lost_limit=0, lost_error="{}")
     claimed = backend.broker.claim(["default"], "w1")[1]
     backend.broker.finish(Outcome(claimed.job_id, claimed.owner, "RELEASE"))
@@ -71,7 +70,7 @@ def test_every_final_end_lets_the_key_go(r, backend, end):
         broker.finish(Outcome(claimed.job_id, claimed.owner, "FAILED", error="{}"))
     elif end == "lost for good":
         broker.claim(["default"], "w1")
-        r.zadd(f"{P}:running", {first.id: 0})
+        r.zadd(DEFAULT_KEYS.running, {first.id: 0})
         broker.tick("s1", ["default"], batch=10, lost_limit=0, lost_error="{}")
     else:
         assert broker.operate("empty", "default", limit=10) == 1  # deleted, unrun
@@ -93,12 +92,12 @@ def test_an_operators_retry_within_the_window_holds_the_key_until_the_job_ends(r
     first = tasks.rebuild_once_an_hour.enqueue()
     claimed = backend.broker.claim(["default"], "w1")[1]
     backend.broker.finish(Outcome(claimed.job_id, claimed.owner, "FAILED", error="{}"))
-    assert r.pttl(f"{P}:unique:rebuild") > 0  # ended: held for the rest of its window
+    assert r.pttl(DEFAULT_KEYS.unique("rebuild")) > 0  # ended: held for the rest of its window
     assert backend.broker.operate("retry_failed", "default", limit=10) == 1
     # Live again: held with no TTL, so the window running out cannot free the key.
     assert holder(r, "rebuild") == first.id
-    assert r.pttl(f"{P}:unique:rebuild") == -1
-    r.hset(f"{P}:job:{first.id}", "unique_until", 1)  # the window passes
+    assert r.pttl(DEFAULT_KEYS.unique("rebuild")) == -1
+    r.hset(DEFAULT_KEYS.job(first.id), "unique_until", 1)  # the window passes
     assert tasks.rebuild_once_an_hour.enqueue().id == first.id
     claimed = backend.broker.claim(["default"], "w1")[1]
     backend.broker.finish(Outcome(claimed.job_id, claimed.owner, "SUCCESSFUL", result="1"))
@@ -112,14 +111,14 @@ def test_unique_for_holds_the_key_for_its_window_even_after_the_job_ended(r, bac
     again = tasks.rebuild_once_an_hour.enqueue()
     assert again.id == first.id and again.status == "SUCCESSFUL"
     assert again.return_value == "rebuilt"
-    assert 3_590_000 < r.pttl(f"{P}:unique:rebuild") <= 3_600_000
-    r.delete(f"{P}:unique:rebuild")  # the window passes
+    assert 3_590_000 < r.pttl(DEFAULT_KEYS.unique("rebuild")) <= 3_600_000
+    r.delete(DEFAULT_KEYS.unique("rebuild"))  # the window passes
     assert tasks.rebuild_once_an_hour.enqueue().id != first.id
 
 
 def test_unique_for_holds_while_the_job_runs_even_past_its_window(r, backend):
     first = tasks.free_job.using(unique_key="short").enqueue("a")
-    r.hset(f"{P}:job:{first.id}", "unique_until", 1)  # its window passed long ago
+    r.hset(DEFAULT_KEYS.job(first.id), "unique_until", 1)  # its window passed long ago
     claimed = backend.broker.claim(["default"], "w1")[1]
     assert tasks.free_job.using(unique_key="short").enqueue("b").id == first.id
     backend.broker.finish(Outcome(claimed.job_id, claimed.owner, "SUCCESSFUL", result="1"))
@@ -129,7 +128,7 @@ def test_unique_for_holds_while_the_job_runs_even_past_its_window(r, backend):
 def test_a_window_ends_with_its_jobs_record(r, backend):
     first = tasks.rebuild_once_an_hour.enqueue()
     run_worker_here(backend)
-    r.delete(f"{P}:job:{first.id}")  # the result expired (RESULT_TTL) or was deleted
+    r.delete(DEFAULT_KEYS.job(first.id))  # the result expired (RESULT_TTL) or was deleted
     again = tasks.rebuild_once_an_hour.enqueue()
     assert again.id != first.id and again.status == "READY"
 
@@ -144,7 +143,7 @@ def test_a_key_given_per_call_is_shared_by_whatever_uses_it(r):
 def test_a_batch_holding_one_key_twice_stores_one_job(r):
     results = tasks.unique_report.enqueue_many([(("x",), {}), (("x",), {}), (("y",), {})])
     assert results[0].id == results[1].id != results[2].id
-    assert r.zcard(f"{P}:queue:default") == 2
+    assert r.zcard(DEFAULT_KEYS.queue("default")) == 2
 
 
 def test_on_commit_a_duplicate_becomes_the_holders_result(r, transactional_db):
@@ -152,13 +151,13 @@ def test_on_commit_a_duplicate_becomes_the_holders_result(r, transactional_db):
     with transaction.atomic():
         later = tasks.unique_report.enqueue_on_commit("monday")
         assert later.id != first.id  # not pushed yet: its own id until the commit
-    assert later.id == first.id and r.zcard(f"{P}:queue:default") == 1
+    assert later.id == first.id and r.zcard(DEFAULT_KEYS.queue("default")) == 1
 
 
 def test_a_spoilt_or_stale_key_is_taken_over(r, backend):
-    r.set(f"{P}:unique:k1", "no-such-job")
-    r.hset(f"{P}:unique:k2", "spoilt", "1")
-    r.set(f"{P}:unique:k3", "x" * 100_000)
+    r.set(DEFAULT_KEYS.unique("k1"), "no-such-job")
+    r.hset(DEFAULT_KEYS.unique("k2"), "spoilt", "1")
+    r.set(DEFAULT_KEYS.unique("k3"), "x" * 100_000)
     for key in ("k1", "k2", "k3"):
         result = tasks.free_job.using(unique_key=key).enqueue(key)
         assert holder(r, key) == result.id
@@ -194,7 +193,7 @@ def test_eight_processes_enqueueing_one_key_at_once_make_one_job(r, report):
             process.kill()
     report(f"unique: 8 processes enqueued one key at once: {len(set(ids))} job(s)")
     assert len(set(ids)) == 1 and ids[0]
-    assert r.zcard(f"{P}:queue:default") == 1
+    assert r.zcard(DEFAULT_KEYS.queue("default")) == 1
 
 
 @pytest.mark.parametrize(
@@ -226,7 +225,7 @@ def test_what_cannot_keep_a_unique_key_refuses_it(r):
         chain(tasks.noop.job(), tasks.unique_report.job("a")).enqueue()
     with pytest.raises(ValueError, match="unique"):
         broadcast(tasks.unique_report.job("a"))
-    assert r.zcard(f"{P}:queue:default") == 1  # the parent alone
+    assert r.zcard(DEFAULT_KEYS.queue("default")) == 1  # the parent alone
 
 
 def test_a_unique_periodic_task_never_overlaps_itself(r):
@@ -239,12 +238,12 @@ def test_a_unique_periodic_task_never_overlaps_itself(r):
     with periodic(schedule) as backend:
         step = stepper(backend)
         holder = tasks.unique_report.using(backend="periodic").enqueue("p")
-        state = "{drq:periodic}:periodic:report"
+        state = PERIODIC_KEYS.periodic_schedule("report")
         step.last["report"] = int(r.hget(state, "last")) - 5000  # five runs are due
         r.hset(state, "last", step.last["report"])
         step.next.clear()
         step.step(backend.broker.clock_ms())
-        assert r.zrange("{drq:periodic}:queue:default", 0, -1) == [holder.id]
+        assert r.zrange(PERIODIC_KEYS.queue("default"), 0, -1) == [holder.id]
         assert int(r.hget(state, "skipped")) >= 1  # catch-up "latest": one run, skipped
         with pytest.raises(PeriodicTaskError, match=holder.id):
             run_now(backend, schedules_of(backend)[0])

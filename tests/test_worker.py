@@ -10,6 +10,7 @@ from django_redisqueue import ResultTimeout, TaskFailed, task
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from tests import tasks
 from tests.conftest import manage, run_worker_here, start_manage, wait_until
+from tests.keys import DEFAULT_KEYS
 
 
 def test_burst_drains_every_queue_in_priority_order_and_exits_0(r):
@@ -68,13 +69,13 @@ def test_wait_times_out(r):
 
 def test_bad_jobs_fail_with_a_reason_and_the_worker_goes_on(r, backend):
     unknown = tasks.add.enqueue(1, 2)
-    job_key = f"{{drq:default}}:job:{unknown.id}"
+    job_key = DEFAULT_KEYS.job(unknown.id)
     r.hset(job_key, "payload", r.hget(job_key, "payload").replace("tests.tasks.add", "os.system"))
     garbage = tasks.add.enqueue(1, 2)
-    r.hset(f"{{drq:default}}:job:{garbage.id}", "payload", "\x00{not json")
+    r.hset(DEFAULT_KEYS.job(garbage.id), "payload", "\x00{not json")
     future = tasks.add.enqueue(1, 2)
-    r.hset(f"{{drq:default}}:job:{future.id}", "payload", '{"v": 99, "task": "x"}')
-    r.zadd("{drq:default}:queue:default", {"orphan-id": 10**16})  # an id with no job
+    r.hset(DEFAULT_KEYS.job(future.id), "payload", '{"v": 99, "task": "x"}')
+    r.zadd(DEFAULT_KEYS.queue("default"), {"orphan-id": 10**16})  # an id with no job
     bad_return = tasks.returns_object.enqueue()
     good = tasks.add.enqueue(2, 2)
 

@@ -19,17 +19,21 @@ def make_client(url: str, **kwargs) -> redis.Redis | RedisCluster:
     return redis.Redis.from_url(url, **kwargs)
 
 
-def keys_server(client: redis.Redis | RedisCluster, key: str = "{drq:default}:") -> redis.Redis:
+def keys_server(client: redis.Redis | RedisCluster, key: str = "") -> redis.Redis:
     """The server that holds ``key`` (by default the default backend's keys): ``client``
     itself, or on a cluster the master of the key's slot, for what is counted per
     server (INFO, CLIENT LIST)."""
     if isinstance(client, RedisCluster):
+        if not key:
+            from tests.keys import DEFAULT_KEYS  # Django's settings are read by now
+
+            key = DEFAULT_KEYS.prefix
         node = client.get_node_from_key(key)
         return node.redis_connection or client.get_redis_connection(node)
     return client
 
 
-def scripts_run(client: redis.Redis | RedisCluster, key: str = "{drq:default}:") -> int:
+def scripts_run(client: redis.Redis | RedisCluster, key: str = "") -> int:
     """Scripts run (EVALSHA) on the server of ``key`` since its stats were reset: a try
     that Redis answered NOSCRIPT (the scripts were not loaded yet) is no run."""
     stats = keys_server(client, key).info("commandstats").get("cmdstat_evalsha", {})
