@@ -129,7 +129,7 @@ def django_db_modify_db_settings() -> None:
     (pytest-django would add a ``_gw0`` suffix)."""
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer | RedisClusterGroup]:
     if not shutil.which("redis-server"):
         pytest.exit("redis-server is not installed: sudo apt-get install redis-server", 2)
@@ -141,8 +141,12 @@ def redis_server() -> Iterator[RedisServer | RedisClusterGroup]:
 
 
 @pytest.fixture(autouse=True)
-def r(redis_server: RedisServer) -> redis.Redis:
-    """A client of the private server, emptied before each test."""
+def r(request: pytest.FixtureRequest) -> redis.Redis | None:
+    """A client of the private server, emptied before each test; None for a test
+    marked ``pure``, which needs no Redis (none is started for it)."""
+    if request.node.get_closest_marker("pure"):
+        return None
+    redis_server = request.getfixturevalue("redis_server")
     client = make_client(redis_server.url, decode_responses=True)
     client.flushall()
     return client

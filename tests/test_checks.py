@@ -15,6 +15,8 @@ from django_redisqueue.exceptions import ConfigurationError
 from tests.conftest import manage
 from tests.servers import free_port
 
+pytestmark = pytest.mark.pure
+
 BACKEND = "django_redisqueue.backend.RedisQueueBackend"
 
 

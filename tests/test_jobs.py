@@ -7,6 +7,8 @@ import pytest
 from django_redisqueue.core.jobs import Envelope, JobRecord, cut_traceback
 from django_redisqueue.exceptions import InvalidPayload
 
+pytestmark = pytest.mark.pure
+
 GOOD = {"v": 1, "task": "tests.tasks.add", "args": [1, 2], "kwargs": {}, "queue": "default"}
 
 
