@@ -1,0 +1,79 @@
+"""The facts that the Lua scripts and the Python code must agree on, written on both
+sides: the error class paths the scripts store, the queue-name and job-id rules, and the
+format of a claim's owner token. Each is checked here against the other side."""
+
+import re
+from importlib import resources
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from django_redisqueue import exceptions
+from django_redisqueue.core.jobs import JOB_ID_RE, QUEUE_NAME_RE, error_info
+from django_redisqueue.dashboard.rows import JobRow
+from tests import tasks
+from tests.keys import DEFAULT_KEYS
+
+LUA = resources.files("django_redisqueue.store") / "lua"
+SCRIPTS = {file.name: file.read_text() for file in LUA.iterdir() if file.name.endswith(".lua")}
+
+# Names near the rules' edges: every character class, empty, the longest and one more.
+NAMES = st.text(
+    alphabet=st.sampled_from("aZ09_.-:/ {}é\x00\n\t*?[]%"), min_size=0, max_size=130
+) | st.sampled_from(["", "a" * 64, "a" * 65, "a" * 128, "a" * 129, "é", "a%w"])
+
+
+@pytest.mark.pure
+def test_every_error_class_a_script_stores_is_the_python_class_of_that_path():
+    paths = {
+        path
+        for text in SCRIPTS.values()
+        for path in re.findall(r"'(django_redisqueue\.[\w.]+)'", text)
+    }
+    assert paths, "the scripts name no error class"
+    for path in paths:
+        module, _, name = path.rpartition(".")
+        assert module == exceptions.__name__, path
+        cls = getattr(exceptions, name)
+        assert issubclass(cls, exceptions.RedisQueueError), path
+        # The path Python records for the same error, when Python raises it.
+        assert error_info(cls("x"))["exception_class_path"] == path
+
+
+# The fixture's client is only read through: no state carries from one input to the next.
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(name=NAMES)
+def test_the_queue_name_rule_is_the_same_in_lua_and_python(r, name):
+    rule = r.register_script(SCRIPTS["common.lua"] + "\nreturn valid_queue(ARGV[1]) and 1 or 0")
+    in_lua = rule(keys=DEFAULT_KEYS.script_keys, args=[name]) == 1
+    assert in_lua == bool(QUEUE_NAME_RE.fullmatch(name)), repr(name)
+
+
+# The fixture's client is only read through: no state carries from one input to the next.
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(job_id=NAMES)
+def test_the_job_id_rule_is_the_same_in_lua_and_python(r, job_id):
+    # claim.lua's check of a queue member, as the script writes it.
+    check = re.search(
+        r"if (#id <= \d+ and string\.find\(id, '[^']+'\)) then", SCRIPTS["claim.lua"]
+    )
+    assert check, "claim.lua no longer checks ids as this test reads it"
+    rule = r.register_script(f"local id = ARGV[1]\nreturn ({check.group(1)}) and 1 or 0")
+    in_lua = rule(keys=DEFAULT_KEYS.script_keys, args=[job_id]) == 1
+    assert in_lua == bool(JOB_ID_RE.fullmatch(job_id)), repr(job_id)
+
+
+def test_an_owner_token_names_its_worker_as_python_reads_it(r, backend):
+    job = tasks.noop.enqueue()
+    worker_id = "host.example:4242:0a1b2c"  # as workers make them: host:pid:random
+    _, claimed = backend.broker.claim(["default"], worker_id)
+    assert claimed is not None and claimed.job_id == job.id
+    fields = backend.queries.get_job(job.id)
+    assert fields is not None and fields["owner"] == claimed.owner
+    row = JobRow.build(job.id, fields, 0.0, backend.config.max_payload_bytes)
+    assert row.worker == worker_id
