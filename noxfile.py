@@ -42,6 +42,8 @@ REDIS_SUITES = [
     "tests/test_limits.py",
     "tests/test_unique.py",
     "tests/test_broker.py",
+    "tests/test_queries.py",
+    "tests/test_lua_facts.py",
 ]
 # On the pair between the oldest and the newest: where Django's version shows (the
 # tasks API and its backport, results and signals, the admin's markup, the checks).
