@@ -32,7 +32,10 @@ class TaskFailed(RedisQueueError):
     def __init__(self, result: TaskResult) -> None:
         self.result = result
         last = result.errors[-1] if result.errors else None
-        reason = last.traceback.strip().splitlines()[-1] if last else "no error recorded"
+        # The traceback's last line names the error; a stored error may have none.
+        lines = last.traceback.strip().splitlines() if last else []
+        reason = lines[-1] if lines else (last.exception_class_path if last else "")
+        reason = reason or "no error recorded"
         super().__init__(f"Task {result.task.module_path} ({result.id}) failed: {reason}")
 
 

@@ -1,11 +1,12 @@
 """The envelope and the job record: everything read from Redis is checked in jobs.py."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from django_redisqueue.core.jobs import Envelope, JobRecord, cut_traceback
-from django_redisqueue.exceptions import InvalidPayload
+from django_redisqueue.exceptions import InvalidPayload, TaskFailed
 
 pytestmark = pytest.mark.pure
 
@@ -72,3 +73,27 @@ def test_long_tracebacks_keep_their_head_and_tail():
     text = "head\n" + "x" * 100_000 + "\nValueError: the end"
     cut = cut_traceback(text, 1000)
     assert len(cut) < 1100 and cut.startswith("head") and cut.endswith("ValueError: the end")
+
+
+@pytest.mark.parametrize(
+    ("errors", "reason"),
+    [
+        ([], "no error recorded"),
+        (
+            [{"exception_class_path": "builtins.ValueError", "traceback": ""}],
+            "builtins.ValueError",
+        ),
+        ([{"exception_class_path": "", "traceback": " \n "}], "no error recorded"),
+        (
+            [{"exception_class_path": "x", "traceback": "Trace\nValueError: boom\n"}],
+            "ValueError: boom",
+        ),
+    ],
+)
+def test_task_failed_says_why_whatever_error_is_stored(errors, reason):
+    result = SimpleNamespace(
+        errors=[SimpleNamespace(**error) for error in errors],
+        task=SimpleNamespace(module_path="tests.tasks.fail"),
+        id="j1",
+    )
+    assert str(TaskFailed(result)) == f"Task tests.tasks.fail (j1) failed: {reason}"
