@@ -1,8 +1,8 @@
 """Background tasks for Django on Redis: a backend for Django's tasks framework,
 a worker (``manage.py runworker``) and an admin dashboard."""
 
-from django_redisqueue.core.fanout import GroupResult, Job, broadcast, chain, group
-from django_redisqueue.core.tasks import RedisTask, RedisTaskResult, task
+from django_redisqueue.core.fanout import GroupResult, broadcast, chain, group
+from django_redisqueue.core.tasks import Job, RedisTask, RedisTaskResult, task
 from django_redisqueue.exceptions import RedisQueueError, ResultTimeout, TaskFailed
 
 __all__ = [

@@ -23,7 +23,7 @@ from django_redisqueue.compat import (
     task_backends,
     task_enqueued,
 )
-from django_redisqueue.core.fanout import GroupResult, Job
+from django_redisqueue.core.fanout import GroupResult, GroupState
 from django_redisqueue.core.jobs import (
     FAILED,
     QUEUE_NAME_RE,
@@ -36,7 +36,7 @@ from django_redisqueue.core.jobs import (
     to_json,
 )
 from django_redisqueue.core.registry import registry
-from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
+from django_redisqueue.core.tasks import Job, RedisTask, RedisTaskResult
 from django_redisqueue.exceptions import (
     BrokerUnavailable,
     JobCancelled,
@@ -54,7 +54,7 @@ from django_redisqueue.store.broker import Broker, NotReplicated
 from django_redisqueue.store.connection import Client, make_client
 from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
 from django_redisqueue.store.keys import KeySchema
-from django_redisqueue.store.queries import GroupState, Queries
+from django_redisqueue.store.queries import Queries
 from django_redisqueue.store.wire import AFTER_GROUP, CANCELLED, MissingJob
 
 logger = logging.getLogger(__name__)

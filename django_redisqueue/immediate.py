@@ -21,12 +21,11 @@ from typing import Any
 
 from django_redisqueue.compat import ImmediateBackend as DjangoImmediateBackend
 from django_redisqueue.compat import TaskError, TaskResultDoesNotExist, TaskResultStatus
-from django_redisqueue.core.fanout import GroupResult, Job
+from django_redisqueue.core.fanout import GroupResult, GroupState
 from django_redisqueue.core.jobs import error_info
-from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
+from django_redisqueue.core.tasks import Job, RedisTask, RedisTaskResult
 from django_redisqueue.exceptions import DependencyFailed, NotCancellable
 from django_redisqueue.preparation import JobPreparation, new_job_id
-from django_redisqueue.store.queries import GroupState
 
 
 class ImmediateBackend(JobPreparation, DjangoImmediateBackend):

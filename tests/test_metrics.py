@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_redisqueue.observe import metrics
+from django_redisqueue.observe.events import JobEvent
 from django_redisqueue.observe.metrics import (
     CONTENT_TYPE,
     MAX_REQUEST_THREADS,
@@ -33,7 +34,6 @@ from django_redisqueue.observe.metrics import (
     render,
     serve,
 )
-from django_redisqueue.runtime.events import JobEvent
 from django_redisqueue.store.wire import RETRY
 from tests import tasks
 from tests.conftest import manage, private_redis, run_worker_here, wait_until

@@ -16,9 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from django_redisqueue.compat import TaskResultStatus
+from django_redisqueue.observe.events import JobEvent
 from django_redisqueue.observe.logformat import JsonFormatter, job_fields
 from django_redisqueue.runtime import memory
-from django_redisqueue.runtime.events import JobEvent
 from django_redisqueue.runtime.reloading import RELOAD_EXIT_CODE, ReloadWatcher
 from tests import tasks
 from tests.conftest import ROOT, child_env, manage, run_worker_here, wait_until

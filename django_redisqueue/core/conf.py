@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django_redisqueue.compat import DEFAULT_TASK_QUEUE_NAME
-from django_redisqueue.core.jobs import QUEUE_NAME_RE
+from django_redisqueue.core.jobs import QUEUE_NAME_RE, ensure_json_arguments
 from django_redisqueue.exceptions import ConfigurationError
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -308,10 +309,6 @@ def _periodic_problems(where: str, periodic: Any) -> list[Problem]:
 
 def _schedule_problems(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     """What is wrong with one schedule, as (message, hint) pairs."""
-    from datetime import timedelta
-
-    from django_redisqueue.core.jobs import ensure_json_arguments
-
     problems = []
     unknown = sorted(map(str, set(spec) - set(PERIODIC_FIELDS)))
     if unknown:

@@ -18,33 +18,42 @@ docs/protocol.md, "Fan-out").
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol, cast
 
 from django_redisqueue.compat import TaskResultDoesNotExist, task_backends
+from django_redisqueue.core.tasks import (
+    Chain,
+    Job,
+    RedisTaskResult,
+    checked_jobs,
+    fan_out_backend,
+)
 
-if TYPE_CHECKING:
-    from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
-    from django_redisqueue.store.queries import GroupState
 
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """A task with its arguments, to be queued in a group, a chain or a broadcast."""
-
-    task: RedisTask
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def then(self, *jobs: Job) -> Chain:
-        """A chain: this job, then each of ``jobs`` once the one before succeeded."""
-        return Chain((self, *_jobs(jobs, "then()")))
+def _backend_of(jobs: Iterable[Job]) -> _FanOutBackend:
+    return cast(_FanOutBackend, fan_out_backend(jobs))
 
 
 class Progress(NamedTuple):
     ended: int  # members that ended, successful or failed
     failed: int
     total: int  # members in the group
+
+
+@dataclass(frozen=True, slots=True)
+class GroupState:
+    """A group as Redis holds it: how many members it has and how many have ended."""
+
+    group_id: str
+    size: int  # members stored so far
+    total: int | None  # the final size, once its last batch was stored (sealed)
+    ended: int
+    failed: int
+    callback_id: str
+    created_at_ms: int
+    finished_at_ms: int | None
+    cancelled: bool
 
 
 class _FanOutBackend(Protocol):
@@ -65,32 +74,6 @@ class _FanOutBackend(Protocol):
     def cancel_group(self, group_id: str) -> int: ...
 
 
-def _backend_of(jobs: Iterable[Job]) -> _FanOutBackend:
-    """The one backend of ``jobs``, which must be this app's."""
-    aliases = {job.task.backend for job in jobs}
-    if len(aliases) != 1:
-        raise ValueError(
-            "The jobs of a group or a chain must all use one backend, not "
-            f"{', '.join(sorted(aliases)) or 'none'}."
-        )
-    backend = task_backends[aliases.pop()]
-    if not hasattr(backend, "enqueue_group"):
-        raise TypeError(
-            f"The {backend.alias!r} task backend ({type(backend).__name__}) has no "
-            "groups, chains or broadcast: use django_redisqueue's RedisQueueBackend "
-            "(or its ImmediateBackend in tests)."
-        )
-    return cast(_FanOutBackend, backend)
-
-
-def _jobs(jobs: Iterable[Job], what: str) -> list[Job]:
-    jobs = list(jobs)
-    for job in jobs:
-        if not isinstance(job, Job):
-            raise TypeError(f"{what} takes jobs (task.job(...)), not {job!r:.80}.")
-    return jobs
-
-
 @dataclass(frozen=True, slots=True)
 class Group:
     """Jobs that run in parallel, and a callback queued once when all have ended."""
@@ -105,34 +88,20 @@ class Group:
         return _backend_of(everyone).enqueue_group(self.members, self.callback)
 
 
-@dataclass(frozen=True, slots=True)
-class Chain:
-    """Jobs that run one after the other, each once the one before succeeded."""
-
-    jobs: tuple[Job, ...]
-
-    def then(self, *jobs: Job) -> Chain:
-        return Chain((*self.jobs, *_jobs(jobs, "then()")))
-
-    def enqueue(self) -> list[RedisTaskResult]:
-        """Queue the chain in one atomic call; return a result per step, in order."""
-        return _backend_of(self.jobs).enqueue_chain(self.jobs)
-
-
 def group(jobs: Iterable[Job], *, callback: Job | None = None) -> Group:
     """Jobs that run in parallel; ``callback`` runs once when every one has ended,
     with their return values (None for a failed member) as its first argument."""
-    members = _jobs(jobs, "group()")
+    members = checked_jobs(jobs, "group()")
     if not members and callback is None:
         raise ValueError("A group needs at least one job, or a callback.")
     if callback is not None:
-        _jobs([callback], "group(callback=...)")
+        checked_jobs([callback], "group(callback=...)")
     return Group(tuple(members), callback)
 
 
 def chain(*jobs: Job) -> Chain:
     """Jobs that run in the order given, each once the one before succeeded."""
-    jobs_ = _jobs(jobs, "chain()")
+    jobs_ = checked_jobs(jobs, "chain()")
     if not jobs_:
         raise ValueError("A chain needs at least one job.")
     return Chain(tuple(jobs_))
@@ -141,7 +110,7 @@ def chain(*jobs: Job) -> Chain:
 def broadcast(job: Job, *, queue: str = "") -> int:
     """Run ``job`` once on every live worker (with ``queue``: on every worker serving
     it); return the message's number. Workers that start later do not run it."""
-    return _backend_of(_jobs([job], "broadcast()")).send_broadcast(job, queue)
+    return _backend_of(checked_jobs([job], "broadcast()")).send_broadcast(job, queue)
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol, cast, overload
+from typing import Any, Protocol, cast, overload
 
 from django.db import transaction
 from django.utils import timezone
@@ -23,6 +23,7 @@ from django.utils import timezone
 from django_redisqueue.compat import (
     DEFAULT_TASK_PRIORITY,
     DEFAULT_TASK_QUEUE_NAME,
+    BaseTaskBackend,
     Task,
     TaskResult,
     TaskResultStatus,
@@ -30,9 +31,6 @@ from django_redisqueue.compat import (
 )
 from django_redisqueue.core.jobs import JOB_ID_RE, to_json
 from django_redisqueue.exceptions import TaskFailed
-
-if TYPE_CHECKING:
-    from django_redisqueue.core.fanout import Job
 
 DEFAULT_BACKEND_ALIAS = "default"
 
@@ -206,8 +204,6 @@ class RedisTask(Task):
     def job(self, *args: Any, **kwargs: Any) -> Job:
         """This task with these arguments, not queued yet: a member of a ``group()``,
         a step of a ``chain()`` (or ``.then()``), or a ``broadcast()``."""
-        from django_redisqueue.core.fanout import Job
-
         return Job(self, args, kwargs)
 
     def delay(self, *args: Any, **kwargs: Any) -> TaskResult:
@@ -308,6 +304,64 @@ class RedisTaskResult(TaskResult):  # type: ignore[misc]
         """
         _backend(self.backend).cancel(self.id)
         self.refresh()
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A task with its arguments, to be queued in a group, a chain or a broadcast."""
+
+    task: RedisTask
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def then(self, *jobs: Job) -> Chain:
+        """A chain: this job, then each of ``jobs`` once the one before succeeded."""
+        return Chain((self, *checked_jobs(jobs, "then()")))
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """Jobs that run one after the other, each once the one before succeeded."""
+
+    jobs: tuple[Job, ...]
+
+    def then(self, *jobs: Job) -> Chain:
+        return Chain((*self.jobs, *checked_jobs(jobs, "then()")))
+
+    def enqueue(self) -> list[RedisTaskResult]:
+        """Queue the chain in one atomic call; return a result per step, in order."""
+        return cast(_ChainBackend, fan_out_backend(self.jobs)).enqueue_chain(self.jobs)
+
+
+class _ChainBackend(Protocol):
+    def enqueue_chain(self, jobs: Sequence[Job]) -> list[RedisTaskResult]: ...
+
+
+def checked_jobs(jobs: Iterable[Job], what: str) -> list[Job]:
+    """``jobs`` as a list, once each is a ``Job``; ``what`` names the caller."""
+    jobs = list(jobs)
+    for job in jobs:
+        if not isinstance(job, Job):
+            raise TypeError(f"{what} takes jobs (task.job(...)), not {job!r:.80}.")
+    return jobs
+
+
+def fan_out_backend(jobs: Iterable[Job]) -> BaseTaskBackend:
+    """The one backend of ``jobs``, which must be one with fan-out (this app's)."""
+    aliases = {job.task.backend for job in jobs}
+    if len(aliases) != 1:
+        raise ValueError(
+            "The jobs of a group or a chain must all use one backend, not "
+            f"{', '.join(sorted(aliases)) or 'none'}."
+        )
+    backend = task_backends[aliases.pop()]
+    if not hasattr(backend, "enqueue_group"):
+        raise TypeError(
+            f"The {backend.alias!r} task backend ({type(backend).__name__}) has no "
+            "groups, chains or broadcast: use django_redisqueue's RedisQueueBackend "
+            "(or its ImmediateBackend in tests)."
+        )
+    return backend
 
 
 class _WaitsAndCancels(Protocol):

@@ -13,6 +13,7 @@ from django.utils import translation
 from django.utils.html import avoid_wrapping
 from django.utils.timesince import timesince, timeuntil
 
+from django_redisqueue.core.fanout import GroupState
 from django_redisqueue.core.jobs import (
     JOB_ID_RE,
     MAX_TIMESTAMP,
@@ -25,7 +26,6 @@ from django_redisqueue.core.jobs import (
 )
 from django_redisqueue.exceptions import InvalidPayload
 from django_redisqueue.periodic import Schedule
-from django_redisqueue.store.queries import GroupState
 from django_redisqueue.store.wire import AFTER_GROUP_PREFIX
 
 PAGE_SIZE = 50

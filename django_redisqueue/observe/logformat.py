@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from django_redisqueue.runtime.events import JobEvent
+    from django_redisqueue.observe.events import JobEvent
 
 # The attributes every LogRecord has; the others came with extra=.
 STANDARD_ATTRIBUTES = frozenset(

@@ -38,7 +38,7 @@ from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS
 
 if TYPE_CHECKING:
     from django_redisqueue.backend import RedisQueueBackend
-    from django_redisqueue.runtime.events import JobEvent
+    from django_redisqueue.observe.events import JobEvent
     from django_redisqueue.store.queries import Live
 
 logger = logging.getLogger(__name__)

@@ -50,11 +50,11 @@ from django_redisqueue.exceptions import (
     UnknownTask,
     WorkerShutdown,
 )
+from django_redisqueue.observe.events import JobEvent
 from django_redisqueue.observe.logformat import job_fields
 from django_redisqueue.observe.metrics import JobMetrics, MetricsRefused
 from django_redisqueue.preparation import make_result
 from django_redisqueue.runtime.alarms import time_limit
-from django_redisqueue.runtime.events import JobEvent
 from django_redisqueue.runtime.memory import MB, resident_set_size
 from django_redisqueue.runtime.queue_order import QueueOrder
 from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector

@@ -13,6 +13,7 @@ from redis.backoff import NoBackoff
 from redis.client import Pipeline
 from redis.retry import Retry
 
+from django_redisqueue.core.fanout import GroupState
 from django_redisqueue.core.jobs import MAX_TIMESTAMP, QUEUE_NAME_RE, Envelope
 from django_redisqueue.exceptions import InvalidPayload
 from django_redisqueue.store.connection import Client
@@ -25,21 +26,6 @@ RUNNING_READ_LIMIT = 10_000
 # A worker or scheduler silent for longer than this is gone (dashboard, metrics, probe).
 WORKER_ALIVE_MS = 30_000
 SCHEDULER_ALIVE_MS = 15_000
-
-
-@dataclass(frozen=True, slots=True)
-class GroupState:
-    """A group as Redis holds it: how many members it has and how many have ended."""
-
-    group_id: str
-    size: int  # members stored so far
-    total: int | None  # the final size, once its last batch was stored (sealed)
-    ended: int
-    failed: int
-    callback_id: str
-    created_at_ms: int
-    finished_at_ms: int | None
-    cancelled: bool
 
 
 @dataclass(frozen=True, slots=True)
