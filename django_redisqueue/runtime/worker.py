@@ -55,6 +55,7 @@ from django_redisqueue.observe.logformat import job_fields
 from django_redisqueue.observe.metrics import JobMetrics, MetricsRefused
 from django_redisqueue.preparation import make_result
 from django_redisqueue.runtime.alarms import time_limit
+from django_redisqueue.runtime.heartbeat import Heartbeat
 from django_redisqueue.runtime.memory import MB, resident_set_size
 from django_redisqueue.runtime.queue_order import QueueOrder
 from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector
@@ -79,9 +80,6 @@ class Finished:
 WAIT_TIMEOUT = 1.0
 # Wake-ups are hints; an idle worker claims anyway after this many quiet waits.
 IDLE_WAITS_BEFORE_CLAIM = 5
-# Longest time between two heartbeats (s), and between two tries while Redis fails.
-HEARTBEAT_INTERVAL = 10.0
-HEARTBEAT_RETRY = 0.25
 # Tries to store the last outcome when stopping while Redis fails.
 FINISH_ATTEMPTS_ON_EXIT = 5
 # With QUEUES empty (any name valid), how often a worker looks for new queues (s).
@@ -92,46 +90,6 @@ RECEIVE_ATTEMPTS = 5
 METRICS_ERRORS: tuple[type[Exception], ...] = (MetricsRefused, *REDIS_ERRORS)
 # Sent by the heartbeat to the main thread to stop a job whose lease was lost.
 LEASE_LOST_SIGNAL = signal.SIGUSR1
-
-
-class Heartbeat(threading.Thread):
-    """Keeps the worker's record alive for the dashboard, and extends the lease of the
-    running job, every few seconds (at most a third of the lease). While Redis fails it
-    tries again every HEARTBEAT_RETRY seconds, so a lease is renewed as soon as Redis
-    accepts writes again."""
-
-    def __init__(self, worker: Worker) -> None:
-        super().__init__(name="redisqueue-heartbeat", daemon=True)
-        self.worker = worker
-        self.interval = min(worker.backend.config.lease / 3, HEARTBEAT_INTERVAL)
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        delay = self.interval
-        failures = 0
-        while not self.stopped.wait(delay):
-            job = self.worker.current
-            owned = {job.job_id: job.owner} if job else {}
-            try:
-                lost = self.worker.register(owned)
-            except REDIS_ERRORS as exc:
-                if failures % 20 == 0:
-                    logger.warning(
-                        "Worker %s: heartbeat failed (%s: %s); trying again every %.2f s",
-                        self.worker.worker_id,
-                        type(exc).__name__,
-                        exc,
-                        HEARTBEAT_RETRY,
-                    )
-                failures += 1
-                delay = min(HEARTBEAT_RETRY, self.interval)
-                continue
-            if failures:
-                logger.warning("Worker %s: heartbeat sent again", self.worker.worker_id)
-            failures, delay = 0, self.interval
-            if job is not None and job.job_id in lost:
-                self.worker.lease_lost(job)
-            self.worker.send_metrics()
 
 
 class Worker:
@@ -267,6 +225,11 @@ class Worker:
                 ", ".join(given_back),
             )
         return None
+
+    @property
+    def lease(self) -> float:
+        """Seconds a claimed job stays this worker's without a heartbeat."""
+        return self.backend.config.lease
 
     def register(self, owned: Mapping[str, str] | None = None) -> list[str]:
         """Tell the dashboard this worker is alive and what it serves, and extend the

@@ -1,0 +1,73 @@
+"""The worker's heartbeat: a thread that keeps its record and its job's lease alive."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Protocol
+
+from django_redisqueue.store.gateway import REDIS_ERRORS
+from django_redisqueue.store.wire import Claimed
+
+logger = logging.getLogger(__name__)
+
+# Longest time between two heartbeats (s), and between two tries while Redis fails.
+HEARTBEAT_INTERVAL = 10.0
+HEARTBEAT_RETRY = 0.25
+
+
+class Beating(Protocol):
+    """What the heartbeat needs of its worker."""
+
+    worker_id: str
+    current: Claimed | None
+
+    @property
+    def lease(self) -> float: ...
+
+    def register(self, owned: Mapping[str, str] | None = None) -> list[str]: ...
+
+    def lease_lost(self, job: Claimed) -> None: ...
+
+    def send_metrics(self) -> None: ...
+
+
+class Heartbeat(threading.Thread):
+    """Keeps the worker's record alive for the dashboard, and extends the lease of the
+    running job, every few seconds (at most a third of the lease). While Redis fails it
+    tries again every HEARTBEAT_RETRY seconds, so a lease is renewed as soon as Redis
+    accepts writes again."""
+
+    def __init__(self, worker: Beating) -> None:
+        super().__init__(name="redisqueue-heartbeat", daemon=True)
+        self.worker = worker
+        self.interval = min(worker.lease / 3, HEARTBEAT_INTERVAL)
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        delay = self.interval
+        failures = 0
+        while not self.stopped.wait(delay):
+            job = self.worker.current
+            owned = {job.job_id: job.owner} if job else {}
+            try:
+                lost = self.worker.register(owned)
+            except REDIS_ERRORS as exc:
+                if failures % 20 == 0:
+                    logger.warning(
+                        "Worker %s: heartbeat failed (%s: %s); trying again every %.2f s",
+                        self.worker.worker_id,
+                        type(exc).__name__,
+                        exc,
+                        HEARTBEAT_RETRY,
+                    )
+                failures += 1
+                delay = min(HEARTBEAT_RETRY, self.interval)
+                continue
+            if failures:
+                logger.warning("Worker %s: heartbeat sent again", self.worker.worker_id)
+            failures, delay = 0, self.interval
+            if job is not None and job.job_id in lost:
+                self.worker.lease_lost(job)
+            self.worker.send_metrics()
