@@ -1,16 +1,18 @@
-"""The test matrix, what ``make check`` runs after ``make test``: ``nox`` runs ruff and
-mypy once, then on each supported (Python, Django) pair what ``make test`` did not run
-there. ``make test`` runs the suite in .venv, on the oldest pair, but for the browser,
-failover and long tests and with the model-based tests at a third of their examples; so
-the oldest pair's session runs the model-based tests at their full examples and the
-browser tests. On the newest pair, the tests that meet Django or Python (the app, its
-commands, the admin), the browser, failover and long tests, and the core suites again on
-a Redis Cluster; on the pair between them, the suites where Django's version shows (its
-tasks API, the admin's markup, the checks). On every pair, Django's own ``tests/tasks/``
-against this backend. The suites that test Redis and the Lua scripts alone (the protocol
-models, Redis errors, faults, fuzzing of what Redis holds), which no Django version
-changes, run on the oldest pair only.
-``nox -s tests-3.11`` runs one pair, ``nox -s lint`` ruff and mypy.
+"""The test matrix, what ``make check`` runs after ``make test``: ``nox`` runs mypy
+against the oldest redis-py that pyproject.toml accepts (``make test`` ran ruff, the
+import layers and mypy with the newest), then on each supported (Python, Django) pair
+what ``make test`` did not run there. ``make test`` runs the suite in .venv, on the
+oldest pair, but for the browser, failover and long tests and with the model-based tests
+at a third of their examples; so the oldest pair's session runs the model-based tests at
+their full examples and the browser tests. On the pair between, the suites where
+Django's version shows (its tasks API and the backport, the admin's markup, the checks);
+on the newest pair those again, the suites where Python's version shows (processes,
+signals, threads: the pool, reload, the metrics server, the demo), the browser,
+failover and long tests, and the core suites again on a Redis Cluster. On every pair,
+Django's own ``tests/tasks/`` against this backend. The suites that test Redis and the
+Lua scripts alone (the protocol models, Redis errors, faults, fuzzing of what Redis
+holds), which no Django or Python version changes, run on the oldest pair only.
+``nox -s tests-3.11`` runs one pair, ``nox -s lint`` the type check.
 
 The ``tests`` sessions need ``redis-server`` on the PATH: the suites start their own.
 """
@@ -63,6 +65,17 @@ DJANGO_SUITES = [
 ]
 # The browser tests compare the oldest and the newest Django's admin.
 BROWSER = "tests/test_browser.py"
+# On the newest pair, besides DJANGO_SUITES: where Python's version shows, and the
+# failover tests (Sentinel and Cluster chaos).
+NEWEST_SUITES = [
+    *DJANGO_SUITES,
+    "tests/test_worker_ops.py",
+    "tests/test_metrics.py",
+    "tests/test_queuehealth.py",
+    "tests/test_example_project.py",
+    "tests/test_failover.py",
+    BROWSER,
+]
 # What the oldest pair's session adds to ``make test``, which ran the rest on that pair.
 OLDEST_REST = ["tests/test_protocol_model.py", "tests/test_periodic_model.py", BROWSER]
 
@@ -104,18 +117,10 @@ _find_pyenv_interpreters()
 
 @nox.session(python=MATRIX[0][0])
 def lint(session: nox.Session) -> None:
-    """ruff (lint and format check), the import layers and mypy on the package, once:
-    django-stubs describe django.tasks, which the backport mirrors, so one Python is
-    enough."""
-    session.install("-e", f".[{MATRIX[0][2]}]")
-    session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", ".")
-    session.run("lint-imports")  # the layers (pyproject.toml, [tool.importlinter])
-    # redis-py's annotations differ between versions: check the newest and the oldest
-    # that pyproject.toml accepts.
-    session.install("--upgrade", "redis")
-    session.run("mypy")
-    session.install("redis==5.0.*")
+    """mypy with the oldest redis-py that pyproject.toml accepts: redis-py's annotations
+    differ between versions, and ``make test`` checked the newest. django-stubs describe
+    django.tasks, which the backport mirrors, so one Python is enough."""
+    session.install("-e", f".[{MATRIX[0][2]}]", "redis==5.0.*")
     session.run("mypy")
 
 
@@ -130,24 +135,26 @@ def tests(session: nox.Session) -> None:
     session.install("-e", f".[{extras}]", f"django~={django}.0", "pip")
     session.run("python", "-m", "django", "--version")
     oldest, newest = session.python == MATRIX[0][0], session.python == MATRIX[-1][0]
-    ignored = [] if oldest else REDIS_SUITES
-    if session.posargs or newest:
+    if session.posargs:
         chosen: list[str] = []
     else:
-        chosen = OLDEST_REST if oldest else DJANGO_SUITES
+        chosen = OLDEST_REST if oldest else NEWEST_SUITES if newest else DJANGO_SUITES
     session.run(
         "pytest",
         *chosen,
         # One process per core (pytest-xdist), each with a redis-server of its own.
         "--numprocesses=auto",
-        # The failover tests (Sentinel and Cluster chaos) and the long ones take minutes.
-        *(() if newest else ("-m", "not failover and not long")),
-        *(f"--ignore={path}" for path in ignored),
+        # The failover tests (Sentinel and Cluster chaos) take minutes: newest pair only.
+        "-m",
+        "not long" if newest else "not failover and not long",
+        *(() if oldest else (f"--ignore={path}" for path in REDIS_SUITES)),
         *session.posargs,
         # The browser tests' screenshots of every page, light and dark, per Django.
         env={"REDISQUEUE_SCREENSHOTS": "test-artifacts/screenshots"},
     )
     if newest and not session.posargs:
+        # The long runs (minutes each), wherever they are.
+        session.run("pytest", "--numprocesses=auto", "-m", "long")
         # The core, scheduler and admin tests again, on a Redis Cluster of 3 masters and
         # 3 replicas (tests/topology.py).
         session.run(

@@ -163,7 +163,17 @@ def test_kill_chaos_across_a_failover(r, redis_server, procs, report, topology, 
             "every acknowledged job to run, or nothing left to run",
         )
         # Nothing the new master holds is stuck: it runs everything it has.
-        wait_until(drained, 60, "the new master to run every job it holds")
+        try:
+            wait_until(drained, 60, "the new master to run every job it holds")
+        except AssertionError as stuck:
+            counts = backend.queries.counts(["default"])["default"]
+            running = backend.queries.running_count()
+            state = "was running" if scheduler.poll() is None else "had ended"
+            output = procs.stop(scheduler)[-4000:]
+            raise AssertionError(
+                f"{stuck}: {counts}, {running} running; the scheduler {state}; "
+                f"its last output:\n{output}"
+            ) from None
         ran = Counter(map(int, ledger.lrange("test:ledger", 0, -1)))
         lost = sorted(set(acknowledged) - set(ran))
         twice = sum(n - 1 for n in ran.values() if n > 1)
