@@ -60,6 +60,7 @@ DJANGO_SUITES = [
     "tests/test_admin_fanout.py",
     "tests/test_admin_periodic.py",
     "tests/test_readme.py",
+    "tests/test_docs.py",
 ]
 # The browser tests compare the oldest and the newest Django's admin.
 BROWSER = "tests/test_browser.py"
