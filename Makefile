@@ -1,21 +1,22 @@
-# make test: the loop, in minutes: set up .venv, then ruff, the import layers, mypy and
-#   the test suite in .venv (Python 3.11, Django 5.2 + backport), one process per core,
-#   but for the browser, failover and long tests, and with the model-based tests at a
-#   third of their examples.
-# make check: everything CI runs: make test, then with nox the rest on every supported
-#   (Python, Django) pair (see noxfile.py).
+# make test: the loop, about 7 minutes on 2 cores from a fresh clone: set up .venv, then
+#   ruff, the import layers, mypy and the test suite in .venv (Python 3.11, Django 5.2 +
+#   backport), one process per core, but for the browser, failover and long tests, and
+#   with the model-based tests at a third of their examples.
+# make check: everything CI runs: make test, the documentation site, then with nox the
+#   rest on every supported (Python, Django) pair (see noxfile.py). About 20 minutes.
 # make demo: set up .venv and run the example project (web server, worker, Redis).
+# make docs: build the documentation site into docs/_build/html, warnings as errors.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test check demo lint redis-server system-packages
+.PHONY: test check demo docs lint redis-server system-packages
 
 # uv installs in seconds what pip takes most of a minute for.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip uv
-	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev,django52,hiredis]'
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev,django52,hiredis,docs]'
 	touch $@
 
 # redis-server runs the tests' private Redis; Debian's chromium runs the browser tests
@@ -52,7 +53,15 @@ test: $(VENV)/.installed redis-server lint
 check: system-packages
 	$(MAKE) --no-print-directory test LEFT_TO_NOX="--ignore=tests/test_protocol_model.py \
 	  --ignore=tests/test_periodic_model.py"
+	$(MAKE) --no-print-directory docs
 	$(BIN)/nox
+
+# Sphinx, from a clean build: -W warnings are errors (--keep-going lists them all), -n
+# every reference must resolve. Seconds.
+docs: $(VENV)/.installed
+	rm -rf docs/_build
+	$(BIN)/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
+	@echo "docs: open docs/_build/html/index.html"
 
 demo: $(VENV)/.installed
 	$(BIN)/python example_project/demo.py

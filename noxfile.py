@@ -62,6 +62,7 @@ DJANGO_SUITES = [
     "tests/test_admin_fanout.py",
     "tests/test_admin_periodic.py",
     "tests/test_readme.py",
+    "tests/test_docs.py",
 ]
 # The browser tests compare the oldest and the newest Django's admin.
 BROWSER = "tests/test_browser.py"
@@ -128,7 +129,7 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """On one (Python, Django) pair: the test suite, then Django's own tests/tasks/
     against RedisQueueBackend (from the sdist of the Django installed, downloaded once
-    into .nox/django-suite-cache; see docs/conformance.md), each with a private
+    into .nox/django-suite-cache; see docs/explanation/conformance.md), each with a private
     redis-server. Arguments after ``--`` go to pytest."""
     django, extras = next((d, e) for p, d, e in MATRIX if p == session.python)
     # pip: tests.django_suite downloads Django's sdist with it (uv's venvs have none).

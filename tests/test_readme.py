@@ -1,8 +1,12 @@
-"""The README's install steps, as a user follows them: a project fresh from
-``django-admin startproject``, the README's settings appended to it as they are written
-(only the Redis URL made the test's own), then ``check``, ``migrate``, a job enqueued and
-run by ``runworker --burst``."""
+"""The README's quick start and the tutorial, as a new user follows them: a project
+fresh from ``django-admin startproject``, its apps from ``startapp``, the page's code
+blocks written into it as the page says (``<!-- file: PATH -->`` is a file's whole
+content, ``<!-- append: PATH -->`` goes at its end, ``<!-- alternative append: PATH
+-->`` in a second run), only the Redis URL made the test's own; then ``check``,
+``migrate``, a request to the page's view, ``runworker --burst`` and
+``runscheduler --burst``, the job's result through the view and on the dashboard."""
 
+import json
 import os
 import re
 import subprocess
@@ -12,66 +16,42 @@ from pathlib import Path
 import django
 import pytest
 
-from tests.conftest import ROOT
+from tests.doc_samples import DOCS, README, Block, blocks
 from tests.topology import ON_CLUSTER
 
-pytestmark = pytest.mark.skipif(ON_CLUSTER, reason="the README's settings name one server")
+pytestmark = pytest.mark.skipif(ON_CLUSTER, reason="the pages' settings name one server")
 
-README = ROOT / "README.md"
-# The Redis URL the README's settings name, which the test's own replaces.
-README_URL = "redis://127.0.0.1:6379/0"
-# The line users uncomment on Django 5.2, as the README's settings say.
+TUTORIAL = DOCS / "tutorial.md"
+# The Redis URL the pages' settings name, which the test's own replaces.
+PAGE_URL = "redis://127.0.0.1:6379/0"
+# The line users uncomment on Django 5.2, as the pages say.
 BACKPORT = '# "django_tasks",'
-# A tiny app of the project, with a task.
-TASKS_MODULE = """\
-from django_redisqueue import task
+PROJECT_MARKERS = re.compile(r"^(?P<how>file|append|alternative append): (?P<path>\S+)$")
 
 
-@task
-def add(a, b):
-    return a + b
-"""
+def project_blocks(page: Path, *, alternative: bool) -> list[tuple[Block, str, str]]:
+    """The blocks of ``page`` that make the project, as (block, how, path)."""
+    chosen = []
+    for block in blocks(page):
+        marked = PROJECT_MARKERS.fullmatch(block.marker)
+        if marked and (alternative or marked["how"] != "alternative append"):
+            chosen.append((block, marked["how"], marked["path"]))
+    assert chosen, f"no project blocks in {page}"
+    return chosen
 
 
-def settings_block(marker: str) -> str:
-    """The Python block that follows ``<!-- marker -->`` in the README."""
-    found = re.search(rf"<!-- {marker} -->\n```python\n(.*?)```", README.read_text(), re.S)
-    assert found, f"no {marker} block in README.md"
-    return found[1]
-
-
-def new_project(folder: Path, *blocks: str) -> dict[str, str]:
-    """A project made by ``startproject`` in ``folder``, its settings followed by
-    ``blocks``, and an app with a task; the environment to run its ``manage.py`` in."""
+def environment() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env.pop("PYTHONPATH", None)
-    made = subprocess.run(
-        [sys.executable, "-m", "django", "startproject", "mysite", str(folder)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert made.returncode == 0, made.stderr
-    settings = folder / "mysite" / "settings.py"
-    added = "\n".join(blocks)
-    assert README_URL in added and BACKPORT in added
-    added = added.replace(README_URL, os.environ["REDISQUEUE_TEST_URL"])
-    if django.VERSION < (6, 0):
-        added = added.replace(BACKPORT, BACKPORT.removeprefix("# "))
-    settings.write_text(settings.read_text() + "\n" + added + '\nINSTALLED_APPS += ["jobs"]\n')
-    (folder / "jobs").mkdir()
-    (folder / "jobs" / "__init__.py").write_text("")
-    (folder / "jobs" / "tasks.py").write_text(TASKS_MODULE)
     return env
 
 
-def manage(folder: Path, env: dict[str, str], *args: str) -> str:
+def manage(folder: Path, *args: str) -> str:
     """Run the project's ``manage.py ARGS``; its output, once it succeeded."""
     done = subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=folder,
-        env=env,
+        env=environment(),
         capture_output=True,
         text=True,
         timeout=120,
@@ -80,24 +60,105 @@ def manage(folder: Path, env: dict[str, str], *args: str) -> str:
     return done.stdout + done.stderr
 
 
-ENQUEUE = "from jobs.tasks import add; print('job', add.enqueue(2, 3).id)"
-RESULT = (
-    "from django_redisqueue.compat import task_backends; "
-    "r = task_backends['default'].get_result('{id}'); print('result', r.status, r.return_value)"
-)
+def new_project(folder: Path, page: Path, *, alternative: bool = False) -> None:
+    """A project made by ``startproject mysite`` in ``folder``, with an app for each
+    folder the page writes into, and the page's blocks written into it."""
+    made = subprocess.run(
+        [sys.executable, "-m", "django", "startproject", "mysite", str(folder)],
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    chosen = project_blocks(page, alternative=alternative)
+    # The apps first, as the page has them made before the settings name them.
+    for app in sorted({(folder / path).parent for _, _, path in chosen}):
+        if not app.exists():
+            manage(folder, "startapp", app.name)
+    for block, how, path in chosen:
+        target = folder / path
+        code = block.code.replace(PAGE_URL, os.environ["REDISQUEUE_TEST_URL"])
+        if django.VERSION < (6, 0):
+            code = code.replace(BACKPORT, BACKPORT.removeprefix("# "))
+        if how == "file":
+            target.write_text(code)
+        else:
+            target.write_text(target.read_text() + "\n" + code)
 
 
-@pytest.mark.parametrize(
-    "markers",
-    [["install-settings"], ["install-settings", "install-settings-connection"]],
-    ids=["url", "connection"],
-)
-def test_the_install_settings_work_in_a_new_project(tmp_path, markers):
-    env = new_project(tmp_path, *map(settings_block, markers))
-    assert "no issues" in manage(tmp_path, env, "check")
-    manage(tmp_path, env, "migrate")
-    job_id = re.search(r"^job (\S+)$", manage(tmp_path, env, "shell", "-c", ENQUEUE), re.M)[1]
-    manage(tmp_path, env, "runworker", "--burst")
-    manage(tmp_path, env, "runscheduler", "--burst")
-    result = manage(tmp_path, env, "shell", "-c", RESULT.format(id=job_id))
-    assert re.search(r"^result (.*)$", result, re.M)[1] == "SUCCESSFUL 5"
+# Requests through the project's own URLs, with Django's test client, in its shell: one
+# shell for several, as each start of Django costs seconds. Each prints one JSON line.
+REQUESTS = """
+import json
+from django.contrib.auth.models import User
+from django.test import Client
+from django.test.utils import setup_test_environment
+from django.urls import reverse
+setup_test_environment()
+client = Client()
+for url in {urls!r}:
+    response = client.get(url)
+    assert response.status_code == 200, (url, response)
+    print("json", json.dumps(response.json()))
+for job_id in {dashboard!r}:
+    client.force_login(User.objects.create_superuser("admin", "admin@example.com", "pw"))
+    page = client.get(reverse("admin:redisqueue_job", args=["default", job_id]))
+    assert page.status_code == 200, page
+    print("json", json.dumps("SUCCESSFUL" in page.content.decode()))
+"""
+
+
+def get(folder: Path, *urls: str, dashboard: tuple[str, ...] = ()) -> list:
+    """The JSON of each of ``urls``; then, for each job of ``dashboard``, whether its
+    page on the dashboard shows it SUCCESSFUL."""
+    output = manage(folder, "shell", "-c", REQUESTS.format(urls=urls, dashboard=dashboard))
+    return [json.loads(line) for line in re.findall(r"^json (.*)$", output, re.M)]
+
+
+def run_workers(folder: Path) -> None:
+    manage(folder, "runworker", "--burst")
+    manage(folder, "runscheduler", "--burst")
+
+
+@pytest.mark.parametrize("alternative", [False, True], ids=["url", "connection"])
+def test_the_readme_quick_start_works_in_a_new_project(tmp_path, alternative):
+    readme = README.read_text()
+    assert PAGE_URL in readme and BACKPORT in readme
+    new_project(tmp_path, README, alternative=alternative)
+    assert "no issues" in manage(tmp_path, "check")
+    manage(tmp_path, "migrate")
+    # The request and the answer the README shows.
+    assert "/count/?text=hello+world" in readme and '"words": 2' in readme
+    [started] = get(tmp_path, "/count/?text=hello+world")
+    assert started["status"] == "READY"
+    run_workers(tmp_path)
+    finished = get(tmp_path, f"/jobs/{started['job']}/", dashboard=(started["job"],))
+    assert finished == [{"status": "SUCCESSFUL", "words": 2}, True]
+
+
+def test_the_tutorial_works_in_a_new_project(tmp_path):
+    tutorial = TUTORIAL.read_text()
+    new_project(tmp_path, TUTORIAL)
+    assert "no issues" in manage(tmp_path, "check")
+    manage(tmp_path, "migrate")
+    for url in ("/greet/?name=Ada", "/greet/?name=R2-D2"):
+        assert url in tutorial
+    greeted, failed = get(tmp_path, "/greet/?name=Ada", "/greet/?name=R2-D2")
+    # Step 6: a job for later, typed in the project's shell.
+    later = next(block for block in blocks(TUTORIAL) if block.marker == "shell")
+    manage(tmp_path, "shell", "-c", later.code)
+    run_workers(tmp_path)
+    assert '{"status": "SUCCESSFUL", "greeting": "Hello, Ada!"}' in tutorial
+    greeting, failure = get(tmp_path, f"/jobs/{greeted['job']}/", f"/jobs/{failed['job']}/")
+    assert greeting == {"status": "SUCCESSFUL", "greeting": "Hello, Ada!"}
+    assert failure == {"status": "FAILED", "greeting": None}
+    stats = manage(tmp_path, "queuestats", "--json")
+    assert '"delayed": 1' in stats, stats
+
+
+def test_every_python_block_of_the_readme_is_in_the_quick_start():
+    python = [block for block in blocks(README) if block.language == "python"]
+    assert all(PROJECT_MARKERS.fullmatch(block.marker) for block in python), [
+        str(block) for block in python if not PROJECT_MARKERS.fullmatch(block.marker)
+    ]

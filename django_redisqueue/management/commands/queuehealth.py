@@ -1,6 +1,6 @@
 """``manage.py queuehealth``: a health probe of one backend, for Kubernetes, systemd or
 a monitoring check. It prints one line per check (or JSON) and exits with a code that
-says which check failed; see docs/deploy.md."""
+says which check failed; see docs/howto/metrics-health.md."""
 
 from __future__ import annotations
 
