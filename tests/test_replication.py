@@ -112,7 +112,7 @@ def test_more_acks_than_replicas_never_passes(pair):
     # The one replica confirms, unless a loaded host makes it miss the short WAIT.
     with (
         acked_backend(2, NOT_CONFIRMED_WITHIN),
-        pytest.raises(BrokerUnavailable, match="[01] of the 2 replica"),
+        pytest.raises(BrokerUnavailable, match=r"[01] of the 2 replica"),
     ):
         tasks.add.enqueue(1, 2)
 
