@@ -1,9 +1,13 @@
 """The facts that the Lua scripts and the Python code must agree on, written on both
 sides: the error class paths the scripts store, the queue-name and job-id rules, and the
-format of a claim's owner token. Each is checked here against the other side."""
+format of a claim's owner token. Each is checked here against the other side.
 
+Then the scripts as the loader (``store/scripts.py``) assembles them, with the shared
+files of ``lua/lib/`` they include: it refuses an include it cannot resolve, and every
+script loads in Redis."""
+
+import hashlib
 import re
-from importlib import resources
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,11 +16,18 @@ from hypothesis import strategies as st
 from django_redisqueue import exceptions
 from django_redisqueue.core.jobs import JOB_ID_RE, QUEUE_NAME_RE, error_info
 from django_redisqueue.dashboard.rows import JobRow
+from django_redisqueue.store import scripts
+from django_redisqueue.store.scripts import IncludeError
 from tests import tasks
 from tests.keys import DEFAULT_KEYS
 
-LUA = resources.files("django_redisqueue.store") / "lua"
-SCRIPTS = {file.name: file.read_text() for file in LUA.iterdir() if file.name.endswith(".lua")}
+LIBRARY = scripts.read_library()
+# Every file as written: the scripts of lua/ by file name, the shared files of lua/lib/
+# by their name in an include.
+SCRIPTS = {
+    file.name: file.read_text() for file in scripts.LUA.iterdir() if file.name.endswith(".lua")
+}
+FILES = {**SCRIPTS, **LIBRARY}
 
 # Names near the rules' edges: every character class, empty, the longest and one more.
 NAMES = st.text(
@@ -28,7 +39,7 @@ NAMES = st.text(
 def test_every_error_class_a_script_stores_is_the_python_class_of_that_path():
     paths = {
         path
-        for text in SCRIPTS.values()
+        for text in FILES.values()
         for path in re.findall(r"'(django_redisqueue\.[\w.]+)'", text)
     }
     assert paths, "the scripts name no error class"
@@ -47,7 +58,11 @@ def test_every_error_class_a_script_stores_is_the_python_class_of_that_path():
 )
 @given(name=NAMES)
 def test_the_queue_name_rule_is_the_same_in_lua_and_python(r, name):
-    rule = r.register_script(SCRIPTS["common.lua"] + "\nreturn valid_queue(ARGV[1]) and 1 or 0")
+    rule = r.register_script(
+        scripts.assemble(
+            "rule", "-- include: values\nreturn valid_queue(ARGV[1]) and 1 or 0", LIBRARY
+        )
+    )
     in_lua = rule(keys=DEFAULT_KEYS.script_keys, args=[name]) == 1
     assert in_lua == bool(QUEUE_NAME_RE.fullmatch(name)), repr(name)
 
@@ -77,3 +92,56 @@ def test_an_owner_token_names_its_worker_as_python_reads_it(r, backend):
     assert fields is not None and fields["owner"] == claimed.owner
     row = JobRow.build(job.id, fields, 0.0, backend.config.max_payload_bytes)
     assert row.worker == worker_id
+
+
+def test_every_script_loads_in_redis(r):
+    for name, source in scripts.sources().items():
+        assert r.script_load(source) == hashlib.sha1(source.encode()).hexdigest(), name
+
+
+def _lua_files(directory, files):
+    for path, text in files.items():
+        (directory / path).parent.mkdir(parents=True, exist_ok=True)
+        (directory / path).write_text(text)
+
+
+@pytest.mark.pure
+def test_the_loader_puts_each_shared_file_once_after_the_files_it_includes(tmp_path):
+    files = {
+        "lib/a.lua": "-- include: b, c\nlocal A = B .. C\n",
+        "lib/b.lua": "-- A comment first.\n-- include: d\nlocal B = D\n",
+        "lib/c.lua": "-- include: d\nlocal C = D\n",
+        "lib/d.lua": "local D = 'd'",  # no newline at its end
+        "s.lua": "-- include: a, d\nreturn A\n",
+        "plain.lua": "return 1\n",
+    }
+    _lua_files(tmp_path, files)
+    assert scripts.sources(tmp_path) == {
+        "s": "".join(
+            [files["lib/d.lua"] + "\n"] + [files[f"lib/{n}.lua"] for n in "bca"] + [files["s.lua"]]
+        ),
+        "plain": "return 1\n",
+    }
+
+
+@pytest.mark.pure
+def test_the_loader_refuses_an_include_it_cannot_resolve(tmp_path):
+    _lua_files(tmp_path, {"lib/a.lua": "-- include: nope\n", "s.lua": "-- include: a\n"})
+    message = "a includes 'nope', which lua/lib/ does not hold"
+    with pytest.raises(IncludeError, match=re.escape(message)):
+        scripts.sources(tmp_path)
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize(
+    ("files", "cycle"),
+    [
+        ({"lib/a.lua": "-- include: b\n", "lib/b.lua": "-- include: a\n"}, "b -> a -> b"),
+        ({"lib/a.lua": "-- include: a\n", "lib/b.lua": ""}, "a -> a"),
+    ],
+)
+def test_the_loader_refuses_includes_that_go_round_a_cycle(tmp_path, files, cycle):
+    _lua_files(tmp_path, {**files, "s.lua": "-- include: b, a\n"})
+    message = f"the includes of s.lua go round a cycle: {cycle}"
+    with pytest.raises(IncludeError, match=re.escape(message)):
+        scripts.sources(tmp_path)

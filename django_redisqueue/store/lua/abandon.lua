@@ -1,3 +1,4 @@
+-- include: keys, values, running
 -- Give back every job a worker owns, uncounted, to its place in its queue. A worker
 -- calls this when the reply to a claim was lost: the claim may have run, and the job
 -- it took would otherwise wait for its lease and count as lost though it never ran.

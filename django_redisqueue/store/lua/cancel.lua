@@ -1,3 +1,4 @@
+-- include: values, outcome
 -- Cancel a job that has not started (queued, delayed, or waiting for another job or
 -- its group): take it off its queue or delayed set and record it as FAILED with the
 -- given error. A cancelled job stays out of the failed index; the jobs that waited for

@@ -1,3 +1,4 @@
+-- include: keys, values, errors, outcome
 -- Cancel a group: its callback first (so that no slice can let it go), then every
 -- member that has not started. Members already running or ended are left to finish;
 -- the group ends when they do. In slices, so that Redis is never held long.

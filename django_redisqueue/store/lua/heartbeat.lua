@@ -1,3 +1,4 @@
+-- include: keys, values, broadcasts
 -- A worker's heartbeat: record it as alive for the dashboard, and extend the leases of
 -- the jobs it still owns.
 -- ARGV[1] lease (ms), ARGV[2] worker id,

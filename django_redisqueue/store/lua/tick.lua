@@ -1,3 +1,4 @@
+-- include: keys, values, queues, fanout, outcome, running, broadcasts
 -- The scheduler's step: promote due delayed jobs to their queues, recover RUNNING
 -- jobs whose lease has passed (their worker died or stalled), unpark jobs held by
 -- their limits when their limit's look is due, and trim the groups index. Atomic, so any number

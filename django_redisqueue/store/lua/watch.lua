@@ -1,3 +1,4 @@
+-- include: keys, values
 -- Ask to be woken when a job finishes, unless it has finished already.
 -- ARGV[1] job id
 -- Returns the job's status, or '' when there is no such job.
