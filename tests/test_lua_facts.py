@@ -4,7 +4,9 @@ format of a claim's owner token. Each is checked here against the other side.
 
 Then the scripts as the loader (``store/scripts.py``) assembles them, with the shared
 files of ``lua/lib/`` they include: it refuses an include it cannot resolve, and every
-script loads in Redis."""
+script loads in Redis. Read statically (``tests/lua_source.py``), each file includes
+the shared files it uses and only those; every name it uses is defined before the use;
+and every shared definition serves a script."""
 
 import hashlib
 import re
@@ -18,7 +20,7 @@ from django_redisqueue.core.jobs import JOB_ID_RE, QUEUE_NAME_RE, error_info
 from django_redisqueue.dashboard.rows import JobRow
 from django_redisqueue.store import scripts
 from django_redisqueue.store.scripts import IncludeError
-from tests import tasks
+from tests import lua_source, tasks
 from tests.keys import DEFAULT_KEYS
 
 LIBRARY = scripts.read_library()
@@ -145,3 +147,80 @@ def test_the_loader_refuses_includes_that_go_round_a_cycle(tmp_path, files, cycl
     message = f"the includes of s.lua go round a cycle: {cycle}"
     with pytest.raises(IncludeError, match=re.escape(message)):
         scripts.sources(tmp_path)
+
+
+# The scripts and the shared files (every check below also looks at the shared files on
+# their own: each must include what it uses, whatever a script includes before it).
+SCRIPT_NAMES = sorted(SCRIPTS)
+LIB_NAMES = sorted(LIBRARY)
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("name", SCRIPT_NAMES + LIB_NAMES)
+def test_every_name_a_file_uses_is_defined_before_the_use(name):
+    assert lua_source.read_text(name, FILES[name], LIBRARY, whole=name).errors == []
+
+
+@pytest.mark.pure
+def test_the_reading_finds_a_name_used_before_its_definition_or_out_of_its_block():
+    # clock_ms is defined in values.lua, which this script does not include.
+    text = "-- include: keys\nreturn {clock_ms(), JOB}"
+    errors = lua_source.read_text("bad.lua", text, LIBRARY, whole="bad.lua").errors
+    assert len(errors) == 1 and "bad.lua:2: clock_ms is used" in errors[0]
+    text = (
+        "local function a() return b() end\n"  # b is defined after a
+        "local function b() return 1 end\n"
+        "for i = 1, 2 do local c = i end\n"
+        "return {a(), b(), c, i, undefined_name}"  # c and i are the loop's
+    )
+    errors = lua_source.read_text("bad.lua", text, {}, whole="bad.lua").errors
+    assert [error.split(": ")[1].split()[0] for error in errors] == [
+        "b",
+        "c",
+        "i",
+        "undefined_name",
+    ]
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("name", SCRIPT_NAMES + LIB_NAMES)
+def test_a_file_includes_exactly_the_shared_files_it_uses(name):
+    assert lua_source.include_problems(name, FILES[name], LIBRARY) == []
+
+
+@pytest.mark.pure
+def test_an_include_missing_or_not_used_is_found():
+    # clock_ms is in values.lua, which outcome.lua includes: it runs, but hides a use.
+    problems = lua_source.include_problems(
+        "bad.lua", "-- include: outcome\nreturn clock_ms()", LIBRARY
+    )
+    assert problems == [
+        "bad.lua uses values, which it does not include",
+        "bad.lua includes outcome, which it uses nothing of",
+    ]
+
+
+@pytest.mark.pure
+def test_keys_lua_names_the_keys_of_the_key_schema_and_is_alone_to_read_the_prefix():
+    keys = lua_source.read_text("keys", LIBRARY["keys"], LIBRARY)
+    assert {d.name for d in keys.of("keys")} == {"P", *DEFAULT_KEYS.fixed_keys}
+    for name in SCRIPT_NAMES + LIB_NAMES:
+        reading = lua_source.read_text(name, FILES[name], LIBRARY, whole=name)
+        for definition in reading.of(name):
+            assert all(used.name != "P" for used in definition.uses), definition
+        if name != "keys":
+            assert "KEYS" not in {t.text for t in lua_source.tokenize(FILES[name], name)}, name
+
+
+@pytest.mark.pure
+def test_every_shared_definition_is_used_by_a_script():
+    used = set()
+    for name in SCRIPT_NAMES:
+        reading = lua_source.read_text(name, SCRIPTS[name], LIBRARY, whole=name)
+        used |= {(d.file, d.name) for d in reading.reached(reading.of(name))}
+    defined = {
+        (d.file, d.name)
+        for lib in LIB_NAMES
+        for d in lua_source.read_text(lib, LIBRARY[lib], LIBRARY).of(lib)
+    }
+    assert defined - used == set()
