@@ -253,6 +253,57 @@ def read_text(
     return read([*((lib, library[lib]) for lib in order), (name, text)], whole)
 
 
+def header_keys(text: str) -> list[str]:
+    """The items of a script's ``-- Keys:`` header (its lines up to the first that
+    does not go on with more indented items), in order."""
+    lines = text.splitlines()
+    for at, line in enumerate(lines):
+        if line.startswith("-- Keys:"):
+            listed = line.removeprefix("-- Keys:")
+            for more in lines[at + 1 :]:
+                if not re.match(r"--\s{2,}\S", more):
+                    break
+                listed += "," + more.removeprefix("--")
+            return [item.strip() for item in listed.split(",") if item.strip()]
+    return []
+
+
+def key_header_problems(
+    name: str, text: str, library: Mapping[str, str], prefixes: Mapping[str, bool]
+) -> list[str]:
+    """How the ``-- Keys:`` header of the script ``name`` differs from the keys it
+    reaches: the names of lib/keys.lua it uses, itself or through the shared functions
+    it calls. ``prefixes`` tells each key name whether it is completed by an id or a
+    name (listed then as ``NAME..id``) or a whole key (listed as ``NAME``)."""
+    reading = read_text(name, text, library, whole=name)
+    script = reading.of(name)
+    reached = {
+        definition.name
+        for definition in reading.reached(script, through_keys=False)
+        if definition.file == KEYS_LIB
+    }
+    used = reached & prefixes.keys()
+    problems = list(reading.errors)
+    listed: dict[str, list[str]] = {}
+    for item in header_keys(text):
+        found = re.fullmatch(r"([A-Z_]+)(\.\.\S+)?", item)
+        if not found or found.group(1) not in prefixes:
+            problems.append(f"{name}: {item!r} in its Keys header names no key of keys.lua")
+            continue
+        key, suffix = found.groups()
+        if bool(suffix) != prefixes[key]:
+            shape = f"{key}..<id or name>" if prefixes[key] else key
+            problems.append(f"{name}: its Keys header lists {item!r}: write {shape}")
+        if item in listed.get(key, []):
+            problems.append(f"{name}: its Keys header lists {item!r} twice")
+        listed.setdefault(key, []).append(item)
+    for key in sorted(used - listed.keys()):
+        problems.append(f"{name} touches {key}, which its Keys header does not list")
+    for key in sorted(listed.keys() - used):
+        problems.append(f"{name}'s Keys header lists {key}, which it does not touch")
+    return problems
+
+
 def include_problems(name: str, text: str, library: Mapping[str, str]) -> list[str]:
     """How the includes of a script or shared file (``name``, not ending in ``.lua``
     when shared) differ from the shared files whose definitions it uses itself: it

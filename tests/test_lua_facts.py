@@ -6,7 +6,8 @@ Then the scripts as the loader (``store/scripts.py``) assembles them, with the s
 files of ``lua/lib/`` they include: it refuses an include it cannot resolve, and every
 script loads in Redis. Read statically (``tests/lua_source.py``), each file includes
 the shared files it uses and only those; every name it uses is defined before the use;
-and every shared definition serves a script."""
+every shared definition serves a script; and a script's ``-- Keys:`` header lists the
+keys it touches."""
 
 import hashlib
 import re
@@ -224,3 +225,40 @@ def test_every_shared_definition_is_used_by_a_script():
         for d in lua_source.read_text(lib, LIBRARY[lib], LIBRARY).of(lib)
     }
     assert defined - used == set()
+
+
+# Each key name of lib/keys.lua: True for a prefix, completed by an id or a name.
+KEY_PREFIXES = {name: key.endswith(":") for name, key in DEFAULT_KEYS.fixed_keys.items()}
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_a_scripts_header_lists_exactly_the_keys_it_touches(name):
+    """A script's ``-- Keys:`` header lists every key name of lib/keys.lua that it
+    uses, itself or in the shared functions it calls (directly or through others), and
+    no other."""
+    assert lua_source.key_header_problems(name, SCRIPTS[name], LIBRARY, KEY_PREFIXES) == []
+
+
+@pytest.mark.pure
+def test_a_keys_header_that_is_wrong_is_found():
+    def problems(text):
+        return lua_source.key_header_problems("bad.lua", text, LIBRARY, KEY_PREFIXES)
+
+    watch = SCRIPTS["watch.lua"]
+    assert problems(watch.replace("-- Keys: JOB..id", "-- Keys: JOB..id, RUNNING")) == [
+        "bad.lua's Keys header lists RUNNING, which it does not touch"
+    ]
+    assert problems(watch.replace("-- Keys: JOB..id", "-- Keys: JOB, RUNNING..x, NOPE")) == [
+        "bad.lua: its Keys header lists 'JOB': write JOB..<id or name>",
+        "bad.lua: its Keys header lists 'RUNNING..x': write RUNNING",
+        "bad.lua: 'NOPE' in its Keys header names no key of keys.lua",
+        "bad.lua's Keys header lists RUNNING, which it does not touch",
+    ]
+    # A key reached only through shared functions: record_outcome counts the end in
+    # this minute's stats, and lets its unique key go.
+    text = "-- include: outcome\n-- Keys: JOB..id, QUEUE..queue\nreturn record_outcome()"
+    assert [p for p in problems(text) if "STATS" in p or "UNIQUE" in p] == [
+        "bad.lua touches STATS, which its Keys header does not list",
+        "bad.lua touches UNIQUE, which its Keys header does not list",
+    ]

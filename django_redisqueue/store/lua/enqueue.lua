@@ -1,4 +1,6 @@
 -- include: keys, values, new_jobs, unique
+-- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
+--       KNOWN_QUEUES, UNIQUE..key, LIMIT..key
 -- Store jobs and make them READY: each on its queue, or in its queue's delayed set
 -- until due. One job or a batch: one call, one round trip.
 -- ARGV[1] 1 to record the queues' names among the queues used (QUEUES is empty),

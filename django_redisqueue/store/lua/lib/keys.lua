@@ -6,7 +6,8 @@
 -- (tests/test_broker.py checks that they agree); per-job and per-queue keys are then
 -- completed with an id or a queue name, which a claim or a promotion learns only
 -- inside the script. Every key carries the one hash tag, so Cluster keeps them on the
--- slot of KEYS[1].
+-- slot of KEYS[1]. No other file reads KEYS: a script's header lists, by these names,
+-- every key it touches, itself or through the functions it calls (tests check both).
 --
 -- Two rules keep every move atomic. Time is Redis's (TIME), never a caller's, so
 -- clocks of other hosts decide no lease and no due time. And nothing stored can make
