@@ -1,11 +1,10 @@
 """The Lua scripts against the real server: ordering, fencing, wake-up tokens."""
 
-from importlib import resources
-
 import pytest
 
 from django_redisqueue import ResultTimeout
 from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
+from django_redisqueue.store import scripts
 from django_redisqueue.store.broker import ENQUEUE_BATCH_JOBS
 from django_redisqueue.store.wire import NewJob, Outcome
 from tests import tasks
@@ -379,10 +378,9 @@ def test_a_retry_without_an_error_keeps_the_error_list_readable(r, broker, backe
 
 
 def test_the_scripts_build_the_keys_the_key_schema_names(r, backend):
-    """lua/common.lua completes the one key it is given as keys.py spells every key."""
-    common = (resources.files("django_redisqueue.store") / "lua" / "common.lua").read_text()
+    """lua/lib/keys.lua completes the one key it is given as keys.py spells every key."""
     names = list(backend.keys.fixed_keys)
-    script = r.register_script(common + f"\nreturn {{{', '.join(names)}}}")
+    script = r.register_script(scripts.read_library()["keys"] + f"return {{{', '.join(names)}}}")
     built = script(keys=backend.keys.script_keys)
     assert dict(zip(names, built, strict=True)) == backend.keys.fixed_keys
 

@@ -1,9 +1,16 @@
 """The facts that the Lua scripts and the Python code must agree on, written on both
 sides: the error class paths the scripts store, the queue-name and job-id rules, and the
-format of a claim's owner token. Each is checked here against the other side."""
+format of a claim's owner token. Each is checked here against the other side.
 
+Then the scripts as the loader (``store/scripts.py``) assembles them, with the shared
+files of ``lua/lib/`` they include: it refuses an include it cannot resolve, and every
+script loads in Redis. Read statically (``tests/lua_source.py``), each file includes
+the shared files it uses and only those; every name it uses is defined before the use;
+every shared definition serves a script; and a script's ``-- Keys:`` header lists the
+keys it touches."""
+
+import hashlib
 import re
-from importlib import resources
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,11 +19,18 @@ from hypothesis import strategies as st
 from django_redisqueue import exceptions
 from django_redisqueue.core.jobs import JOB_ID_RE, QUEUE_NAME_RE, error_info
 from django_redisqueue.dashboard.rows import JobRow
-from tests import tasks
+from django_redisqueue.store import scripts
+from django_redisqueue.store.scripts import IncludeError
+from tests import lua_source, tasks
 from tests.keys import DEFAULT_KEYS
 
-LUA = resources.files("django_redisqueue.store") / "lua"
-SCRIPTS = {file.name: file.read_text() for file in LUA.iterdir() if file.name.endswith(".lua")}
+LIBRARY = scripts.read_library()
+# Every file as written: the scripts of lua/ by file name, the shared files of lua/lib/
+# by their name in an include.
+SCRIPTS = {
+    file.name: file.read_text() for file in scripts.LUA.iterdir() if file.name.endswith(".lua")
+}
+FILES = {**SCRIPTS, **LIBRARY}
 
 # Names near the rules' edges: every character class, empty, the longest and one more.
 NAMES = st.text(
@@ -28,7 +42,7 @@ NAMES = st.text(
 def test_every_error_class_a_script_stores_is_the_python_class_of_that_path():
     paths = {
         path
-        for text in SCRIPTS.values()
+        for text in FILES.values()
         for path in re.findall(r"'(django_redisqueue\.[\w.]+)'", text)
     }
     assert paths, "the scripts name no error class"
@@ -47,7 +61,11 @@ def test_every_error_class_a_script_stores_is_the_python_class_of_that_path():
 )
 @given(name=NAMES)
 def test_the_queue_name_rule_is_the_same_in_lua_and_python(r, name):
-    rule = r.register_script(SCRIPTS["common.lua"] + "\nreturn valid_queue(ARGV[1]) and 1 or 0")
+    rule = r.register_script(
+        scripts.assemble(
+            "rule", "-- include: values\nreturn valid_queue(ARGV[1]) and 1 or 0", LIBRARY
+        )
+    )
     in_lua = rule(keys=DEFAULT_KEYS.script_keys, args=[name]) == 1
     assert in_lua == bool(QUEUE_NAME_RE.fullmatch(name)), repr(name)
 
@@ -77,3 +95,170 @@ def test_an_owner_token_names_its_worker_as_python_reads_it(r, backend):
     assert fields is not None and fields["owner"] == claimed.owner
     row = JobRow.build(job.id, fields, 0.0, backend.config.max_payload_bytes)
     assert row.worker == worker_id
+
+
+def test_every_script_loads_in_redis(r):
+    for name, source in scripts.sources().items():
+        assert r.script_load(source) == hashlib.sha1(source.encode()).hexdigest(), name
+
+
+def _lua_files(directory, files):
+    for path, text in files.items():
+        (directory / path).parent.mkdir(parents=True, exist_ok=True)
+        (directory / path).write_text(text)
+
+
+@pytest.mark.pure
+def test_the_loader_puts_each_shared_file_once_after_the_files_it_includes(tmp_path):
+    files = {
+        "lib/a.lua": "-- include: b, c\nlocal A = B .. C\n",
+        "lib/b.lua": "-- A comment first.\n-- include: d\nlocal B = D\n",
+        "lib/c.lua": "-- include: d\nlocal C = D\n",
+        "lib/d.lua": "local D = 'd'",  # no newline at its end
+        "s.lua": "-- include: a, d\nreturn A\n",
+        "plain.lua": "return 1\n",
+    }
+    _lua_files(tmp_path, files)
+    assert scripts.sources(tmp_path) == {
+        "s": "".join(
+            [files["lib/d.lua"] + "\n"] + [files[f"lib/{n}.lua"] for n in "bca"] + [files["s.lua"]]
+        ),
+        "plain": "return 1\n",
+    }
+
+
+@pytest.mark.pure
+def test_the_loader_refuses_an_include_it_cannot_resolve(tmp_path):
+    _lua_files(tmp_path, {"lib/a.lua": "-- include: nope\n", "s.lua": "-- include: a\n"})
+    message = "a includes 'nope', which lua/lib/ does not hold"
+    with pytest.raises(IncludeError, match=re.escape(message)):
+        scripts.sources(tmp_path)
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize(
+    ("files", "cycle"),
+    [
+        ({"lib/a.lua": "-- include: b\n", "lib/b.lua": "-- include: a\n"}, "b -> a -> b"),
+        ({"lib/a.lua": "-- include: a\n", "lib/b.lua": ""}, "a -> a"),
+    ],
+)
+def test_the_loader_refuses_includes_that_go_round_a_cycle(tmp_path, files, cycle):
+    _lua_files(tmp_path, {**files, "s.lua": "-- include: b, a\n"})
+    message = f"the includes of s.lua go round a cycle: {cycle}"
+    with pytest.raises(IncludeError, match=re.escape(message)):
+        scripts.sources(tmp_path)
+
+
+# The scripts and the shared files (every check below also looks at the shared files on
+# their own: each must include what it uses, whatever a script includes before it).
+SCRIPT_NAMES = sorted(SCRIPTS)
+LIB_NAMES = sorted(LIBRARY)
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("name", SCRIPT_NAMES + LIB_NAMES)
+def test_every_name_a_file_uses_is_defined_before_the_use(name):
+    assert lua_source.read_text(name, FILES[name], LIBRARY, whole=name).errors == []
+
+
+@pytest.mark.pure
+def test_the_reading_finds_a_name_used_before_its_definition_or_out_of_its_block():
+    # clock_ms is defined in values.lua, which this script does not include.
+    text = "-- include: keys\nreturn {clock_ms(), JOB}"
+    errors = lua_source.read_text("bad.lua", text, LIBRARY, whole="bad.lua").errors
+    assert len(errors) == 1 and "bad.lua:2: clock_ms is used" in errors[0]
+    text = (
+        "local function a() return b() end\n"  # b is defined after a
+        "local function b() return 1 end\n"
+        "for i = 1, 2 do local c = i end\n"
+        "return {a(), b(), c, i, undefined_name}"  # c and i are the loop's
+    )
+    errors = lua_source.read_text("bad.lua", text, {}, whole="bad.lua").errors
+    assert [error.split(": ")[1].split()[0] for error in errors] == [
+        "b",
+        "c",
+        "i",
+        "undefined_name",
+    ]
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("name", SCRIPT_NAMES + LIB_NAMES)
+def test_a_file_includes_exactly_the_shared_files_it_uses(name):
+    assert lua_source.include_problems(name, FILES[name], LIBRARY) == []
+
+
+@pytest.mark.pure
+def test_an_include_missing_or_not_used_is_found():
+    # clock_ms is in values.lua, which outcome.lua includes: it runs, but hides a use.
+    problems = lua_source.include_problems(
+        "bad.lua", "-- include: outcome\nreturn clock_ms()", LIBRARY
+    )
+    assert problems == [
+        "bad.lua uses values, which it does not include",
+        "bad.lua includes outcome, which it uses nothing of",
+    ]
+
+
+@pytest.mark.pure
+def test_keys_lua_names_the_keys_of_the_key_schema_and_is_alone_to_read_the_prefix():
+    keys = lua_source.read_text("keys", LIBRARY["keys"], LIBRARY)
+    assert {d.name for d in keys.of("keys")} == {"P", *DEFAULT_KEYS.fixed_keys}
+    for name in SCRIPT_NAMES + LIB_NAMES:
+        reading = lua_source.read_text(name, FILES[name], LIBRARY, whole=name)
+        for definition in reading.of(name):
+            assert all(used.name != "P" for used in definition.uses), definition
+        if name != "keys":
+            assert "KEYS" not in {t.text for t in lua_source.tokenize(FILES[name], name)}, name
+
+
+@pytest.mark.pure
+def test_every_shared_definition_is_used_by_a_script():
+    used = set()
+    for name in SCRIPT_NAMES:
+        reading = lua_source.read_text(name, SCRIPTS[name], LIBRARY, whole=name)
+        used |= {(d.file, d.name) for d in reading.reached(reading.of(name))}
+    defined = {
+        (d.file, d.name)
+        for lib in LIB_NAMES
+        for d in lua_source.read_text(lib, LIBRARY[lib], LIBRARY).of(lib)
+    }
+    assert defined - used == set()
+
+
+# Each key name of lib/keys.lua: True for a prefix, completed by an id or a name.
+KEY_PREFIXES = {name: key.endswith(":") for name, key in DEFAULT_KEYS.fixed_keys.items()}
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_a_scripts_header_lists_exactly_the_keys_it_touches(name):
+    """A script's ``-- Keys:`` header lists every key name of lib/keys.lua that it
+    uses, itself or in the shared functions it calls (directly or through others), and
+    no other."""
+    assert lua_source.key_header_problems(name, SCRIPTS[name], LIBRARY, KEY_PREFIXES) == []
+
+
+@pytest.mark.pure
+def test_a_keys_header_that_is_wrong_is_found():
+    def problems(text):
+        return lua_source.key_header_problems("bad.lua", text, LIBRARY, KEY_PREFIXES)
+
+    watch = SCRIPTS["watch.lua"]
+    assert problems(watch.replace("-- Keys: JOB..id", "-- Keys: JOB..id, RUNNING")) == [
+        "bad.lua's Keys header lists RUNNING, which it does not touch"
+    ]
+    assert problems(watch.replace("-- Keys: JOB..id", "-- Keys: JOB, RUNNING..x, NOPE")) == [
+        "bad.lua: its Keys header lists 'JOB': write JOB..<id or name>",
+        "bad.lua: its Keys header lists 'RUNNING..x': write RUNNING",
+        "bad.lua: 'NOPE' in its Keys header names no key of keys.lua",
+        "bad.lua's Keys header lists RUNNING, which it does not touch",
+    ]
+    # A key reached only through shared functions: record_outcome counts the end in
+    # this minute's stats, and lets its unique key go.
+    text = "-- include: outcome\n-- Keys: JOB..id, QUEUE..queue\nreturn record_outcome()"
+    assert [p for p in problems(text) if "STATS" in p or "UNIQUE" in p] == [
+        "bad.lua touches STATS, which its Keys header does not list",
+        "bad.lua touches UNIQUE, which its Keys header does not list",
+    ]

@@ -2,9 +2,10 @@
 
 The rest of the code speaks verbs (``enqueue``, ``claim``, ``finish``,
 ``wait_for_work``, ``heartbeat``, ``watch``); the keys come from ``keys.py`` and
-the atomic steps are the Lua scripts in ``lua/``, loaded once per client and called
-by SHA (redis-py loads a script again when Redis answers NOSCRIPT). The read-side
-queries are in ``queries.py``; both go through ``gateway.Gateway``.
+the atomic steps are the Lua scripts in ``lua/`` (each with the shared files of
+``lua/lib/`` it includes: ``scripts.py``), loaded once per client and called by SHA
+(redis-py loads a script again when Redis answers NOSCRIPT). The read-side queries
+are in ``queries.py``; both go through ``gateway.Gateway``.
 ``docs/protocol.md`` explains the delivery protocol.
 """
 
@@ -13,12 +14,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from importlib import resources
 from typing import Any, cast
 
 import redis
 from redis.exceptions import NoScriptError
 
+from django_redisqueue.store import scripts
 from django_redisqueue.store.connection import Client
 from django_redisqueue.store.gateway import Gateway, sync, text
 from django_redisqueue.store.keys import KeySchema
@@ -48,17 +49,10 @@ UNREPLICATED_WARNING_INTERVAL = 10.0
 
 
 def _load_scripts(client: Client) -> dict[str, Any]:
-    """Every script in lua/, with common.lua prepended, registered on the client."""
-    lua = resources.files(__package__) / "lua"
-    common = (lua / "common.lua").read_text()
-    return {
-        # cast: redis-py 5 annotates register_script for Redis only; RedisCluster has it.
-        file.name.removesuffix(".lua"): cast(redis.Redis, client).register_script(
-            common + file.read_text()
-        )
-        for file in lua.iterdir()
-        if file.name.endswith(".lua") and file.name != "common.lua"
-    }
+    """Every script in lua/, with the shared files it includes, registered on the client."""
+    # cast: redis-py 5 annotates register_script for Redis only; RedisCluster has it.
+    register = cast(redis.Redis, client).register_script
+    return {name: register(source) for name, source in scripts.sources().items()}
 
 
 def _pairs(flat: Sequence[Any]) -> dict[str, str]:

@@ -31,7 +31,7 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterExcep
 
 # The errors after which a command may or may not have run: the reply was lost.
 # Redis refuses a command it answers with an error (OOM, READONLY, BUSY, NOSCRIPT...)
-# before it changes anything, and our scripts never fail half-way (see common.lua).
+# before it changes anything, and our scripts never fail half-way (see lua/lib/keys.lua).
 UNCERTAIN_ERRORS: tuple[type[Exception], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,

@@ -142,11 +142,12 @@ it ends), ``unique_until`` (ms: with ``unique_for``, the key is kept until then)
 ``parked`` (the limit key, while parked: READY but in no queue and no delayed set).
 
 Every Lua script gets one key (``script_keys``): the prefix with its hash tag and a
-colon. ``lua/common.lua`` completes it with the names above, which it spells as this
-module does (a test checks that they agree), and with an id or a queue name, which a
-claim or a promotion learns only inside the script. Those keys carry the one hash
-tag, so Cluster keeps them on that key's slot. One key instead of fourteen saves
-every call the packing and the checking of thirteen arguments.
+colon. ``lua/lib/keys.lua``, which every script includes (itself or through another
+shared file), completes it with the names above, which it spells as this module does
+(``fixed_keys`` gives its names; a test checks that they agree), and with an id or a
+queue name, which a claim or a promotion learns only inside the script. Those keys
+carry the one hash tag, so Cluster keeps them on that key's slot. One key instead of
+fourteen saves every call the packing and the checking of thirteen arguments.
 """
 
 from __future__ import annotations
@@ -265,14 +266,14 @@ class KeySchema:
 
     @property
     def script_keys(self) -> list[str]:
-        """The KEYS every Lua script receives: the prefix, which lua/common.lua
+        """The KEYS every Lua script receives: the prefix, which lua/lib/keys.lua
         completes into every key above."""
         return [f"{self.prefix}:"]
 
     @property
     def fixed_keys(self) -> dict[str, str]:
-        """The keys lua/common.lua builds from ``script_keys``, by its names for them
-        (prefixes for the per-job, per-queue and per-worker keys)."""
+        """The keys lua/lib/keys.lua builds from ``script_keys``, by its names for
+        them (prefixes for the per-job, per-queue and per-worker keys)."""
         return {
             "JOB": self.job_prefix,
             "QUEUE": self.queue_prefix,
@@ -298,6 +299,8 @@ class KeySchema:
             "UNIQUE": self.unique(""),
             "LIMIT": self.limit_prefix,
             "LIMITS": self.limits,
+            "PERIODIC": self.periodic,
+            "SCHEDULE": self.periodic_schedule(""),
         }
 
     def queue(self, name: str) -> str:

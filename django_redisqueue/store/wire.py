@@ -30,7 +30,7 @@ class NewJob:
     due_ms: int = 0  # ms since the epoch by Redis's clock; 0 (or passed): ready now
     # The job it runs after: '' (none), a job id, or AFTER_GROUP (a group's callback).
     after: str = ""
-    # '' or JSON: its unique key and limits (lua/common.lua's job_options).
+    # '' or JSON: its unique key and limits (lua/lib/new_jobs.lua's job_options).
     options: str = ""
 
     def as_args(self) -> list[Any]:

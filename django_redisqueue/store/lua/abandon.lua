@@ -1,3 +1,7 @@
+-- include: keys, values, running
+-- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
+--       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key,
+--       LIMIT..key, LIMITS
 -- Give back every job a worker owns, uncounted, to its place in its queue. A worker
 -- calls this when the reply to a claim was lost: the claim may have run, and the job
 -- it took would otherwise wait for its lease and count as lost though it never ran.

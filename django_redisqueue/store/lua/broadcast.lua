@@ -1,3 +1,6 @@
+-- include: keys, values, broadcasts
+-- Keys: WORKERS, BROADCAST..'msg:'..n, BROADCAST..'wake:'..worker, BROADCAST_SEQ,
+--       CURSORS, UNREAD, SENT
 -- Send a message to every live worker, or to those serving a queue: each runs its task
 -- once (receive.lua). Pull messaging, as in seed 004: each worker keeps a cursor, the
 -- number of the last message it read.

@@ -1,3 +1,7 @@
+-- include: keys, values, queues, limits, outcome, running
+-- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
+--       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid,
+--       BROADCAST_SEQ, UNIQUE..key, LIMIT..key, LIMITS
 -- Finish the caller's previous job, then claim the next: the first job of the first
 -- non-empty, unpaused queue in the order given. One round trip per job when busy.
 -- Claiming starts the job: it is RUNNING, under a lease, from this step on.
@@ -7,7 +11,7 @@
 -- then F groups of 6: job id, owner token, status, result JSON or '', error JSON or '',
 --   retry delay (ms, for RETRY)
 -- then the names of the queues to try, in order (none: only store the outcomes)
--- A job over its limits (max_running, rate) is parked instead (common.lua, "Limits").
+-- A job over its limits (max_running, rate) is parked instead (limits.lua).
 -- Returns {stored, claimed, broadcast}: stored holds 1 (stored) or 0 (fenced out: no
 -- longer the owner) per outcome; claimed is {} or {id, owner, field, value, ...} with
 -- the job's fields as the worker reads them; broadcast is the number of the last

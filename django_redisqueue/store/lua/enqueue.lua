@@ -1,9 +1,12 @@
+-- include: keys, values, new_jobs, unique
+-- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
+--       KNOWN_QUEUES, UNIQUE..key, LIMIT..key
 -- Store jobs and make them READY: each on its queue, or in its queue's delayed set
 -- until due. One job or a batch: one call, one round trip.
 -- ARGV[1] 1 to record the queues' names among the queues used (QUEUES is empty),
 -- then 6 values per job: id, payload (JSON envelope), queue name, priority
 -- (-100..100), due time (ms since the epoch, or 0 for now; a due time Redis's clock
--- has passed queues the job at once), options ('' or JSON: common.lua's job_options).
+-- has passed queues the job at once), options ('' or JSON: new_jobs.lua's job_options).
 -- Returns, per job, the enqueue time (ms), or 0 when a key with its id exists already
 -- (that job is skipped, nothing of it changed), or, for a job with a unique key that
 -- another job holds, that job's id (the job is not stored).

@@ -1,3 +1,7 @@
+-- include: keys, values, errors, limits, new_jobs, fanout, outcome
+-- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
+--       FAILED..queue, STATS..minute, KNOWN_QUEUES, GROUP..gid, GROUPS, UNIQUE..key,
+--       LIMIT..key
 -- Store jobs that belong to a group or wait for another job: a group's members and its
 -- callback, the steps of a chain, a job enqueued with depends_on. One call per batch;
 -- a group's batches are sent in one round trip, the last one sealing the group.
@@ -7,7 +11,7 @@
 -- ARGV[5] E, then E ids: the jobs waited for that are not among the jobs of the whole
 -- batch (every call of a batch gets them all, so that a missing one refuses every
 -- call, not only the one naming it), then 7 values per job: id, payload (JSON envelope), queue name, priority, due time
--- (ms, or 0 for now), options ('' or JSON, common.lua's job_options: its limits
+-- (ms, or 0 for now), options ('' or JSON, new_jobs.lua's job_options: its limits
 -- are kept; a unique key is not, the caller refuses one), after: '' (it waits for nothing), the id of a job it runs after
 -- (stored earlier in this call or batch, or already in Redis), or '*' (the group's
 -- callback: it waits for every member to end). With a group id, every job but the

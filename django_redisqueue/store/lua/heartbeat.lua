@@ -1,3 +1,5 @@
+-- include: keys, values, broadcasts
+-- Keys: JOB..id, RUNNING, WORKERS, WORKER..id, BROADCAST_SEQ, CURSORS, UNREAD, SENT
 -- A worker's heartbeat: record it as alive for the dashboard, and extend the leases of
 -- the jobs it still owns.
 -- ARGV[1] lease (ms), ARGV[2] worker id,

@@ -1,11 +1,14 @@
+-- include: keys, values, new_jobs, unique
+-- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
+--       KNOWN_QUEUES, UNIQUE..key, LIMIT..key, PERIODIC, SCHEDULE..name
 -- Periodic jobs (docs/protocol.md, "Periodic jobs"): each occurrence of a schedule is
 -- enqueued once, however many schedulers call. The scheduler computes the occurrences
 -- (cron or interval, in Python); this script compare-and-sets the schedule's `last`
 -- occurrence and stores their jobs, in one atomic step.
--- KEYS[1] the prefix (common.lua). Keys: PERIODIC, the set of the schedules' names,
--- and PERIODIC .. ':' .. name, a schedule's hash: `last` (ms of the last occurrence
--- enqueued, or passed while paused), `last_job`, `last_at` (ms, when it was stored),
--- `next` (ms of the next occurrence, for the dashboard), `paused` (1), `spec` (JSON),
+-- PERIODIC is the set of the schedules' names, and SCHEDULE .. name a schedule's
+-- hash: `last` (ms of the last occurrence enqueued, or passed while paused),
+-- `last_job`, `last_at` (ms, when it was stored), `next` (ms of the next occurrence,
+-- for the dashboard), `paused` (1), `spec` (JSON),
 -- `timetable` (when it runs, as the scheduler wrote it: the timetable in force),
 -- `skipped` (runs not enqueued: missed, catch-up "latest", or while the job holding
 -- a unique task's key had not ended).
@@ -19,7 +22,7 @@
 --     timetable was in force}}.
 --   'run' name, timetable, expected last ('' if unknown), now (ms, Redis's clock at
 --     the caller's step), next, skipped, queue, priority, payload, record queues ('1'
---     or '0'), options ('' or JSON: common.lua's job_options; the jobs keep their
+--     or '0'), options ('' or JSON: new_jobs.lua's job_options; the jobs keep their
 --     limits), then pairs (occurrence ms, job id), oldest first. Only if the timetable
 --     is the one in force and `last` equals the expected one: stores a job for each
 --     occurrence after `last` (a job id taken is never overwritten: its occurrence
@@ -37,16 +40,15 @@
 --     enqueue time (ms), 0 when the id is taken, or {holder id} when the task is unique
 --     and the job holding its key has not ended (nothing stored).
 -- Any name is refused that is not a valid schedule name: returns {'invalid'} or 0.
-local PERIODIC = P .. 'periodic'
 
 -- The schedules' set and a schedule's hash: a key of another type (spoilt by hand)
--- holds no state and is deleted (common.lua's typed); sync rebuilds the set.
+-- holds no state and is deleted (values.lua's typed); sync rebuilds the set.
 local function names_key()
   return typed(PERIODIC, 'set')
 end
 
 local function state_key(name)
-  return typed(PERIODIC .. ':' .. name, 'hash')
+  return typed(SCHEDULE .. name, 'hash')
 end
 
 -- A schedule's `last`: a whole number of ms not after Redis's clock, or nil (none, or
@@ -105,7 +107,7 @@ if mode == 'sync' then
   local removed = {}
   for _, name in ipairs(redis.call('SMEMBERS', names)) do
     if not given[name] then
-      redis.call('DEL', PERIODIC .. ':' .. name)
+      redis.call('DEL', SCHEDULE .. name)
       redis.call('SREM', names, name)
       removed[#removed + 1] = name
     end

@@ -1,3 +1,5 @@
+-- include: keys, values, broadcasts
+-- Keys: WORKERS, BROADCAST..'msg:'..n, BROADCAST_SEQ, CURSORS, UNREAD, SENT
 -- A worker records how the broadcast messages it ran ended, then takes the ones it has
 -- not read yet, moving its cursor past them: each message is taken once per worker.
 -- A message for a queue the worker does not serve is passed over.

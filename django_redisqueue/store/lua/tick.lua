@@ -1,3 +1,7 @@
+-- include: keys, values, queues, fanout, outcome, running, broadcasts
+-- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
+--       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, SCHEDULERS, WORKERS,
+--       GROUP..gid, GROUPS, CURSORS, UNREAD, UNIQUE..key, LIMIT..key, LIMITS
 -- The scheduler's step: promote due delayed jobs to their queues, recover RUNNING
 -- jobs whose lease has passed (their worker died or stalled), unpark jobs held by
 -- their limits when their limit's look is due, and trim the groups index. Atomic, so any number

@@ -1,0 +1,42 @@
+-- include: keys, values, queues, limits
+-- A new job: its options as the enqueue sends them, and its hash stored and made READY
+-- (enqueue, enqueue_linked, periodic).
+
+-- A job's options, as the enqueue sends them: '' (none, the common case) or a JSON
+-- object with ``unique`` (key), ``unique_ms`` (how long the key holds; 0: while the
+-- job has not ended), ``limit`` (key), ``max_running`` and ``rate``/``per`` (starts per
+-- ms). Returns a table, empty for none.
+local function job_options(json)
+  if json == nil or json == '' then
+    return {}
+  end
+  local ok, options = pcall(cjson.decode, json)
+  if not ok or type(options) ~= 'table' then
+    return {}
+  end
+  for _, name in ipairs({'unique', 'limit'}) do
+    if type(options[name]) ~= 'string' or options[name] == '' then
+      options[name] = nil
+    end
+  end
+  return options
+end
+
+-- Store a new job's hash and make it READY: on its queue (returns the queue, for the
+-- caller to wake once per batch), or in its queue's delayed set until `due` (ms).
+-- `options` (job_options) adds the job's limits to its hash, where the claim reads them.
+local function store_job(id, payload, queue, priority, due, now, options)
+  local job = JOB .. id
+  store_limits(job, options)
+  if due > now then
+    redis.call('HSET', job, 'payload', payload, 'queue', queue, 'priority', priority,
+               'enqueued_at', now, 'status', 'READY')
+    add_delayed(id, due, queue)
+    return nil
+  end
+  local score = next_score(priority)
+  zadd(QUEUE .. queue, score, id)
+  redis.call('HSET', job, 'payload', payload, 'queue', queue, 'priority', priority,
+             'enqueued_at', now, 'status', 'READY', 'score', score)
+  return queue
+end

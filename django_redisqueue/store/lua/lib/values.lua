@@ -1,0 +1,78 @@
+-- include: keys
+-- Values read and written whatever Redis holds (keys.lua, the second rule): Redis's
+-- clock, numbers read leniently, writes that replace a key of another type, wake-up
+-- tokens, and the tests of a job's key, a queue name and a final status.
+
+-- Redis's clock in ms.
+local function clock_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A number read from Redis, or the default when it is not a finite number.
+local function number(value, default)
+  local n = tonumber(value)
+  if n == nil or n ~= n or n == math.huge or n == -math.huge then
+    return default
+  end
+  return n
+end
+
+-- True when the job's key is a hash. A key of another type (written by hand or by a
+-- bug) is not a job: reading it as one would raise WRONGTYPE in the middle of a move.
+local function is_job(id)
+  return redis.call('TYPE', JOB .. id)['ok'] == 'hash'
+end
+
+-- A queue name as workers and keys use it (see jobs.QUEUE_NAME_RE).
+local function valid_queue(name)
+  return type(name) == 'string' and #name > 0 and #name <= 64
+    and string.find(name, '^[%w_%.%-]+$') ~= nil
+end
+
+-- Leave one wake-up token on a list. It never holds more than one: a token is a hint
+-- that there may be work, not a count. Hints, counts and indexes are written with
+-- pcall: a key of theirs spoilt by hand must not stop a job from moving.
+local function leave_wake_token(wake)
+  if redis.pcall('LLEN', wake) == 0 then
+    redis.pcall('RPUSH', wake, '1')
+  end
+end
+
+-- True for the statuses of a job that has ended: it never runs again.
+local function final(status)
+  return status == 'SUCCESSFUL' or status == 'FAILED'
+end
+
+-- True when a redis.pcall answered an error.
+local function failed(reply)
+  return type(reply) == 'table' and reply.err ~= nil
+end
+
+-- ZADD to a sorted set of the protocol's (a queue, a delayed set, the running set);
+-- one of another type, written by hand, holds no job of ours and is replaced. No
+-- command on the common path: the type is looked at only when the write fails.
+local function zadd(key, score, member)
+  if failed(redis.pcall('ZADD', key, score, member)) then
+    redis.call('DEL', key)
+    redis.call('ZADD', key, score, member)
+  end
+end
+
+-- SADD to a set of the protocol's (the queues used), replaced when of another type.
+local function sadd(key, member)
+  if failed(redis.pcall('SADD', key, member)) then
+    redis.call('DEL', key)
+    redis.call('SADD', key, member)
+  end
+end
+
+-- A key as the type it must be: one that holds another type (spoilt by hand) is
+-- deleted, as it holds nothing a script can read.
+local function typed(key, kind)
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= kind and found ~= 'none' then
+    redis.call('DEL', key)
+  end
+  return key
+end
