@@ -3,6 +3,8 @@ delayed ones and retries included, with no wall-clock wait; on the test's databa
 
 from __future__ import annotations
 
+import io
+import sys
 import time
 from datetime import timedelta
 
@@ -149,3 +151,31 @@ class ReportTests(RunJobsMixin, TestCase):
         self.assertTrue(Report.objects.filter(pk=ran[0].return_value, title="monthly").exists())
         result.refresh()
         self.assertEqual(result.return_value, ran[0].return_value)
+
+
+HOWTO_EXAMPLES = ("DelayedJobTests", "RetryTests", "GroupTests")
+
+
+def test_the_howto_examples_each_run_in_well_under_a_second():
+    """docs/howto/testing.md's examples (tests/test_docs.py runs the whole page): each
+    test case, with its minutes and hours of delays and backoff, takes under a second."""
+    import types
+    import unittest
+
+    from tests.doc_samples import DOCS, blocks
+    from tests.test_docs import RUN, source_for_this_django
+
+    name = "docs_sample_howto_testing_timed"
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    try:
+        for block in blocks(DOCS / "howto" / "testing.md"):
+            if block.marker == RUN:
+                exec(block.compiled(source_for_this_django(block.code)), vars(module))
+        for case_name in HOWTO_EXAMPLES:
+            suite = unittest.defaultTestLoader.loadTestsFromTestCase(getattr(module, case_name))
+            outcome, took = timed(unittest.TextTestRunner(stream=io.StringIO()).run, suite)
+            assert outcome.wasSuccessful() and outcome.testsRun == 1, case_name
+            assert took < 0.5, f"{case_name} took {took:.2f} s"
+    finally:
+        del sys.modules[name]
