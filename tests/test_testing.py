@@ -113,6 +113,21 @@ def test_a_chain_runs_step_by_step():
         assert step.status == TaskResultStatus.SUCCESSFUL
 
 
+def test_a_cancelled_delayed_job_does_not_run():
+    result = double.using(delay=timedelta(minutes=1)).enqueue(3)
+    result.cancel()
+    assert run_jobs() == []
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+
+
+def test_only_the_queues_named(backend):
+    low = double.using(queue_name="low").enqueue(1)
+    high = double.using(queue_name="high", delay=timedelta(minutes=1)).enqueue(2)
+    assert [r.id for r in run_jobs(backend, queues=["high"])] == [high.id]
+    assert [r.id for r in run_jobs("default")] == [low.id]
+
+
 def test_the_rounds_are_bounded():
     never_works.enqueue()
     with pytest.raises(JobsStillDue, match="after 5 rounds"):
