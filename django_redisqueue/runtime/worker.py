@@ -102,6 +102,7 @@ class Worker:
         burst: bool = False,
         max_jobs: int | None = None,
         max_memory: int | None = None,
+        close_connections: bool = True,
     ) -> None:
         self.backend = backend
         self.broker = backend.broker
@@ -126,6 +127,8 @@ class Worker:
         self.unreported: list[tuple[int, str]] = []  # broadcasts run, outcomes not stored
         self.receive_failures = 0
         self.metrics = JobMetrics() if backend.config.metrics else None
+        # Off only in tests that run jobs inside their own transaction (testing.py).
+        self.close_connections = close_connections
 
     def run(self) -> None:
         """Run jobs until stopped (``stop()``), out of work (burst), max_jobs or
@@ -343,7 +346,7 @@ class Worker:
         except InvalidPayload as exc:
             logger.error("Broadcast %d FAILED: %s", number, exc)
             return FAILED
-        close_old_connections()
+        self._close_old_connections()
         self.in_task = True
         try:
             with time_limit(getattr(task, "timeout", None), envelope.task_path):
@@ -360,7 +363,7 @@ class Worker:
             return FAILED
         finally:
             self.in_task = False
-            close_old_connections()
+            self._close_old_connections()
         logger.info(
             "Broadcast %d %s SUCCESSFUL in %.1f ms",
             number,
@@ -368,6 +371,11 @@ class Worker:
             (time.perf_counter() - started) * 1000,
         )
         return SUCCESSFUL
+
+    def _close_old_connections(self) -> None:
+        """Before and after each task, as Django does around each request."""
+        if self.close_connections:
+            close_old_connections()
 
     def _report(self, finished: Finished, stored: bool, *, repeated: bool = False) -> None:
         outcome, result, event = finished.outcome, finished.result, finished.event
@@ -445,7 +453,7 @@ class Worker:
         task = self.backend.task_for(envelope)
         result = make_result(self.backend.alias, task, record)
         task_started.send_robust(type(self.backend), task_result=result)
-        close_old_connections()
+        self._close_old_connections()
         self.in_task = True
         raised: BaseException | None = None
         try:
@@ -475,7 +483,7 @@ class Worker:
             object.__setattr__(result, "_return_value", json.loads(encoded))
         finally:
             self.in_task = False
-            close_old_connections()
+            self._close_old_connections()
         retrying = outcome.status in (RETRY, RELEASE)
         object.__setattr__(
             result, "status", TaskResultStatus.READY if retrying else outcome.status

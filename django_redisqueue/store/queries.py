@@ -274,6 +274,19 @@ class Queries(Gateway):
             pipe.zcard(self.keys.delayed(queue))
         return sum(int(n or 0) for n in self._replies(pipe))
 
+    def delayed_due_by(
+        self, queues: Sequence[str], due_ms: int, limit: int
+    ) -> dict[str, list[str]]:
+        """Per queue, the ids of up to ``limit`` delayed jobs due at or before ``due_ms``
+        (Redis's clock), the soonest first."""
+        pipe = self._pipeline(transaction=False)
+        for queue in queues:
+            pipe.zrangebyscore(self.keys.delayed(queue), "-inf", due_ms, start=0, num=limit)
+        return {
+            queue: [text(member) or "" for member in ids or ()]
+            for queue, ids in zip(queues, self._replies(pipe), strict=True)
+        }
+
     def running(self) -> list[tuple[str, float]]:
         """The running jobs (ids and lease deadlines), up to RUNNING_READ_LIMIT: what the
         overview, the running page and the metrics count and show."""
