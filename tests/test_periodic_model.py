@@ -97,7 +97,7 @@ from django_redisqueue.periodic import (
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.wire import NewJob
 from tests import tasks
-from tests.model_harness import INJECTED, RUN, STATES, FaultyRedis, Ids, run_model
+from tests.model.harness import INJECTED, RUN, STATES, FaultyRedis, Ids, run_model
 from tests.test_protocol_model import snapshot
 
 TASK = "tests.tasks.noop_any"

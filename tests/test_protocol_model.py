@@ -118,7 +118,7 @@ from django_redisqueue.store.wire import (
     Received,
 )
 from tests import tasks
-from tests.model_harness import INJECTED, RUN, STATES, FaultyRedis, Ids, run_model
+from tests.model.harness import INJECTED, RUN, STATES, FaultyRedis, Ids, run_model
 from tests.protocol_model_limits import (
     DELAYED,
     DELETED,
