@@ -80,7 +80,6 @@ from unittest import mock
 import redis
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     rule,
@@ -97,8 +96,18 @@ from django_redisqueue.periodic import (
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.wire import NewJob
 from tests import tasks
-from tests.model.harness import INJECTED, RUN, STATES, FaultyRedis, Ids, run_model
-from tests.test_protocol_model import snapshot
+from tests.model.harness import (
+    FAR,
+    INJECTED,
+    RESULT_TTL,
+    RUN,
+    STATES,
+    FaultyRedis,
+    ModelMachine,
+    model_env,
+    run_model,
+    snapshot,
+)
 
 TASK = "tests.tasks.noop_any"
 # The settings a sync may declare: per name, its variants (None: not in settings).
@@ -156,7 +165,6 @@ OPTIONS = (
     '{"unique":"rebuild","unique_ms":3600000}',
 )
 SCHEDULERS = 3
-FAR = 3_600_000  # ms: an hour, longer than any run of this test
 # Values written by hand in ``last``, and what the script reads (lua's tonumber, then
 # common.lua's number(): a finite number or nothing; periodic.lua floors it).
 SPOILT_LAST: dict[str, float | None] = {
@@ -172,7 +180,6 @@ SPOILT_LAST: dict[str, float | None] = {
 }
 SPOILT_SKIPPED = ("abc", "1e400", "-3", "7")
 TAKEN_FIELDS = {"status": "SUCCESSFUL", "payload": "mine"}
-RESULT_TTL = 86400
 
 
 class ModelBroker(Broker):
@@ -267,23 +274,14 @@ def valid_name(name: str) -> bool:
     return name != INVALID
 
 
-class PeriodicMachine(RuleBasedStateMachine):
+class PeriodicMachine(ModelMachine):
     def __init__(self, env: dict) -> None:
-        super().__init__()
-        self.r: redis.Redis = env["r"]
-        self.backend = env["backend"]
-        self.client: FaultyRedis = env["client"]
-        self.broker: ModelBroker = env["broker"]
+        super().__init__(env)
+        self.broker: ModelBroker
         self.broker.model = self
-        self.payload: str = env["payload"]
-        self.keys = self.broker.keys
-        self.ids: Ids = env["ids"]
-        self.ids.n = 0
-        self.client.fault = self.client.lose_reply = None
         self.oom = False  # Redis is out of memory (maxmemory 1)
         self.failure: AssertionError | None = None  # a script call that went wrong
         self.rogue = False  # a caller sends occurrences that are not due
-        self.r.flushall()
         # The model of Redis.
         self.names: set[str] | None = set()  # None: the key is spoilt (a string)
         self.states: dict[str, dict[str, Any] | str] = {}  # a string: spoilt
@@ -313,13 +311,8 @@ class PeriodicMachine(RuleBasedStateMachine):
         self.ticks: list[int | None] = [None] * SCHEDULERS
         self.base: dict[str, int] = {}
         self.reset: set[str] = set()  # names whose base is their new last, once settled
-        RUN["examples"] += 1
 
     # Redis's clock.
-
-    def clock(self) -> int:
-        seconds, micros = self.r.time()
-        return int(seconds) * 1000 + int(micros) // 1000
 
     def tick(self, s: int, fresh: bool) -> int:
         """Scheduler ``s``'s now: Redis's clock, or the one of its previous tick."""
@@ -1219,22 +1212,19 @@ EXAMPLES = int(os.environ.get("REDISQUEUE_PERIODIC_EXAMPLES", "250"))
 
 
 def test_periodic_jobs_follow_their_model(r, redis_server, backend, report):
-    client = FaultyRedis.from_url(redis_server.url)
-    broker = ModelBroker(client, backend.keys, lease=60, result_ttl=RESULT_TTL)
-    ids = Ids()
-    env = {"r": r, "backend": backend, "client": client, "broker": broker, "ids": ids}
-    env["payload"] = backend.prepare(tasks.noop_any, (), {})._payload
+    def make_broker(client: FaultyRedis) -> ModelBroker:
+        return ModelBroker(client, backend.keys, lease=60, result_ttl=RESULT_TTL)
+
+    env = model_env(r, backend, redis_server.url, make_broker, tasks.noop_any)
     seconds = run_model(
-        lambda: PeriodicMachine(env),
+        PeriodicMachine,
+        env,
         examples=EXAMPLES,
         steps=40,
-        r=r,
-        client=client,
         patches=[
-            mock.patch("django_redisqueue.preparation.new_job_id", ids.new_job_id),
             mock.patch.object(periodic_module, "BATCH", BATCH),
             mock.patch.object(periodic_module, "MAX_BACKLOG", MAX_BACKLOG),
-            mock.patch.object(backend, "broker", broker),
+            mock.patch.object(backend, "broker", env["broker"]),
         ],
     )
     steps = RUN["checks"] - RUN["examples"]

@@ -96,7 +96,6 @@ import pytest
 import redis
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     rule,
@@ -118,7 +117,18 @@ from django_redisqueue.store.wire import (
     Received,
 )
 from tests import tasks
-from tests.model.harness import INJECTED, RUN, STATES, FaultyRedis, Ids, run_model
+from tests.model.harness import (
+    FAR,
+    INJECTED,
+    RESULT_TTL,
+    RUN,
+    STATES,
+    FaultyRedis,
+    ModelMachine,
+    model_env,
+    run_model,
+    snapshot,
+)
 from tests.protocol_model_limits import (
     DELAYED,
     DELETED,
@@ -145,12 +155,10 @@ ORDERS = (
 TICK_QUEUES = (QUEUES, ("low", "default", "high"), ("default",), ())
 WORKERS = ("w1", "w2", "w3")
 PRIORITIES = (-100, 0, 5, 100)
-FAR = 3_600_000  # ms: an hour, longer than any run of this test
 SOON = 20  # ms: a due time that real time reaches (between two steps)
 DELAYS = {"now": None, "past": -1000, "soon": SOON, "an hour": FAR}
 RETRY_IN = (0, SOON, FAR)
 LEASE = 3600.0  # s: leases pass only when a step says so
-RESULT_TTL = 24 * 3600  # the backend's (cancel goes through the backend)
 LOST_LIMIT = 2
 # Jobs per enqueue call (ENQUEUE_BATCH_JOBS, patched): a group of three members and a
 # callback takes two calls, the second sealing it.
@@ -304,31 +312,6 @@ class Message:
     ran: dict[str, tuple[str, int, int]] = field(default_factory=dict)
 
 
-def snapshot(r: redis.Redis, skip: tuple[str, ...] = ()) -> dict[str, object]:
-    """Every key's type, contents and whether it expires (in two round trips)."""
-    keys = sorted(key for key in r.keys("*") if not key.startswith(skip))
-    pipe = r.pipeline(transaction=False)
-    for key in keys:
-        pipe.type(key)
-    kinds = pipe.execute()
-    read = {
-        "string": pipe.get,
-        "hash": pipe.hgetall,
-        "list": lambda key: pipe.lrange(key, 0, -1),
-        "set": pipe.smembers,
-        "zset": lambda key: pipe.zrange(key, 0, -1, withscores=True),
-    }
-    for key, kind in zip(keys, kinds, strict=True):
-        read.get(kind, pipe.exists)(key)
-        pipe.ttl(key)
-    replies = pipe.execute()
-    state: dict[str, object] = {}
-    for i, (key, kind) in enumerate(zip(keys, kinds, strict=True)):
-        value, ttl = replies[2 * i : 2 * i + 2]
-        state[key] = (kind, sorted(value) if kind == "set" else value, ttl > 0)
-    return state
-
-
 def run_after(due_ms: int) -> tuple[datetime, int]:
     """A run_after for a due time, and the due time (ms) the backend derives from it."""
     when = datetime.fromtimestamp(due_ms / 1000, tz=UTC)
@@ -340,20 +323,11 @@ def in_window(value: str | float | None, window: tuple[int, int]) -> bool:
     return value is not None and window[0] <= int(float(value)) <= window[1]
 
 
-class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
+class ProtocolMachine(LimitsModel, ModelMachine):
     def __init__(self, env: dict) -> None:
-        super().__init__()
-        self.r: redis.Redis = env["r"]
-        self.backend = env["backend"]
-        self.client: FaultyRedis = env["client"]
-        self.broker: Broker = env["broker"]
+        super().__init__(env)
+        self.broker: Broker
         self.queries: Queries = env["queries"]
-        self.payload: str = env["payload"]  # tasks.noop()'s envelope, as every message's
-        self.keys = self.broker.keys
-        self.ids: Ids = env["ids"]
-        self.ids.n = 0
-        self.client.fault = self.client.lose_reply = None
-        self.r.flushall()
         self.jobs: dict[str, Job] = {}
         self.groups: dict[str, Group] = {}
         self.seq = 0
@@ -380,7 +354,6 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
         self.init_limits()
         assert self.backend.config.result_ttl == RESULT_TTL
         self.started = self.clock()
-        RUN["examples"] += 1
 
     def count(self, name: str) -> None:
         RUN[name] += 1
@@ -391,8 +364,7 @@ class ProtocolMachine(LimitsModel, RuleBasedStateMachine):
     # Redis's clock, read around each call: the window in which its script ran.
 
     def clock(self) -> int:
-        seconds, micros = self.r.time()
-        now = int(seconds) * 1000 + int(micros) // 1000
+        now = super().clock()
         self.last_clock = max(self.last_clock, now)
         return now
 
@@ -2186,26 +2158,21 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
     """``pipelined``: every script call goes the way REPLICA_ACKS sends it, in a
     pipeline (``Broker._run_many``: its own NOSCRIPT handling), without the WAIT, which
     tests/test_replication.py proves against a real replica."""
-    client = FaultyRedis.from_url(redis_server.url)
-    broker = Broker(client, backend.keys, lease=LEASE, result_ttl=RESULT_TTL)
-    if pipelined:
-        broker._run = lambda script, *args, acked=False: broker._run_many([(script, args)])[0]
-    ids = Ids()
-    payload = backend.prepare(tasks.noop, (), {})._payload
-    queries = Queries(client, backend.keys, result_ttl=RESULT_TTL)
-    env = {"r": r, "backend": backend, "client": client, "broker": broker, "ids": ids}
-    env["queries"] = queries
-    env["payload"] = payload
+
+    def make_broker(client: FaultyRedis) -> Broker:
+        broker = Broker(client, backend.keys, lease=LEASE, result_ttl=RESULT_TTL)
+        if pipelined:
+            broker._run = lambda script, *args, acked=False: broker._run_many([(script, args)])[0]
+        return broker
+
+    env = model_env(r, backend, redis_server.url, make_broker, tasks.noop)
+    env["queries"] = Queries(env["client"], backend.keys, result_ttl=RESULT_TTL)
     seconds = run_model(
-        lambda: ProtocolMachine(env),
+        ProtocolMachine,
+        env,
         examples=examples,
         steps=50,
-        r=r,
-        client=client,
-        patches=[
-            mock.patch("django_redisqueue.preparation.new_job_id", ids.new_job_id),
-            mock.patch("django_redisqueue.store.broker.ENQUEUE_BATCH_JOBS", BATCH),
-        ],
+        patches=[mock.patch("django_redisqueue.store.broker.ENQUEUE_BATCH_JOBS", BATCH)],
     )
     steps = RUN["checks"] - RUN["examples"]
     extra = ", ".join(
