@@ -101,8 +101,8 @@ from hypothesis.stateful import (
     rule,
 )
 
+from django_redisqueue import Job as WorkflowJob
 from django_redisqueue.compat import TaskResultDoesNotExist
-from django_redisqueue.core.fanout import Job as WorkflowJob
 from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
 from django_redisqueue.exceptions import NotCancellable
 from django_redisqueue.store.broker import Broker
