@@ -2,5 +2,8 @@
 tests/test_protocol_model.py and tests/test_periodic_model.py).
 
 - ``harness.py``: a client whose script calls fail on demand, the errors injected,
-  deterministic job ids, the counters a run reports, and the run itself.
+  deterministic job ids, a snapshot of Redis, what every machine starts from, the
+  counters a run reports, and the run itself.
+- ``protocol/``: the model of the delivery protocol (``ProtocolMachine``), a module
+  per area; its docstring says what it covers and where each part is.
 """
