@@ -1,6 +1,7 @@
 """What the model-based tests (tests/test_protocol_model.py, tests/test_periodic_model.py)
 share: a client whose next script call fails as Redis can make it fail, the errors
-injected, deterministic job ids, the counters each run reports, and the run itself."""
+injected, deterministic job ids, a snapshot of what Redis holds, the counters each run
+reports, what every machine starts from, and the run itself."""
 
 from __future__ import annotations
 
@@ -11,10 +12,16 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
+from unittest import mock
 
 import redis
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+
+from django_redisqueue.store.broker import Broker
+
+FAR = 3_600_000  # ms: an hour, longer than any run of a model
+RESULT_TTL = 24 * 3600  # s: the backend's (a cancel goes through the backend)
 
 # Errors Redis (or the way to it) raises; injected before a script runs.
 INJECTED = {
@@ -80,6 +87,31 @@ class FaultyPipeline(redis.client.Pipeline):
         return replies
 
 
+def snapshot(r: redis.Redis, skip: tuple[str, ...] = ()) -> dict[str, object]:
+    """Every key's type, contents and whether it expires (in two round trips)."""
+    keys = sorted(key for key in r.keys("*") if not key.startswith(skip))
+    pipe = r.pipeline(transaction=False)
+    for key in keys:
+        pipe.type(key)
+    kinds = pipe.execute()
+    read = {
+        "string": pipe.get,
+        "hash": pipe.hgetall,
+        "list": lambda key: pipe.lrange(key, 0, -1),
+        "set": pipe.smembers,
+        "zset": lambda key: pipe.zrange(key, 0, -1, withscores=True),
+    }
+    for key, kind in zip(keys, kinds, strict=True):
+        read.get(kind, pipe.exists)(key)
+        pipe.ttl(key)
+    replies = pipe.execute()
+    state: dict[str, object] = {}
+    for i, (key, kind) in enumerate(zip(keys, kinds, strict=True)):
+        value, ttl = replies[2 * i : 2 * i + 2]
+        state[key] = (kind, sorted(value) if kind == "set" else value, ttl > 0)
+    return state
+
+
 class Ids:
     """Deterministic job ids in a pseudo-random order (ties between equal scores are
     broken by id in Redis), so that a failing sequence replays with the same ids."""
@@ -92,27 +124,76 @@ class Ids:
         return hashlib.sha256(str(self.n).encode()).hexdigest()[:26]
 
 
+def model_env(
+    r: redis.Redis,
+    backend: Any,
+    url: str,
+    make_broker: Callable[[FaultyRedis], Broker],
+    task: Any,
+) -> dict[str, Any]:
+    """What a machine is made from: the suite's client ``r`` (the test's own reads and
+    writes), the backend, a FaultyRedis on ``url`` and the broker ``make_broker`` makes
+    on it (the calls under test), the ids jobs get, and ``task``'s envelope."""
+    client = FaultyRedis.from_url(url)
+    return {
+        "r": r,
+        "backend": backend,
+        "client": client,
+        "broker": make_broker(client),
+        "ids": Ids(),
+        "payload": backend.prepare(task, (), {})._payload,
+    }
+
+
+class ModelMachine(RuleBasedStateMachine):
+    """What each machine starts from: the objects of its ``env`` (``model_env``), an
+    empty Redis, ids counted from the first again, and no fault pending."""
+
+    def __init__(self, env: dict[str, Any]) -> None:
+        super().__init__()
+        self.r: redis.Redis = env["r"]
+        self.backend = env["backend"]
+        self.client: FaultyRedis = env["client"]
+        self.broker = env["broker"]
+        self.payload: str = env["payload"]  # the envelope of model_env's task
+        self.keys = self.broker.keys
+        self.ids: Ids = env["ids"]
+        self.ids.n = 0
+        self.client.fault = self.client.lose_reply = None
+        self.r.flushall()
+        RUN["examples"] += 1
+
+    def clock(self) -> int:
+        """Redis's clock (ms)."""
+        seconds, micros = self.r.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+
 def run_model(
-    machine: Callable[[], RuleBasedStateMachine],
+    machine: Callable[[dict[str, Any]], RuleBasedStateMachine],
+    env: dict[str, Any],
     *,
     examples: int,
     steps: int,
-    r: redis.Redis,
-    client: redis.Redis,
     patches: Sequence[AbstractContextManager[Any]] = (),
 ) -> float:
-    """Run ``machine`` for ``examples`` sequences of up to ``steps`` steps, with
-    ``patches`` applied; return the seconds it took. Whatever happens, Redis's memory
-    limit (an out-of-memory step sets one) is lifted and the client closed."""
+    """Run ``machine(env)`` for ``examples`` sequences of up to ``steps`` steps, with
+    jobs given env's ids and ``patches`` applied; return the seconds it took. Whatever
+    happens, Redis's memory limit (an out-of-memory step sets one) is lifted and the
+    client closed."""
     RUN.clear()
     STATES.clear()
+    r, client = env["r"], env["client"]
     started = time.monotonic()
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(
+                mock.patch("django_redisqueue.preparation.new_job_id", env["ids"].new_job_id)
+            )
             for patch in patches:
                 stack.enter_context(patch)
             run_state_machine_as_test(
-                machine,
+                lambda: machine(env),
                 settings=settings(
                     max_examples=examples,
                     stateful_step_count=steps,

@@ -1,5 +1,6 @@
-"""Unique jobs and limits in the protocol model (tests/test_protocol_model.py): the
-model's moves, steps and invariants for them, mixed into its state machine.
+"""Unique jobs and limits in the protocol model: the model's moves, operations and
+rules for them, mixed into ProtocolMachine (machine.py); what is checked of them after
+every step is in invariants.py, an enqueue whose reply is lost in trouble.py.
 
 Unique jobs: enqueues (``Broker.enqueue`` with options, one job or a batch, and the
 task API: ``using(unique_key=...)``, or ``unique_for``) of jobs under a few unique
@@ -31,110 +32,35 @@ lease ahead): ``rate_window_passes`` moves starts an hour and a half into the pa
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import NamedTuple
 
 import redis
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
-from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
-from django_redisqueue.store.wire import RELEASE, RETRY, NewJob
+from django_redisqueue.core.jobs import FAILED
+from django_redisqueue.store.wire import NewJob
 from tests import tasks
-
-# The places of a job in the model.
-QUEUED, DELAYED, RUNNING, FINISHED, DELETED = "queue", "delayed", "running", "finished", "deleted"
-WAITING = "waiting"  # READY, in no set: for the job it runs after, or its group
-PARKED = "parked"  # READY, over its limit: in its limit's parked set only
-
-HOUR = 3_600_000  # ms: a rate's period, a unique window; longer than any run
-
-
-class Limit(NamedTuple):
-    """A job's limits: its key, max_running, and a rate of starts per period."""
-
-    key: str
-    running: int | None
-    rate: int | None
-    per: int = HOUR
-
-
-# Jobs pick their limits by name. Key "a" mixes every kind and two periods; "b" is a
-# key of its own, so that keys are seen to limit each other not at all.
-LIMITS = {
-    "a-one": Limit("a", 1, None),
-    "a-two": Limit("a", 2, None),
-    "a-rate": Limit("a", None, 2),
-    "a-both": Limit("a", 2, 3),
-    "a-slow": Limit("a", None, 3, 2 * HOUR),
-    "b-one": Limit("b", 1, None),
-    "b-rate": Limit("b", None, 2),
-}
-LIMIT_KEYS = sorted({limit.key for limit in LIMITS.values()})
-# Most parked jobs a freed slot looks through (common.lua).
-FREED_LOOKS_AT = 20
-# How long a key remembers its rates past the longest period (common.lua, ms).
-RATE_MEMORY = 86_400_000
-# How far rate_window_passes moves starts into the past: out of an hour, or of two.
-AGES = {"past an hour": 3 * HOUR // 2, "past two hours": 3 * HOUR}
-UNIQUE_KEYS = ("u1", "u2")
-STATUSES = (SUCCESSFUL, FAILED, RETRY, RELEASE)
-
-
-# A job's ``unique_until`` once the step that ends windows moved it into the past.
-PASSED = (0, 0)
-
-
-@dataclass
-class Start:
-    """A start of a job of a key: the job, the window of its claim, its claim ms once
-    read back (``at``), and how far the step that ages starts moved it into the past."""
-
-    job_id: str
-    window: tuple[int, int]
-    seq: int  # its claim's order: each claim of a step has a ms of its own
-    at: int | None = None
-    age: int = 0
-
-    @property
-    def score(self) -> int:
-        assert self.at is not None
-        return self.at - self.age
-
-
-# Strategies. Jobs with options go mostly to one queue and priority, so that limited
-# jobs queue behind each other, and a parked job has jobs behind it to take.
-OPTION_QUEUE = st.sampled_from(["default", "default", "default", "high", "low"])
-OPTION_PRIORITY = st.sampled_from([0, 0, 0, 5, -100])
-# Not SOON: real time reaching a due time is covered by the plain enqueues.
-OPTION_DELAY = st.sampled_from(["now", "now", "now", "past", "an hour"])
-DELAY_MS = {"now": None, "past": -1000, "an hour": HOUR}
-UNIQUE = st.none() | st.tuples(st.sampled_from(UNIQUE_KEYS), st.booleans())
-LIMIT = st.none() | st.sampled_from(sorted(LIMITS))
-OPTIONED = st.tuples(OPTION_QUEUE, OPTION_PRIORITY, OPTION_DELAY, UNIQUE, LIMIT)
-LIMITED_STEP = st.tuples(
-    OPTION_QUEUE, OPTION_PRIORITY, st.sampled_from(["now", "now", "an hour"]), LIMIT
+from tests.model.protocol.records import (
+    AGES,
+    DELAY_MS,
+    DELETED,
+    FINISHED,
+    FREED_LOOKS_AT,
+    HOUR,
+    LIMIT_KEYS,
+    LIMITS,
+    PARKED,
+    PASSED,
+    QUEUED,
+    RUNNING,
+    STATUSES,
+    UNIQUE_KEYS,
+    Start,
+    options_json,
 )
-PICK = st.integers(0, 1 << 16)
-
-
-def options_json(unique: tuple[str, bool] | None, limit: str | None) -> str:
-    """A job's options as the enqueue sends them (RedisTask.job_options)."""
-    options: dict[str, object] = {}
-    if unique is not None:
-        options["unique"] = unique[0]
-        if unique[1]:
-            options["unique_ms"] = HOUR
-    if limit is not None:
-        settings = LIMITS[limit]
-        options["limit"] = settings.key
-        if settings.running:
-            options["max_running"] = settings.running
-        if settings.rate:
-            options["rate"], options["per"] = settings.rate, settings.per
-    return json.dumps(options) if options else ""
+from tests.model.protocol.strategies import LIMITED_STEP, OPTION_QUEUE, OPTIONED, PICK
 
 
 def task_with(unique: tuple[str, bool] | None, limit: str | None):
@@ -170,7 +96,7 @@ class LimitsModel:
         self.looks: dict[str, bool] = {}
         self.claims = 0  # claims so far: the order in which jobs started
 
-    # The model's moves, as common.lua makes them.
+    # The model's moves, as the shared Lua files (store/lua/lib/) make them.
 
     def running_under(self, key: str) -> list:
         """Its RUNNING jobs; not one leaving RUNNING (its owner gone) in this step."""
@@ -449,13 +375,6 @@ class LimitsModel:
         linked = [(q, p, d, link, pick) for (q, p, d, _), link in zip(steps, links, strict=True)]
         self.op_linked(linked, limits=[limit or "" for *_, limit in steps])
 
-    @rule(spec=OPTIONED)
-    def enqueue_with_options_reply_lost(self, spec):
-        """The enqueue runs, its reply is lost: what it did stands."""
-        self.client.lose_reply = redis.exceptions.ConnectionError("Connection reset by peer")
-        self.op_enqueue_options([spec], via_api=False, lost=True)
-        assert self.client.lose_reply is None, "no reply was lost"
-
     @rule(pick=PICK)
     def unique_window_passes(self, pick):
         """Time passes for a unique key held with a window: the key's TTL runs out,
@@ -555,6 +474,8 @@ class LimitsModel:
             self.op_cancel(job, via_api)
             self.count("parked jobs cancelled")
 
+    # Reading back what a script decided with its own clock.
+
     def settle_starts(self) -> None:
         """Learn the claim ms of each new start from the key's starts in Redis (within
         the window of its claim)."""
@@ -575,133 +496,3 @@ class LimitsModel:
                 assert lo <= found[0] <= hi, f"{key}: start {found[0]} not in {start.window}"
                 start.at = found[0]
                 taken.add((start.job_id, start.at))
-
-    # The invariants, read from Redis.
-
-    def check_job_options(self, name: str, job, fields: dict[str, str]) -> None:
-        limit = LIMITS.get(job.limit or "")
-        assert fields.get("limit") == (limit and limit.key), f"{name}: limit {fields}"
-        running = limit and limit.running and str(limit.running)
-        assert fields.get("max_running") == (running or None), f"{name}: max_running"
-        rate = limit and limit.rate and f"{limit.rate}/{limit.per}"
-        assert fields.get("rate") == (rate or None), f"{name}: rate {fields.get('rate')}"
-        parked = limit.key if limit and job.place == PARKED else None
-        assert fields.get("parked") == parked, f"{name}: parked {fields.get('parked')}, {job}"
-        assert fields.get("unique") == job.unique, f"{name}: unique {fields.get('unique')}"
-        until = fields.get("unique_until")
-        if job.unique_until is None:
-            assert until is None, f"{name}: unique_until {until}"
-        else:
-            lo, hi = job.unique_until
-            assert until is not None and lo <= int(until) <= hi, f"{name}: until {until}"
-
-    def check_limits(self) -> None:
-        """Unique keys hold what the model says; per limit key: the slots are its
-        RUNNING jobs, whatever their limits; no RUNNING job started beside more jobs
-        of its key than its max_running allows; the starts kept are the newest the
-        key's window keeps, and the window is the model's; the parked set holds its
-        parked jobs in queue order at their queue scores; a key with parked jobs has a
-        look or a slot holder to unpark them."""
-        k, pipe = self.keys, self.r.pipeline(transaction=False)
-        for key in UNIQUE_KEYS:
-            pipe.get(k.unique(key))
-            pipe.pttl(k.unique(key))
-        for key in LIMIT_KEYS:
-            pipe.smembers(k.limit(key, "running"))
-            pipe.zrange(k.limit(key, "starts"), 0, -1, withscores=True)
-            pipe.pttl(k.limit(key, "starts"))
-            pipe.hgetall(k.limit(key, "window"))
-            pipe.pttl(k.limit(key, "window"))
-            pipe.zrange(k.limit(key, "parked"), 0, -1, withscores=True)
-        pipe.zrange(k.limits, 0, -1, withscores=True)
-        parked_jobs = self.job_list(PARKED)
-        for job in parked_jobs:
-            pipe.hget(k.job(job.id), "score")
-        replies = iter(pipe.execute())
-        for key in UNIQUE_KEYS:
-            holder, ttl = next(replies), next(replies)
-            entry = self.unique_keys.get(key)
-            assert holder == (entry and entry[0]), f"unique:{key} holds {holder}, model {entry}"
-            if entry is not None:
-                assert (ttl > 0) == entry[1], f"unique:{key}: TTL {ttl} ms, model {entry}"
-                assert ttl <= HOUR, f"unique:{key}: TTL {ttl} ms, past its window"
-        per_key = {key: [next(replies) for _ in range(6)] for key in LIMIT_KEYS}
-        looks = next(replies)
-        looked = {key for key, _ in looks}
-        scores: dict[str, float] = {}
-        for key in LIMIT_KEYS:
-            slots, starts, starts_ttl, window, window_ttl, parked = per_key[key]
-            running = self.running_under(key)
-            assert slots == {j.id for j in running}, f"{key}: slots {slots}, running {running}"
-            for job in running:
-                limit = LIMITS[job.limit].running
-                before = [j for j in running if j.claim_order < job.claim_order]
-                assert not limit or len(before) < limit, f"{key}: {job} started beside {before}"
-            self.check_window(key, window, window_ttl)
-            self.check_starts(key, starts, starts_ttl)
-            want = [j.id for j in self.parked_under(key)]
-            got = [member for member, _ in parked]
-            assert got == want, f"{key}: parked {self.names(got)}, model {self.names(want)}"
-            scores |= dict(parked)
-            assert not got or key in looked or slots, f"{key}: parked jobs stranded"
-        assert looked == set(self.looks), f"looks {looks}, model {self.looks}"
-        for key, score in looks:
-            due = score <= self.last_clock  # moved to 0, or asked for at once
-            assert due == self.looks[key], f"look of {key} at {score}, model {self.looks}"
-            assert due or score > self.last_clock, f"look of {key} at {score}: in the past"
-        for job in parked_jobs:
-            assert float(next(replies)) == scores[job.id], f"job {job.n}: parked score"
-
-    def check_window(self, key: str, window: dict[str, str], ttl: int) -> None:
-        if key not in self.windows:
-            assert not window, f"{key}: window {window}, model none"
-            return
-        starts, ms = self.windows[key]
-        assert window == {"starts": str(starts), "ms": str(ms)}, f"{key}: window {window}"
-        assert 0 < ttl <= ms + RATE_MEMORY, f"{key}: window TTL {ttl} ms"
-
-    def check_starts(self, key: str, starts: list, ttl: int) -> None:
-        """Redis keeps the newest of the key's starts, as many as its window says (the
-        model keeps them all): those counted in any period of its jobs' rates."""
-        model = sorted(self.starts[key], key=lambda s: (s.score, s.job_id))
-        if not model:
-            assert not starts, f"{key}: starts {starts}, model none"
-            return
-        keep, ms = self.windows[key]
-        assert 0 < ttl <= ms, f"{key}: starts with TTL {ttl} ms"
-        kept = [(f"{s.job_id}@{s.at}", float(s.score)) for s in model[-keep:]]
-        assert starts == kept, f"{key}: starts {starts}, model {kept}"
-
-    def expected_limit_keys(self, expires: dict[str, bool], required: set[str]) -> None:
-        """The keys of unique jobs and limits, and whether they expire: a unique key
-        held for a window, a key's starts (its longest period) and its window record
-        do."""
-        k = self.keys
-        for key, (_, timed) in self.unique_keys.items():
-            expires[k.unique(key)] = timed
-            required.add(k.unique(key))
-        for key in LIMIT_KEYS:
-            if self.running_under(key):
-                expires[k.limit(key, "running")] = False
-            if self.starts[key]:
-                expires[k.limit(key, "starts")] = True
-            if key in self.windows:
-                expires[k.limit(key, "window")] = True
-            if self.parked_under(key):
-                expires[k.limit(key, "parked")] = False
-        if self.looks:
-            expires[k.limits] = False
-        required |= {key for key in expires if key.startswith(k.limit_prefix)}
-        required |= {k.limits} if self.looks else set()
-
-    def limits_state(self) -> tuple:
-        return (
-            tuple(j.limit for j in self.jobs.values()),
-            tuple(
-                (key, self.jobs[holder].n, timed)
-                for key, (holder, timed) in sorted(self.unique_keys.items())
-            ),
-            tuple(tuple(sorted(s.age for s in starts)) for starts in self.starts.values()),
-            tuple(sorted(self.windows.items())),
-            tuple(sorted(self.looks.items())),
-        )

@@ -1,0 +1,95 @@
+"""A model-based test of the delivery protocol: the Lua scripts, driven through
+``Broker`` against the suite's real redis-server, step by step, while a Python model
+says where every job must be.
+
+Hypothesis' stateful testing chooses the steps: enqueues (now, in the past, a few ms
+ahead, an hour ahead; through the task API or ``Broker.enqueue``), claims by three
+fake workers over the queues in various orders (alone or finishing the worker's
+previous job in the same call), every outcome (SUCCESSFUL, FAILED, RETRY with a
+delay, RELEASE), finishes by a wrong owner, heartbeats, scheduler ticks (with and
+without recovery, small and large batches), cancels, every dashboard action,
+abandon, workers that vanish, claims whose reply is lost, SCRIPT FLUSH, Redis errors
+injected before a script, and a real out-of-memory Redis. After every step the
+invariants read Redis directly and compare it with the model: each job in exactly one
+place with the status, owner, counters, errors, TTL and FIFO place the model says;
+the per-queue counts, the failed index, the stats and the wake-up lists agree; no
+stray key, and no key left without a TTL but the few the schema keeps for good.
+
+The fan-out is modelled too. Chains and ``depends_on`` (through the task API and
+``Broker.enqueue_linked``, on a job in any state, or on one that does not exist) make
+waiting jobs: READY, in no queue and no delayed set, until the job they wait for ends
+(released at the back of their queue, or into their delayed set, when it succeeded;
+FAILED with one ``DependencyFailed`` naming it when it did not, down the chain).
+Groups of 0 to 5 members (some waiting for other jobs), with or without a callback,
+go in batches of two jobs per call (``ENQUEUE_BATCH_JOBS`` is patched), so that
+sealing happens in a later call than the first members; the model counts each
+member's end once (an operator's retry does not count again), completes the group
+when the last sealed member ends, and releases its callback then (or cancels it, for
+a cancelled group); cancel_group runs in slices. Broadcasts go to the workers whose
+cursor exists (heartbeats register it, receive moves it, unregister drops it, and a
+tick, a broadcast or a receive drops the cursors of workers silent for a lease):
+each worker receives each message at most once, exactly those sent after it
+registered for the queues it serves, and the unread set keeps every message a live
+cursor has not passed. A worker's receive loop reads on while a reply says unread
+messages remain, also when the messages read were all for other queues (a read of 1
+or 2 behind several messages for another queue): once it ends, nothing for its queues
+is left unread.
+
+Unique jobs and limits are modelled in limits.py (its docstring says how): enqueues
+under unique keys, held until the end or for a window, answered with the holder's id,
+and taken again by an operator's retry (also within the window of the job's own earlier
+end); jobs of two limit keys whose jobs carry limits of every kind and two periods
+(concurrency only, rate only, both; an hour and two hours), so that a key's jobs differ
+as after a deploy, whatever state the others are in (running, parked, recovered, given
+back); parked by the claims over their own limits counted against every job of the key
+(a place of their own) and unparked by a freed slot or the tick's look. After every step
+the unique keys, the slots (every RUNNING job of the key), the starts the key keeps and
+its window of rates, the parked sets and the looks agree with the model, no job started
+beside more jobs of its key than its max_running, and no parked job is left without a
+look or a slot holder to bring it back.
+
+How the test controls time
+--------------------------
+The scripts read Redis's clock (TIME), which a test cannot move. So:
+
+- Leases never run out by themselves: the broker under test has a one-hour lease.
+  A lease runs out only when the ``lease_runs_out`` step moves that job's deadline
+  into the past in the running zset (ZADD score 0), which simulates time passing for
+  that job alone. The model knows per job whether its lease has passed. A worker
+  falls silent for a lease the same way: ``worker_goes_away`` moves its last
+  heartbeat in ``{P}:workers`` to 0.
+- Due times: a job due an hour ahead is due only when the ``becomes_due`` step moves
+  its score in ``{P}:delayed:<queue>`` to 0 (same trick). Jobs due in the past, now
+  (RETRY in 0 ms) or SOON (20 ms) ahead are left to real time: the model learns each
+  due time from the delayed zset (checking it lies in the window of Redis clock
+  readings around the call that set it), and between two steps the test sleeps until
+  Redis's clock has passed every SOON due time, of delayed and of waiting jobs
+  (``let_time_pass``; the only real sleep, 20 ms at most, in the few steps that set
+  such a due time). It also waits for the clock to reach the next ms, so no two steps
+  share one.
+- So no step depends on how fast the previous ones ran: a job SOON due is due from
+  the next step on; finish times and lease deadlines of different steps differ. Where
+  a script's own clock reading still decides (a due time falling between the Redis
+  clock readings taken just before and just after an enqueue, a tick or a release:
+  an enqueue slower than 20 ms), the model accepts exactly the outcomes some instant
+  of that window would give, and follows the one Redis took.
+
+Job ids are made deterministic (``preparation.new_job_id`` is replaced during the test by
+a counter hashed into an id), so that a failing sequence replays with the same ids,
+and so the same ties between equal scores.
+
+Where each part is
+------------------
+- ``machine.py``: ``ProtocolMachine``, the model's state, with the areas below mixed
+  in (tests/test_protocol_model.py runs it).
+- ``records.py``: the queues, workers, times, errors, places and limits; the records
+  of a job, a group, a message, a start. ``strategies.py``: what the rules draw from.
+- ``core_model.py``, ``core_operations.py``, ``core_rules.py``: the core moves
+  (enqueue, claim, finish, heartbeat, tick, cancel, operate, abandon, watch): the
+  model's moves as the shared Lua files make them, the broker calls checked against them, and
+  the rules that make those calls.
+- ``fanout.py``: chains, ``depends_on`` and groups; ``broadcasts.py``: broadcasts and
+  receive; ``limits.py``: unique jobs and limits (each: moves, operations, rules).
+- ``trouble.py``: SCRIPT FLUSH, errors before a script, a real OOM, lost replies.
+- ``invariants.py``: what is read from Redis and compared after every step.
+"""

@@ -1,0 +1,246 @@
+"""The core of the protocol model: the moves the shared Lua files make to a job (queued or
+delayed, claimed, finished, retried, given back, cancelled, ended), Redis's clock read
+around each call, real time let pass between steps, and what a script decided with its
+own clock read back."""
+
+from __future__ import annotations
+
+import time
+
+from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
+from django_redisqueue.store.wire import RELEASE, RETRY, Outcome
+from tests.model.harness import FAR, RUN, snapshot
+from tests.model.protocol.records import (
+    DELAYED,
+    DEPENDENCY,
+    FINISHED,
+    PARKED,
+    QUEUED,
+    RUNNING,
+    SOON,
+    VALUE_ERROR,
+    WAITING,
+    Err,
+    Job,
+    Pending,
+)
+
+
+class CoreModel:
+    """The moves of the jobs ProtocolMachine (machine.py) keeps, as the scripts make
+    them."""
+
+    def count(self, name: str) -> None:
+        RUN[name] += 1
+
+    def take_snapshot(self) -> dict[str, object]:
+        return snapshot(self.r)
+
+    # Redis's clock, read around each call: the window in which its script ran.
+
+    def clock(self) -> int:
+        now = super().clock()
+        self.last_clock = max(self.last_clock, now)
+        return now
+
+    def let_time_pass(self) -> None:
+        """Between two steps, Redis's clock moves past every due time set SOON ahead
+        (of a delayed job, or of a waiting one, to be released later), and past the
+        last ms a step has seen, so that no two steps share a ms: then no step's result
+        depends on how fast the previous ones ran (due or not yet, ties between finish
+        times or lease deadlines), and a failing sequence replays."""
+        near = self.started + FAR // 2
+        dues = [j.due for j in self.job_list(DELAYED)]
+        dues += [j.run_after for j in self.job_list(WAITING)]
+        target = max([self.last_clock, *(due for due in dues if due and due < near)])
+        ahead = target - self.clock()
+        if ahead > 1:
+            time.sleep(min(ahead, 2 * SOON) / 1000)
+            RUN["sleeps"] += 1
+        while self.clock() <= target:
+            time.sleep(0.0002)
+
+    # The model's moves, as the shared Lua files (store/lua/lib/) make them.
+
+    def job_list(self, *places: str) -> list[Job]:
+        return [j for j in self.jobs.values() if not places or j.place in places]
+
+    def queue_order(self, queue: str) -> list[Job]:
+        ready = [j for j in self.jobs.values() if j.place == QUEUED and j.queue == queue]
+        return sorted(ready, key=lambda j: (-j.priority, j.seq))
+
+    def failed_order(self, queue: str) -> list[Job]:
+        failed = [j for j in self.jobs.values() if j.indexed and j.queue == queue]
+        return sorted(failed, key=lambda j: (j.finished_at, j.id))
+
+    def push_ready(self, job: Job) -> None:
+        """To the back of its priority in its queue."""
+        self.seq += 1
+        job.seq, job.place, job.due = self.seq, QUEUED, None
+
+    def requeue(self, job: Job) -> None:
+        """Back to the place it had in its queue."""
+        job.place = QUEUED
+
+    def push_delayed(self, job: Job, due: int | None, window: tuple[int, int]) -> None:
+        job.place, job.due, job.due_window = DELAYED, due, window
+
+    def place(self, job: Job, due: int, window: tuple[int, int]) -> None:
+        """Queue a job due at ``due`` (0: now), or delay it, as a script whose clock
+        read some instant of ``window`` did: inside the window, as Redis did."""
+        t0, t1 = window
+        delayed = due > t1
+        if t0 < due <= t1:
+            delayed = self.r.zscore(self.keys.delayed(job.queue), job.id) is not None
+        if delayed:
+            self.push_delayed(job, due, (due, due))
+        else:
+            self.push_ready(job)
+
+    def leave_running(self, job: Job) -> None:
+        job.owner, job.deadline = None, None
+
+    def forget_attempt(self, job: Job) -> None:
+        job.attempts = max(job.attempts - 1, 0)
+        if job.workers:
+            job.workers.pop()
+
+    def end(
+        self,
+        job: Job,
+        status: str,
+        window: tuple[int, int],
+        error: Err | None,
+        result: str = "",
+    ) -> None:
+        """record_outcome: the job's end, then every waiting job it fails in turn."""
+        pending: list[Pending] = []
+        self.store_outcome(job, status, window, error, pending, result)
+        self.fail_pending(pending, window)
+
+    def store_outcome(
+        self,
+        job: Job,
+        status: str,
+        window: tuple[int, int],
+        error: Err | None,
+        pending: list[Pending],
+        result: str = "",
+        root: str | None = None,
+    ) -> None:
+        never_ran = job.place == WAITING
+        job.place, job.final = FINISHED, status
+        self.m_release_unique(job)
+        job.finished_at, job.finish_window = None, window
+        if status == FAILED and not job.cancelled and not never_ran:
+            job.indexed = True
+        if error is not None:
+            job.errors.append(error)
+        if result:
+            job.result = result
+        self.stats[("failed:" if status == FAILED else "ok:") + job.queue] += 1
+        if job.waiters:
+            job.done.append(status)
+        if job.group is not None:
+            self.count_in_group(job, status, window, pending)
+        then, job.then = job.then, []  # the list and the field go
+        for next_id in then:
+            if status == SUCCESSFUL:
+                self.release(self.jobs[next_id], window)
+            else:
+                origin = root or job.id
+                pending.append(Pending(next_id, Err(DEPENDENCY, job.id, origin), root=origin))
+
+    def m_cancel(self, job: Job | None, error: Err, window: tuple[int, int]) -> bool:
+        """cancel_job: a READY job (queued, delayed, waiting or parked) ends FAILED,
+        cancelled."""
+        if job is None or job.place not in (QUEUED, DELAYED, WAITING, PARKED):
+            return False
+        job.cancelled = True
+        self.end(job, FAILED, window, error)
+        return True
+
+    def m_finish(self, outcome: Outcome | None, window: tuple[int, int]) -> bool | None:
+        if outcome is None:
+            return None
+        job = self.jobs.get(outcome.job_id)
+        if job is None or job.place != RUNNING or job.owner != outcome.owner:
+            return False
+        self.leave_running(job)
+        self.m_free_slot(job)
+        t0, t1 = window
+        if outcome.status == RETRY:
+            job.errors.append(Err(VALUE_ERROR))
+            self.push_delayed(job, None, (t0 + outcome.retry_in_ms, t1 + outcome.retry_in_ms))
+        elif outcome.status == RELEASE:
+            self.forget_attempt(job)
+            self.requeue(job)
+        else:
+            error = Err(VALUE_ERROR) if outcome.error else None
+            self.end(job, outcome.status, window, error, outcome.result)
+        return True
+
+    def m_claim(self, queues, worker: str, window: tuple[int, int]) -> Job | None:
+        """The first job of the first unpaused queue; one over its limit is parked, and
+        the next one is taken."""
+        for queue in queues:
+            while queue not in self.paused:
+                ready = self.queue_order(queue)
+                if not ready:
+                    break
+                job = ready[0]
+                if job.limit and not self.m_limit_room(job.limit):
+                    self.m_park(job)
+                    continue
+                self.claims += 1
+                job.claim_order = self.claims
+                if job.limit:
+                    self.m_take_limit(job, window)
+                job.attempts += 1
+                job.owner = f"{worker}/{job.attempts}"
+                job.workers.append(worker)
+                job.place, job.deadline = RUNNING, None
+                job.deadline_window = (window[0] + self.lease_ms, window[1] + self.lease_ms)
+                self.issued.append((job.id, job.owner))
+                return job
+        return None
+
+    def m_abandon(self, worker: str) -> list[Job]:
+        mine = [
+            j
+            for j in self.job_list(RUNNING)
+            if j.owner is not None and j.owner.startswith(worker + "/")
+        ]
+        mine.sort(key=lambda j: (j.deadline if j.deadline is not None else FAR * 1000, j.id))
+        for job in mine:
+            self.leave_running(job)
+            self.m_free_slot(job)
+            self.forget_attempt(job)
+            self.requeue(job)
+        return mine
+
+    # Reading back what a script decided with its own clock.
+
+    def settle(self) -> None:
+        """Learn the exact due times, lease deadlines and finish times the last step set,
+        checking each lies in the window of the call that set it."""
+        for job in self.jobs.values():
+            if job.place == DELAYED and job.due is None:
+                score = self.r.zscore(self.keys.delayed(job.queue), job.id)
+                if score is not None:
+                    lo, hi = job.due_window
+                    assert lo <= score <= hi, f"job {job.n}: due {score} not in {job.due_window}"
+                    job.due = int(score)
+            elif job.place == RUNNING and job.deadline is None:
+                score = self.r.zscore(self.keys.running, job.id)
+                if score is not None:
+                    lo, hi = job.deadline_window
+                    assert lo <= score <= hi, f"job {job.n}: lease {score} not in {lo}..{hi}"
+                    job.deadline = int(score)
+            elif job.place == FINISHED and job.finished_at is None:
+                stored = self.r.hget(self.keys.job(job.id), "finished_at")
+                if stored is not None:
+                    lo, hi = job.finish_window
+                    assert lo <= int(stored) <= hi, f"job {job.n}: finished_at {stored}"
+                    job.finished_at = int(stored)
+        self.settle_starts()

@@ -1,0 +1,321 @@
+"""The core protocol's operations: each calls the broker (enqueue, claim, finish,
+heartbeat, tick, cancel, a dashboard action, abandon, watch), moves the model
+(core_model.py) as the script does, and compares the reply."""
+
+from __future__ import annotations
+
+import time
+
+from django_redisqueue.compat import TaskResultDoesNotExist
+from django_redisqueue.core.jobs import FAILED
+from django_redisqueue.exceptions import NotCancellable
+from django_redisqueue.store.wire import NewJob, Outcome
+from tests import tasks
+from tests.model.harness import RUN
+from tests.model.protocol.records import (
+    CANCEL_ERROR,
+    CANCELLED,
+    DELAYED,
+    DELETED,
+    FINISHED,
+    LEASE_LOST,
+    LOST_ERROR,
+    LOST_LIMIT,
+    QUEUED,
+    QUEUES,
+    RUNNING,
+    Err,
+    Job,
+    run_after,
+)
+
+
+class CoreOperations:
+    """The broker calls of the core protocol, each checked against the model."""
+
+    # Operations: each calls the broker, then moves the model and compares the reply.
+    # If the call raises, the model is left as it was. ``lost``: the call runs but its
+    # reply is lost (the model moves, the reply is not compared).
+
+    def op_enqueue(self, queue: str, priority: int, delay: int | None, via_api: bool) -> None:
+        if not via_api:
+            self.op_enqueue_batch([(queue, priority, delay)])
+            return
+        t0 = self.clock()
+        when, due = (None, 0) if delay is None else run_after(t0 + delay)
+        task = tasks.noop.using(queue_name=queue, priority=priority, run_after=when)
+        job_id = task.enqueue().id
+        self.place_new(job_id, queue, priority, due, t0, self.clock())
+
+    def op_enqueue_batch(self, specs: list[tuple[str, int, int | None]]) -> None:
+        """Jobs (queue, priority, delay) stored by one enqueue call, in that order."""
+        prepared = [self.backend.prepare(tasks.noop, (), {}) for _ in specs]
+        t0 = self.clock()
+        jobs = [
+            NewJob(result.id, queue, priority, result._payload, 0 if delay is None else t0 + delay)
+            for result, (queue, priority, delay) in zip(prepared, specs, strict=True)
+        ]
+        enqueued = self.broker.enqueue(jobs)
+        t1 = self.clock()
+        assert len(enqueued) == len(jobs)
+        for job, enqueued_at in zip(jobs, enqueued, strict=True):
+            assert enqueued_at is not None and t0 <= enqueued_at <= t1
+            self.place_new(job.job_id, job.queue, job.priority, job.due_ms, t0, t1)
+
+    def place_new(self, job_id: str, queue: str, priority: int, due: int, t0: int, t1: int):
+        """Model a job just stored, due at ``due`` (0: now), between t0 and t1."""
+        job = Job(job_id, len(self.jobs), queue, priority)
+        self.jobs[job_id] = job
+        self.place(job, due, (t0, t1))
+
+    def op_claim(self, worker: str, order, outcome: Outcome | None, woken_by: str = "") -> None:
+        """``woken_by``: the worker took that queue's wake-up token (BLPOP) first."""
+        if woken_by:
+            self.r.lpop(self.keys.wake(woken_by))
+        # A ms of its own: starts of one key are then ordered as they were claimed.
+        while self.clock() <= self.last_claim:
+            time.sleep(0.0002)
+        t0 = self.clock()
+        stored, claimed = self.broker.claim(order, worker, outcome, woken_by=woken_by)
+        t1 = self.last_claim = self.clock()
+        expected_stored = self.m_finish(outcome, (t0, t1))
+        job = self.m_claim(order, worker, (t0, t1))
+        if woken_by in QUEUES and woken_by not in self.paused:
+            waiting = any(j.queue == woken_by for j in self.job_list(QUEUED))
+            tokens = self.r.llen(self.keys.wake(woken_by))
+            assert tokens == int(waiting), f"wake:{woken_by}: {tokens} token(s) after a pass-on"
+        if outcome is not None:
+            self.drop_held(worker, outcome)
+        assert stored is expected_stored, f"stored {stored}, model {expected_stored}"
+        assert self.broker.last_broadcast == self.last_message, "the claim's broadcast number"
+        if job is None:
+            assert claimed is None, f"claimed {claimed} from {order}; model: nothing"
+            return
+        assert claimed is not None, f"model: job {job.n} claimed from {order}"
+        assert claimed.job_id == job.id, (
+            f"claimed {claimed.job_id}, model: job {job.n} ({job.id}) first in {job.queue}"
+        )
+        assert claimed.owner == job.owner
+        fields = claimed.fields
+        assert fields["status"] == "RUNNING"
+        assert int(fields["attempts"]) == job.attempts
+        assert fields["workers"] == ",".join(job.workers)
+        assert fields["queue"] == job.queue and int(fields["priority"]) == job.priority
+        assert int(fields.get("lost", 0)) == job.lost
+        assert fields.get("after") == job.after
+        assert fields["payload"]
+        assert t0 <= int(fields["last_attempted_at"]) <= t1
+        self.held[worker][job.id] = job.owner
+        RUN["claims"] += 1
+
+    def op_finish(self, worker: str, outcome: Outcome) -> None:
+        t0 = self.clock()
+        stored = self.broker.finish(outcome)
+        t1 = self.clock()
+        expected = self.m_finish(outcome, (t0, t1))
+        self.drop_held(worker, outcome)
+        assert stored is expected, f"finish stored {stored}, model {expected}"
+
+    def op_heartbeat(self, worker: str, extra: dict[str, str]) -> None:
+        owned = {**self.held[worker], **extra}
+        t0 = self.clock()
+        lost = self.broker.heartbeat(worker, {}, owned)
+        t1 = self.clock()
+        expected = []
+        for job_id, token in owned.items():
+            job = self.jobs.get(job_id)
+            if job is not None and job.place == RUNNING and job.owner == token:
+                job.deadline = None
+                job.deadline_window = (t0 + self.lease_ms, t1 + self.lease_ms)
+            else:
+                expected.append(job_id)
+        assert lost == expected, f"heartbeat lost {lost}, model {expected}"
+        for job_id in lost:
+            self.held[worker].pop(job_id, None)
+        # Seen now; the workers last seen an hour (a lease) ago leave {P}:workers.
+        self.heartbeats = (self.heartbeats - self.silent) | {worker}
+        self.silent.clear()
+        self.records.add(worker)
+        self.cursors.setdefault(worker, self.last_message)
+
+    def op_tick(
+        self, scheduler: str, queues, batch: int, recover: bool, held: bool = False
+    ) -> None:
+        """``held``: the step reaches Redis after the time it may recover leases by."""
+        before_delayed = [j for j in self.job_list(DELAYED) if j.queue in queues]
+        t0 = self.clock()
+        tick = self.broker.tick(
+            scheduler,
+            queues,
+            batch=batch,
+            lost_limit=LOST_LIMIT,
+            lost_error=LOST_ERROR,
+            recover=recover,
+            recover_until_ms=t0 - 1 if held else t0 + 60_000,
+        )
+        t1 = self.clock()
+        assert tick.held == held, tick
+        recover = recover and not held
+        before_running = self.job_list(RUNNING) if recover else []
+        pipe = self.r.pipeline(transaction=False)
+        for job in before_delayed:
+            pipe.zscore(self.keys.delayed(job.queue), job.id)
+        for job in before_running:
+            pipe.zscore(self.keys.running, job.id)
+        scores = pipe.execute()
+        moved = {
+            j.id for j, s in zip(before_delayed + before_running, scores, strict=True) if s is None
+        }
+
+        def predict(now: int):
+            promoted, full = [], False
+            for queue in queues:
+                due = [j for j in before_delayed if j.queue == queue and j.due <= now]
+                due = sorted(due, key=lambda j: (j.due, j.id))[:batch]
+                promoted += due
+                full = full or len(due) == batch
+            expired = sorted(
+                (j for j in before_running if j.deadline <= now), key=lambda j: (j.deadline, j.id)
+            )[:batch]
+            full = full or (recover and len(expired) == batch)
+            return promoted, expired, full
+
+        # The tick's clock reading lies in [t0, t1]; only a due time or deadline inside
+        # that window can make a difference between the instants.
+        inside = {j.due for j in before_delayed if t0 < j.due <= t1}
+        inside |= {j.deadline for j in before_running if t0 < j.deadline <= t1}
+        instants = [t0, *sorted(inside)]
+        for now in instants:
+            promoted, expired, full = predict(now)
+            if {j.id for j in promoted + expired} == moved:
+                break
+        else:
+            raise AssertionError(
+                f"tick moved {sorted(self.jobs[i].n for i in moved)}; no instant in "
+                f"[{t0}, {t1}] explains it (model at {t0}: "
+                f"{[j.n for j in predict(t0)[0] + predict(t0)[1]]})"
+            )
+        for job in promoted:
+            self.push_ready(job)
+        # The next due time is read before the recovery, whose failures may release
+        # jobs into a delayed set (each wakes the scheduler if it is the first due).
+        later = [j.due for j in self.job_list(DELAYED) if j.queue in queues]
+        recovered = failed = 0
+        for job in expired:
+            self.leave_running(job)
+            self.m_free_slot(job)
+            job.lost += 1
+            if job.lost > LOST_LIMIT:
+                self.end(job, FAILED, (t0, t1), Err(LEASE_LOST))
+                failed += 1
+            else:
+                self.requeue(job)
+                recovered += 1
+        # Then the limits whose look is due; the next look counts for the next step.
+        full = self.m_tick_looks(batch) or full
+        later += [score for _, score in self.r.zrange(self.keys.limits, 0, 0, withscores=True)]
+        self.m_trim_groups()
+        # More cursors than live workers: a dead worker's cursor to drop.
+        if recover and len(self.cursors) > len(self.heartbeats - self.silent):
+            self.m_trim_broadcasts()
+        model = (len(promoted), recovered, failed)
+        assert (tick.promoted, tick.recovered, tick.failed) == model, f"{tick}, model {model}"
+        if recover:
+            later += [j.deadline for j in self.job_list(RUNNING)]
+        if full:
+            assert tick.next_in == 0, f"a full batch: next_in {tick.next_in}"
+        elif not later:
+            assert tick.next_in is None, f"nothing left: next_in {tick.next_in}"
+        else:
+            nearest = min(later)
+            assert tick.next_in is not None
+            next_ms = round(tick.next_in * 1000)
+            assert max(nearest - t1, 0) <= next_ms <= max(nearest - t0, 0), (
+                f"next_in {tick.next_in} for {nearest} in [{t0}, {t1}]"
+            )
+        self.schedulers.add(scheduler)
+        RUN["promoted"] += len(promoted)
+        RUN["recovered"] += recovered
+        RUN["failed by lost leases"] += failed
+
+    def op_cancel(self, job: Job, via_api: bool) -> None:
+        t0 = self.clock()
+        if via_api:
+            try:
+                self.backend.cancel(job.id)
+                status: str | None = "CANCELLED"
+            except NotCancellable:
+                status = "not cancellable"
+            except TaskResultDoesNotExist:
+                status = None
+        else:
+            status = self.broker.cancel(job.id, CANCEL_ERROR)
+        t1 = self.clock()
+        if job.place == DELETED:
+            expected = None
+        elif self.m_cancel(job, Err(CANCELLED), (t0, t1)):
+            expected = "CANCELLED"
+        else:
+            expected = "not cancellable" if via_api else job.status
+        assert status == expected, f"cancel of job {job.n}: {status}, model {expected}"
+
+    def op_operate(self, action: str, queue: str, ids: list[str], limit: int) -> None:
+        t0 = self.clock()
+        changed = self.broker.operate(action, queue, ids, limit)
+        t1 = self.clock()
+        expected = 0
+        if action == "pause":
+            expected = int(queue not in self.paused)
+            self.paused.add(queue)
+        elif action == "resume":
+            expected = int(queue in self.paused)
+            self.paused.discard(queue)
+        else:
+            if not ids:
+                chosen = {
+                    "empty": self.queue_order(queue),
+                    "retry_failed": self.failed_order(queue),
+                    "delete_failed": self.failed_order(queue),
+                }.get(action, [])
+                ids = [j.id for j in chosen[: limit or None]]
+            for job_id in ids:
+                job = self.jobs.get(job_id)
+                if job is None or job.queue != queue:
+                    continue
+                if action in ("retry_failed", "delete_failed") and job.indexed:
+                    job.indexed = False
+                    if action == "delete_failed":
+                        job.place, job.done = DELETED, []
+                    else:
+                        job.finished_at, job.result, job.waiters, job.done = None, None, False, []
+                        self.m_hold_unique_again(job)
+                        self.push_ready(job)
+                    expected += 1
+                elif action == "run_now" and job.place == DELAYED:
+                    self.push_ready(job)
+                    expected += 1
+                elif action == "empty" and job.place == QUEUED:
+                    if job.group is not None or job.then or job.unique:
+                        # It ends first: its group still completes, its dependents fail,
+                        # its unique key is free.
+                        job.cancelled = True
+                        self.end(job, FAILED, (t0, t1), Err(CANCELLED))
+                    job.place = DELETED
+                    expected += 1
+        assert changed == expected, f"{action} {queue} {ids} {limit}: {changed}, model {expected}"
+
+    def op_abandon(self, worker: str) -> None:
+        given = self.broker.abandon(worker)
+        expected = [j.id for j in self.m_abandon(worker)]  # in the running zset's order
+        assert given == expected, f"abandon gave back {given}, model {expected}"
+        self.held[worker].clear()
+
+    def op_watch(self, job: Job) -> None:
+        status = self.broker.watch(job.id)
+        if job.place == DELETED:
+            expected = None
+        else:
+            expected = job.status
+            if job.place != FINISHED:
+                job.waiters = True
+        assert status == expected, f"watch job {job.n}: {status}, model {expected}"

@@ -1,0 +1,288 @@
+"""The core protocol's steps, which Hypothesis chooses among: enqueues, workers'
+claims and finishes (by the owner or by a wrong one), heartbeats, give-backs, ticks,
+cancels, watches, dashboard actions, a lease or a due time that passes; and how a step
+picks what it acts on."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize, rule
+
+from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
+from django_redisqueue.store.wire import RETRY, NewJob, Outcome
+from tests import tasks
+from tests.model.harness import snapshot
+from tests.model.protocol.records import (
+    DELAYED,
+    DELAYS,
+    ERROR,
+    FINISHED,
+    PARKED,
+    QUEUED,
+    QUEUES,
+    RUNNING,
+    TICK_QUEUES,
+    WAITING,
+    WORKERS,
+    Job,
+)
+from tests.model.protocol.strategies import (
+    JOB_QUEUE,
+    ORDER,
+    PICK,
+    PRIORITY,
+    RETRY_DELAY,
+    STATUS,
+    WORKER,
+    WRONG,
+)
+
+
+class CoreRules:
+    """The core protocol's rules, over the operations of core_operations.py."""
+
+    # Choosing what a step acts on. Every rule draws all its arguments from fixed
+    # strategies and picks jobs and workers by index, with no preconditions: the shape
+    # of the choices must not depend on what Redis's clock decided (a job SOON ahead
+    # may or may not be due), or Hypothesis could not replay a sequence.
+
+    def pick(self, items, index: int):
+        items = list(items)
+        return items[index % len(items)] if items else None
+
+    def held_job(self, index: int) -> tuple[str, str, str] | None:
+        held = [(w, i, t) for w in WORKERS for i, t in sorted(self.held[w].items())]
+        return self.pick(held, index)
+
+    def outcome(self, job_id: str, token: str, status: str, retry_in: int) -> Outcome:
+        if status == SUCCESSFUL:
+            return Outcome(job_id, token, status, result='{"n": 42}')
+        if status == FAILED:
+            return Outcome(job_id, token, status, error=ERROR)
+        if status == RETRY:
+            return Outcome(job_id, token, status, error=ERROR, retry_in_ms=retry_in)
+        return Outcome(job_id, token, status)
+
+    def wrong_token(self, job: Job, kind: str, index: int) -> str:
+        """A token that is not the job's owner's."""
+        stale = [t for i, t in self.issued if i == job.id and t != job.owner]
+        if kind == "stale" and stale:
+            return self.pick(stale, index)
+        if kind in ("stale", "other worker"):
+            mine = job.owner.split("/")[0] if job.owner else None
+            other = self.pick([w for w in WORKERS if w != mine], index)
+            return f"{other}/{max(job.attempts, 1)}"
+        return "" if kind == "empty" else "w9/7"
+
+    def drop_held(self, worker: str, outcome: Outcome) -> None:
+        """The worker is done with a job once it has sent its outcome (its own token)."""
+        if self.held[worker].get(outcome.job_id) == outcome.owner:
+            del self.held[worker][outcome.job_id]
+
+    def any_held(self) -> bool:
+        return any(self.held.values())
+
+    # Rules: producers.
+
+    @initialize(
+        batch=st.lists(
+            st.tuples(
+                JOB_QUEUE,
+                PRIORITY,
+                st.sampled_from(list(DELAYS)),
+            ),
+            max_size=8,
+        ),
+        workers=st.lists(WORKER, unique=True),
+    )
+    def backlog(self, batch, workers):
+        """A few jobs to start with, and the workers already up (their first heartbeat
+        registers their broadcast cursor)."""
+        for queue, priority, delay in batch:
+            self.op_enqueue(queue, priority, DELAYS[delay], via_api=False)
+        for worker in workers:
+            self.op_heartbeat(worker, {})
+
+    @rule(
+        queue=JOB_QUEUE,
+        priority=PRIORITY,
+        delay=st.sampled_from(list(DELAYS)),
+        via_api=st.booleans(),
+    )
+    def enqueue(self, queue, priority, delay, via_api):
+        self.op_enqueue(queue, priority, DELAYS[delay], via_api)
+
+    @rule(queue=JOB_QUEUE, priority=PRIORITY)
+    def enqueue_now(self, queue, priority):
+        self.op_enqueue(queue, priority, None, via_api=False)
+
+    @rule(
+        batch=st.lists(
+            st.tuples(JOB_QUEUE, PRIORITY, st.sampled_from(list(DELAYS))),
+            min_size=2,
+            max_size=5,
+        )
+    )
+    def enqueue_a_batch(self, batch):
+        """Several jobs, of any queues, priorities and delays, in one script call."""
+        self.op_enqueue_batch([(q, p, DELAYS[d]) for q, p, d in batch])
+
+    @rule(pick=PICK)
+    def enqueue_a_taken_id(self, pick):
+        """An id already taken (any job not deleted): refused, nothing changes."""
+        job = self.pick(self.job_list(QUEUED, DELAYED, WAITING, PARKED, RUNNING, FINISHED), pick)
+        if job is None:
+            return
+        before = snapshot(self.r)
+        payload = self.backend.prepare(tasks.noop, (), {})._payload
+        assert self.broker.enqueue([NewJob(job.id, "low", 5, payload)]) == [None]
+        assert snapshot(self.r) == before
+
+    # Rules: Workers.
+
+    @rule(worker=WORKER, order=ORDER, woken_by=st.sampled_from(["", "", *QUEUES, "no/queue"]))
+    def claim(self, worker, order, woken_by):
+        self.op_claim(worker, order, None, woken_by)
+
+    @rule(worker=WORKER, status=STATUS, retry_in=RETRY_DELAY)
+    def work(self, worker, status, retry_in):
+        """A worker's loop: finish the job in hand (if any) and claim the next."""
+        outcome = None
+        if self.held[worker]:
+            job_id, token = min(self.held[worker].items())
+            outcome = self.outcome(job_id, token, status, retry_in)
+        self.op_claim(worker, QUEUES, outcome)
+
+    @rule(pick=PICK, order=ORDER, status=STATUS, retry_in=RETRY_DELAY)
+    def finish_and_claim(self, pick, order, status, retry_in):
+        held = self.held_job(pick)
+        if held is None:
+            return
+        worker, job_id, token = held
+        self.op_claim(worker, order, self.outcome(job_id, token, status, retry_in))
+
+    @rule(pick=PICK, status=STATUS, retry_in=RETRY_DELAY)
+    def finish(self, pick, status, retry_in):
+        held = self.held_job(pick)
+        if held is None:
+            return
+        worker, job_id, token = held
+        self.op_finish(worker, self.outcome(job_id, token, status, retry_in))
+
+    @rule(
+        pick=PICK,
+        kind=WRONG,
+        index=PICK,
+        status=STATUS,
+        retry_in=RETRY_DELAY,
+        worker=WORKER,
+        order=st.none() | ORDER,
+    )
+    def finish_by_a_wrong_owner(self, pick, kind, index, status, retry_in, worker, order):
+        """Fenced out (a stale token, another worker's, a made-up one): the outcome
+        changes nothing. Alone, or in a claim (then the claim goes on as usual)."""
+        job = self.pick(self.jobs.values(), pick)
+        if job is None:
+            return
+        token = self.wrong_token(job, kind, index)
+        assert token != job.owner
+        outcome = self.outcome(job.id, token, status, retry_in)
+        if order is not None:
+            self.op_claim(worker, order, outcome)
+            return
+        before = snapshot(self.r)
+        assert self.broker.finish(outcome) is False
+        assert snapshot(self.r) == before, f"a finish by {token!r} changed Redis"
+
+    @rule(worker=WORKER, wrong=st.none() | WRONG, pick=PICK, index=PICK)
+    def heartbeat(self, worker, wrong, pick, index):
+        """Renews what the worker still owns; with a wrong token too, reported lost."""
+        extra = {}
+        if wrong is not None:
+            others = [j for j in self.jobs.values() if j.id not in self.held[worker]]
+            job = self.pick(others, pick)
+            if job is not None:
+                extra[job.id] = self.wrong_token(job, wrong, index)
+            else:
+                extra["no-such-job"] = f"{worker}/1"
+        self.op_heartbeat(worker, extra)
+
+    @rule(worker=WORKER)
+    def abandon(self, worker):
+        self.op_abandon(worker)
+
+    @rule(worker=WORKER)
+    def worker_vanishes(self, worker):
+        """It stops using its tokens; its jobs come back once their lease passes."""
+        self.held[worker].clear()
+
+    @rule(worker=WORKER)
+    def worker_stalls(self, worker):
+        """A whole lost lease in one step: the worker claims, stalls past its lease, and
+        the scheduler recovers the job (which keeps its place, so the next stalled
+        claim often takes it again: after LOST_LIMIT recoveries it fails)."""
+        self.op_claim(worker, QUEUES, None)
+        for job in self.job_list(RUNNING):
+            if job.owner and job.owner.startswith(worker + "/"):
+                self.r.zadd(self.keys.running, {job.id: 0}, xx=True)
+                job.deadline = 0
+        self.op_tick("s1", QUEUES, 100, True)
+
+    # Rules: Schedulers, clients, operators.
+
+    @rule(
+        scheduler=st.sampled_from(["s1", "s2"]),
+        queues=st.sampled_from(TICK_QUEUES),
+        batch=st.sampled_from([1, 2, 100]),
+        recover=st.sampled_from([True, True, False]),
+        held=st.sampled_from([False, False, False, True]),
+    )
+    def tick(self, scheduler, queues, batch, recover, held):
+        self.op_tick(scheduler, queues, batch, recover, held)
+
+    @rule(pick=PICK, via_api=st.booleans())
+    def cancel(self, pick, via_api):
+        job = self.pick(self.jobs.values(), pick)
+        if job is not None:
+            self.op_cancel(job, via_api)
+
+    @rule(pick=PICK)
+    def watch(self, pick):
+        job = self.pick(self.jobs.values(), pick)
+        if job is not None:
+            self.op_watch(job)
+
+    @rule(
+        action=st.sampled_from(["retry_failed", "delete_failed", "run_now", "empty"]),
+        queue=st.sampled_from(QUEUES),
+        picks=st.lists(PICK, max_size=2),
+        limit=st.sampled_from([0, 1, 2]),
+    )
+    def operate(self, action, queue, picks, limit):
+        """A dashboard action on chosen jobs (of any queue, any state), or on the first
+        ``limit`` of the queue's list (0: all)."""
+        ids = [self.pick(self.jobs, p) for p in picks] if self.jobs else []
+        self.op_operate(action, queue, ids, 0 if ids else limit)
+
+    @rule(action=st.sampled_from(["pause", "resume"]), queue=st.sampled_from(QUEUES))
+    def pause_or_resume(self, action, queue):
+        self.op_operate(action, queue, [], 0)
+
+    # Rules: Time.
+
+    @rule(pick=PICK, every=st.booleans())
+    def lease_runs_out(self, pick, every):
+        """Time passes for one running job (or all): its lease deadline moves into the
+        past."""
+        running = self.job_list(RUNNING)
+        for job in running if every else [self.pick(running, pick)] if running else []:
+            self.r.zadd(self.keys.running, {job.id: 0}, xx=True)
+            job.deadline = 0
+
+    @rule(pick=PICK)
+    def becomes_due(self, pick):
+        """Time passes for one delayed job: its due time moves into the past."""
+        job = self.pick(self.job_list(DELAYED), pick)
+        if job is not None:
+            self.r.zadd(self.keys.delayed(job.queue), {job.id: 0}, xx=True)
+            job.due = 0
