@@ -220,6 +220,9 @@ class PeriodicModel:
             self.base[name] = last
             return lambda: ("paused", last, 0, "")
         stored, last_job, missed = 0, "", skipped
+        # The occurrences the script may take: after the last, and due (a rogue caller
+        # also sends one at or before the last, which the script must refuse).
+        takeable = [at for at, _ in jobs if last < at <= self.window.hi]
         opts = job_options(options)
         RUN["calls with occurrences"] += bool(jobs)
         for at, job_id in jobs:
@@ -248,8 +251,8 @@ class PeriodicModel:
         if missed > 0:
             total = (lua_number(state.get("skipped")) or 0) + missed
             state["skipped"] = f"{total:.0f}"
-        if skipped and jobs and name in self.base:  # older ones were skipped: the bound
-            self.base[name] = max(self.base[name], jobs[0][0] - 1)
+        if skipped and takeable and name in self.base:  # older ones were skipped: the bound
+            self.base[name] = max(self.base[name], min(takeable) - 1)
         if self.schedule_of(name).catch_up == "latest":
             self.base[name] = last
         return lambda: ("ok", last, stored, last_job)
