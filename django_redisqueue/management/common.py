@@ -38,8 +38,9 @@ def configure_logging(verbosity: int, log_format: str = "text") -> None:
     if log_format == "json":
         for routed in logger.handlers:
             routed.setFormatter(JsonFormatter())
-        # The tasks framework logs each failed job too (its task_finished receiver);
-        # unrouted, Python would print that as plain text.
+        # The tasks framework's records of this worker's jobs are left out (above), but
+        # it logs others (a task that runs a task on Django's immediate backend, say);
+        # unrouted, Python would print those as plain text.
         for name in TASKS_FRAMEWORK_LOGGERS:
             framework = logging.getLogger(name)
             if not framework.handlers:
