@@ -4,7 +4,8 @@
 #   with the model-based tests at a third of their examples.
 # make check: everything CI runs: make test, the documentation site, then with nox the
 #   rest on every supported (Python, Django) pair (see noxfile.py). About 20 minutes.
-# make demo: set up .venv and run the example project (web server, worker, Redis).
+# make demo: set up .venv-demo (the package and the newest Django, nothing of the dev
+#   toolchain) and run the example project (web server, worker, scheduler, Redis).
 # make docs: build the documentation site into docs/_build/html, warnings as errors.
 PYTHON ?= python3
 VENV := .venv
@@ -63,5 +64,37 @@ docs: $(VENV)/.installed
 	$(BIN)/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
 	@echo "docs: open docs/_build/html/index.html"
 
-demo: $(VENV)/.installed
-	$(BIN)/python example_project/demo.py
+# The demo's own venv: the package (with cron and hiredis) and the newest Django, which
+# needs Python 3.12 or newer: pyenv's newest 3.13 or 3.12 (installed, whatever `pyenv
+# global` says), else python3.13 or python3.12 on the PATH. Without one, Django 5.2 and
+# the backport on $(PYTHON), and a message that says so.
+DEMO_VENV := .venv-demo
+PYENV_ROOT ?= $(HOME)/.pyenv
+
+$(DEMO_VENV)/.installed: pyproject.toml
+	@python=""; \
+	for version in 3.13 3.12; do \
+	  pyenv=$$(ls -d $(PYENV_ROOT)/versions/$$version.*/bin/python 2>/dev/null | sort -V | tail -n 1); \
+	  for candidate in $$pyenv python$$version; do \
+	    if $$candidate -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
+	      python=$$candidate; break 2; \
+	    fi; \
+	  done; \
+	done; \
+	if [ -n "$$python" ]; then \
+	  django="django>=6.0"; extras="cron,hiredis"; \
+	else \
+	  python=$(PYTHON); django="django>=5.2,<6"; extras="cron,hiredis,django52"; \
+	  echo "demo: no Python 3.12 or newer found (pyenv's 3.13 or 3.12, python3.13, python3.12)"; \
+	  echo "demo: Django 6 needs one; running on $$($$python --version) with Django 5.2 and the backport"; \
+	fi; \
+	echo "demo: setting up $(DEMO_VENV) with $$($$python --version) and $$django"; \
+	rm -rf $(DEMO_VENV) && \
+	$$python -m venv $(DEMO_VENV) && \
+	$(DEMO_VENV)/bin/pip install --quiet uv && \
+	$(DEMO_VENV)/bin/uv pip install --quiet --python $(DEMO_VENV)/bin/python -e ".[$$extras]" "$$django"
+	touch $@
+
+demo: $(DEMO_VENV)/.installed
+	$(DEMO_VENV)/bin/python -m django --version
+	$(DEMO_VENV)/bin/python example_project/demo.py

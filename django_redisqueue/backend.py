@@ -11,7 +11,9 @@ from functools import cached_property, lru_cache
 from typing import Any, cast
 
 import redis
+from django.apps import apps
 from django.conf import settings
+from django.core import checks
 from django.utils.module_loading import import_string
 
 from django_redisqueue.compat import (
@@ -76,6 +78,24 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self.params = params
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """W004: the app is in INSTALLED_APPS. Django's tasks framework runs this from
+        its own system check, so it runs when the app is missing and its checks do not."""
+        messages = list(super().check(**kwargs))
+        if not apps.is_installed("django_redisqueue"):
+            messages.append(
+                checks.Warning(
+                    f"TASKS[{self.alias!r}] uses {type(self).__name__}, but "
+                    "'django_redisqueue' is not in INSTALLED_APPS: there is no "
+                    "'manage.py runworker' to run its jobs, nor 'runscheduler', the "
+                    "dashboard or this app's other checks.",
+                    hint="Add 'django_redisqueue' to INSTALLED_APPS, then run "
+                    "'manage.py migrate'.",
+                    id="django_redisqueue.W004",
+                )
+            )
+        return messages
 
     @cached_property
     def queue_names(self) -> tuple[str, ...]:

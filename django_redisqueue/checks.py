@@ -14,6 +14,9 @@
 | ``django_redisqueue.W001`` | Redis does not answer (``--deploy`` only) |
 | ``django_redisqueue.W002`` | another app's ``runworker`` or ``runscheduler`` wins |
 | ``django_redisqueue.W003`` | a ``PERIODIC`` schedule's task cannot be used (import, backend) |
+
+W004 (the app is not in ``INSTALLED_APPS``) is the backend's own ``check()``: the checks
+registered here run only when the app is installed.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """tests/settings.py with the project LOGGING named by REDISQUEUE_TEST_LOGGING, for the
-tests of ``runworker --log-format json`` (tests/test_worker_ops.py)."""
+tests of ``runworker``'s log lines, in text and JSON (tests/test_worker_ops.py)."""
 
 import os
 

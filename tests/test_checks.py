@@ -9,6 +9,7 @@ from django.core import checks
 from django.test import override_settings
 
 from django_redisqueue import checks as redisqueue_checks
+from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.compat import TASKS_PACKAGE
 from django_redisqueue.core.conf import parse_options, validate
 from django_redisqueue.exceptions import ConfigurationError
@@ -143,6 +144,27 @@ def test_the_redis_check_does_not_hang_on_a_server_that_never_answers(monkeypatc
     assert [m.id for m in messages] == ["django_redisqueue.W001"]
     assert "Timeout" in messages[0].msg
     assert took < 5  # bounded by the timeout, not by the server
+
+
+class SubclassBackend(RedisQueueBackend):
+    pass
+
+
+@pytest.mark.parametrize("backend", [BACKEND, f"{__name__}.SubclassBackend"])
+def test_the_backend_without_the_app_installed_is_a_warning(backend):
+    from django.conf import settings
+
+    without = [app for app in settings.INSTALLED_APPS if app != "django_redisqueue"]
+    conf = {"BACKEND": backend, "QUEUES": ["default"]}
+    with override_settings(TASKS={"default": conf}, INSTALLED_APPS=without):
+        messages = [m for m in checks.run_checks() if m.id == "django_redisqueue.W004"]
+    assert [(m.id, m.level) for m in messages] == [("django_redisqueue.W004", checks.WARNING)]
+    assert "'django_redisqueue' is not in INSTALLED_APPS" in messages[0].msg
+    assert "runworker" in messages[0].msg
+    assert "Add 'django_redisqueue' to INSTALLED_APPS" in messages[0].hint
+
+    with override_settings(TASKS={"default": conf}):  # installed: no warning
+        assert [m for m in checks.run_checks() if m.id == "django_redisqueue.W004"] == []
 
 
 def test_runworker_of_an_app_listed_first_is_reported():

@@ -187,7 +187,8 @@ def test_every_option_and_schedule_key_is_in_the_settings_reference():
 @pytest.mark.pure
 def test_every_system_check_is_in_the_reference():
     code = "".join(
-        (ROOT / "django_redisqueue" / path).read_text() for path in ("checks.py", "core/conf.py")
+        (ROOT / "django_redisqueue" / path).read_text()
+        for path in ("checks.py", "core/conf.py", "backend.py")
     )
     ids = set(re.findall(r'"([EW]\d{3})"', code)) | set(re.findall(r"\.([EW]\d{3})\"", code))
     assert len(ids) >= 12

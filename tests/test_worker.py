@@ -2,12 +2,13 @@
 
 import logging
 import signal
+import sys
 import threading
 
 import pytest
 
 from django_redisqueue import ResultTimeout, TaskFailed, task
-from django_redisqueue.compat import TaskResultStatus, task_backends
+from django_redisqueue.compat import TaskResultStatus, task_backends, task_finished
 from tests import tasks
 from tests.conftest import manage, run_worker_here, start_manage, wait_until
 from tests.keys import DEFAULT_KEYS
@@ -264,8 +265,26 @@ def test_a_failed_job_logs_its_exception_and_traceback(backend, caplog):
         for r in caplog.records
         if r.name == "django_redisqueue.runtime.worker" and job.id in r.message
     ]
+    assert len(ours) == 2 and "started" in ours[0].getMessage()  # its start, its end
     django = [r for r in caplog.records if "state=FAILED" in r.getMessage()]
     assert "FAILED" in ours[-1].getMessage() and "ValueError: boom" in ours[-1].getMessage()
-    for record in (ours[-1], *django):  # Django's own log line of the failure too
+    # In-process (a test's worker), Django's own log line of the failure stays, for
+    # assertLogs("django.tasks"); runworker leaves it out (test_worker_ops.py).
+    for record in (ours[-1], *django):
         assert record.exc_info and record.exc_info[0] is ValueError
     assert django, "Django's task_finished log line"
+
+
+def test_a_failed_job_s_signal_is_sent_while_its_exception_is_handled(backend):
+    seen = []
+
+    def receiver(sender, task_result, **kwargs):
+        seen.append((task_result.status, sys.exc_info()[0]))
+
+    tasks.fail.enqueue("boom")
+    task_finished.connect(receiver)
+    try:
+        run_worker_here(backend)
+    finally:
+        task_finished.disconnect(receiver)
+    assert seen == [(TaskResultStatus.FAILED, ValueError)]

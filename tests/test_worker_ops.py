@@ -285,7 +285,7 @@ def test_a_change_stops_once_and_the_job_is_given_back_after_the_grace(tmp_path)
 # --log-format json
 
 
-def test_json_log_has_one_object_per_line_and_one_line_per_job(r, backend):
+def test_json_log_has_one_object_per_line_and_a_start_and_an_end_line_per_job(r, backend):
     ok = tasks.add.enqueue(2, 3)
     failed = tasks.fail.enqueue("boom")
     unreadable = tasks.add.using(queue_name="low").enqueue(1, 1)
@@ -296,11 +296,13 @@ def test_json_log_has_one_object_per_line_and_one_line_per_job(r, backend):
 
     lines = [json.loads(line) for line in (done.stdout + done.stderr).splitlines()]
     assert all({"time", "level", "logger", "message"} <= line.keys() for line in lines)
-    by_job = {line["job_id"]: line for line in lines if "job_id" in line}
-    assert [line["job_id"] for line in lines if "job_id" in line] == [
-        ok.id,
-        failed.id,
-        unreadable.id,
+    by_job = {line["job_id"]: line for line in lines if "duration_ms" in line}  # the ends
+    assert [(line["job_id"], line["status"]) for line in lines if "job_id" in line] == [
+        (ok.id, "RUNNING"),
+        (ok.id, "SUCCESSFUL"),
+        (failed.id, "RUNNING"),
+        (failed.id, "FAILED"),
+        (unreadable.id, "FAILED"),  # never started
     ]
     assert by_job[ok.id]["task"] == "tests.tasks.add"
     assert by_job[ok.id]["queue"] == "default"
@@ -316,6 +318,35 @@ def test_json_log_has_one_object_per_line_and_one_line_per_job(r, backend):
     assert any(m.endswith("stopped after 3 job(s)") for m in messages)
 
 
+def burst_with_logging(
+    project_logging: str, log_format: str, *options: str
+) -> subprocess.CompletedProcess:
+    """``runworker --burst --log-format LOG_FORMAT OPTIONS`` under the project LOGGING
+    named by ``project_logging`` (tests/settings_logging.py)."""
+    env = {
+        **child_env(),
+        "DJANGO_SETTINGS_MODULE": "tests.settings_logging",
+        "REDISQUEUE_TEST_LOGGING": project_logging,
+    }
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "runworker",
+            "--burst",
+            "--log-format",
+            log_format,
+            *options,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.mark.parametrize(
     "project_logging", ["django-debug", "root", "django", "app", "unconfigured", ""]
 )
@@ -323,19 +354,7 @@ def test_every_line_is_json_whatever_the_project_s_logging(r, backend, project_l
     ok = tasks.add.enqueue(2, 3)
     failed = tasks.fail.enqueue("boom")
     logging_task = tasks.logs_and_warns.enqueue("careful")
-    env = {
-        **child_env(),
-        "DJANGO_SETTINGS_MODULE": "tests.settings_logging",
-        "REDISQUEUE_TEST_LOGGING": project_logging,
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "django", "runworker", "--burst", "--log-format", "json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = burst_with_logging(project_logging, "json")
     assert done.returncode == 0, done.stderr
 
     output = (done.stdout + done.stderr).splitlines()
@@ -352,6 +371,43 @@ def test_every_line_is_json_whatever_the_project_s_logging(r, backend, project_l
     # What a task prints, or writes to sys.stderr itself.
     messages = {line["message"] for line in lines}
     assert {"careful printed", "over two lines", "careful written to stderr"} <= messages
+
+
+@pytest.mark.parametrize(
+    ("project_logging", "log_format", "concurrency"),
+    [
+        *[
+            (project_logging, log_format, "1")
+            for project_logging in ("", "django-debug", "root", "unconfigured")
+            for log_format in ("text", "json")
+        ],
+        ("root", "text", "2"),  # forked processes
+    ],
+)
+def test_each_job_s_start_and_end_is_one_record_and_a_traceback_is_printed_once(
+    r, backend, project_logging, log_format, concurrency
+):
+    """Django's tasks framework logs each state change from its signal receivers; the
+    worker logs the same events itself, so runworker leaves the framework's lines out,
+    whatever the project's LOGGING: Django's default (with DEBUG off, then on), a root
+    handler, none at all."""
+    ok = tasks.add.enqueue(2, 3)
+    failed = tasks.fail.enqueue("boom")
+    done = burst_with_logging(project_logging, log_format, "--concurrency", concurrency)
+    assert done.returncode == 0, done.stderr
+    output = done.stdout + done.stderr
+
+    def records(job_id: str) -> list[str]:
+        return [line for line in output.splitlines() if job_id in line]
+
+    assert len(records(ok.id)) == 2, output  # started, SUCCESSFUL
+    assert len(records(failed.id)) == 2, output  # started, FAILED
+    assert "started" in records(ok.id)[0] and "SUCCESSFUL" in records(ok.id)[1]
+    assert "started" in records(failed.id)[0] and "FAILED" in records(failed.id)[1]
+    assert output.count("Traceback (most recent call last)") == 1, output
+    assert output.count("raise ValueError(message)") == 1, output  # the task's frame
+    assert "Task id=" not in output
+    assert tasks.fail.get_result(failed.id).status == TaskResultStatus.FAILED
 
 
 def is_json_object(line: str) -> bool:

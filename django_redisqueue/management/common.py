@@ -10,7 +10,12 @@ from django.core.management.base import CommandError
 
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.compat import task_backends
-from django_redisqueue.observe.logformat import JsonFormatter, JsonLines, json_everywhere
+from django_redisqueue.observe.logformat import (
+    JsonFormatter,
+    JsonLines,
+    json_everywhere,
+    leave_out_framework_lines,
+)
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 # Django's (6.0+) and the django-tasks backport's.
@@ -21,6 +26,8 @@ def configure_logging(verbosity: int, log_format: str = "text") -> None:
     """Show the worker's log lines unless the project's LOGGING already routes them
     (``log_format`` "json": one JSON object per line, in the app's handlers and in
     every handler that writes to stdout or stderr, over the project's formats)."""
+    # Each job's start and end is one record, the worker's, not the framework's too.
+    leave_out_framework_lines()
     logger = logging.getLogger("django_redisqueue")
     logger.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
     if not logger.handlers:
@@ -31,8 +38,9 @@ def configure_logging(verbosity: int, log_format: str = "text") -> None:
     if log_format == "json":
         for routed in logger.handlers:
             routed.setFormatter(JsonFormatter())
-        # The tasks framework logs each failed job too (its task_finished receiver);
-        # unrouted, Python would print that as plain text.
+        # The tasks framework's records of this worker's jobs are left out (above), but
+        # it logs others (a task that runs a task on Django's immediate backend, say);
+        # unrouted, Python would print those as plain text.
         for name in TASKS_FRAMEWORK_LOGGERS:
             framework = logging.getLogger(name)
             if not framework.handlers:

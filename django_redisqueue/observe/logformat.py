@@ -10,6 +10,9 @@ is added as it is, so a project's own log calls can add fields too.
 ``json_everywhere`` makes every line the process writes to stdout or stderr such a line,
 whatever the project's LOGGING: it changes formats only, never which records are
 written, nor how many times.
+
+``leave_out_framework_lines`` makes each job's start and end one record, the worker's:
+Django's tasks framework logs them too, from its own signal receivers.
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ import logging
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
+
+from django_redisqueue.compat import TASKS_PACKAGE
 
 if TYPE_CHECKING:
     from django_redisqueue.observe.events import JobEvent
@@ -46,6 +53,54 @@ def job_fields(event: JobEvent) -> dict[str, Any]:
     if event.wait is not None:
         fields["wait_ms"] = round(event.wait * 1000, 3)
     return fields
+
+
+def start_fields(event: JobEvent) -> dict[str, Any]:
+    """The ``extra=`` of a job's start line: its fields, but for a duration."""
+    fields = job_fields(event)
+    del fields["duration_ms"]
+    return fields
+
+
+# The framework's receivers of task_started and task_finished log "Task id=%s path=%s
+# state=%s" (with the traceback of a failure) to the logger named as its package:
+# django.tasks, or django_tasks for the backport.
+FRAMEWORK_LOGGER = TASKS_PACKAGE
+_sending = threading.local()
+
+
+class _FrameworkLines(logging.Filter):
+    """Drops the framework's "Task id=..." records while the worker sends its signals."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (getattr(_sending, "active", False) and str(record.msg).startswith("Task id="))
+
+
+_FRAMEWORK_LINES = _FrameworkLines()
+
+
+def leave_out_framework_lines() -> None:
+    """From now on, in this process, leave out the framework's log line of each state
+    change the worker sends a signal for (see ``worker_signals``): the worker logs the
+    same events itself, with its timings and fields. ``runworker`` calls it once the
+    project's LOGGING is set up; a Worker run in-process (in a test) leaves the
+    framework's lines alone, for ``assertLogs("django.tasks")``. A filter on the
+    framework's logger: a logger's filters run before any handler, its own or its
+    ancestors', so it holds whatever the project's LOGGING."""
+    framework = logging.getLogger(FRAMEWORK_LOGGER)
+    if _FRAMEWORK_LINES not in framework.filters:
+        framework.addFilter(_FRAMEWORK_LINES)
+
+
+@contextmanager
+def worker_signals() -> Iterator[None]:
+    """Send task_started or task_finished in this block: every receiver runs, and once
+    ``leave_out_framework_lines()`` was called, the framework's own line is left out."""
+    _sending.active = True
+    try:
+        yield
+    finally:
+        _sending.active = False
 
 
 class JsonFormatter(logging.Formatter):

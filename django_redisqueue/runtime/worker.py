@@ -51,7 +51,7 @@ from django_redisqueue.exceptions import (
     WorkerShutdown,
 )
 from django_redisqueue.observe.events import JobEvent
-from django_redisqueue.observe.logformat import job_fields
+from django_redisqueue.observe.logformat import job_fields, start_fields, worker_signals
 from django_redisqueue.observe.metrics import JobMetrics, MetricsRefused
 from django_redisqueue.preparation import make_result
 from django_redisqueue.runtime.alarms import time_limit
@@ -397,15 +397,16 @@ class Worker:
                     outcome.status,
                 )
         elif result is not None and outcome.status not in (RETRY, RELEASE):
-            if finished.error is None:
-                task_finished.send_robust(type(self.backend), task_result=result)
-                return
-            # Receivers log a failure with logger.exception (Django's does): send it
-            # while the task's exception is the one being handled.
-            try:
-                raise finished.error
-            except BaseException:
-                task_finished.send_robust(type(self.backend), task_result=result)
+            with worker_signals():  # the worker logged the end already
+                if finished.error is None:
+                    task_finished.send_robust(type(self.backend), task_result=result)
+                    return
+                # Receivers log a failure with logger.exception (Django's does): send
+                # it while the task's exception is the one being handled.
+                try:
+                    raise finished.error
+                except BaseException:
+                    task_finished.send_robust(type(self.backend), task_result=result)
 
     def execute(self, claimed: Claimed) -> Finished:
         """Run one claimed job; never raises for anything the job or its payload does."""
@@ -452,7 +453,16 @@ class Worker:
             args = [results, *args]
         task = self.backend.task_for(envelope)
         result = make_result(self.backend.alias, task, record)
-        task_started.send_robust(type(self.backend), task_result=result)
+        begun = JobEvent.of(claimed, envelope, TaskResultStatus.RUNNING, 0.0)
+        logger.info(
+            "Job %s %s started (attempt %d)",
+            claimed.job_id,
+            envelope.task_path,
+            begun.attempt,
+            extra=start_fields(begun),
+        )
+        with worker_signals():  # logged just above
+            task_started.send_robust(type(self.backend), task_result=result)
         self._close_old_connections()
         self.in_task = True
         raised: BaseException | None = None
