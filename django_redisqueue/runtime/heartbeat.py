@@ -10,7 +10,8 @@ from typing import Protocol
 from django_redisqueue.store.gateway import REDIS_ERRORS
 from django_redisqueue.store.wire import Claimed
 
-logger = logging.getLogger(__name__)
+# The worker's logger: what a worker does is routed, or silenced, by one name.
+logger = logging.getLogger("django_redisqueue.runtime.worker")
 
 # Longest time between two heartbeats (s), and between two tries while Redis fails.
 HEARTBEAT_INTERVAL = 10.0

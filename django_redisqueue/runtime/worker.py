@@ -18,7 +18,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import FrameType
@@ -36,7 +36,6 @@ from django_redisqueue.compat import (
 from django_redisqueue.core.jobs import (
     FAILED,
     SUCCESSFUL,
-    Envelope,
     JobRecord,
     ensure_json,
     error_info,
@@ -55,6 +54,7 @@ from django_redisqueue.observe.logformat import job_fields, start_fields, worker
 from django_redisqueue.observe.metrics import JobMetrics, MetricsRefused
 from django_redisqueue.preparation import make_result
 from django_redisqueue.runtime.alarms import time_limit
+from django_redisqueue.runtime.broadcasts import run_broadcast
 from django_redisqueue.runtime.heartbeat import Heartbeat
 from django_redisqueue.runtime.memory import MB, resident_set_size
 from django_redisqueue.runtime.queue_order import QueueOrder
@@ -316,7 +316,9 @@ class Worker:
                 received = self.broker.receive(self.worker_id, self.queues, self.unreported)
                 self.unreported = []
                 for number, body in received.messages:
-                    self.unreported.append((number, self._run_broadcast(number, body)))
+                    self.unreported.append(
+                        (number, run_broadcast(number, body, self.backend.config, self._in_task))
+                    )
                 # Those read may all have been for other queues: read on while any remain.
                 if not received.messages and not received.more:
                     break
@@ -335,42 +337,17 @@ class Worker:
         self.receive_failures = 0
         self.broadcast_seen = latest
 
-    def _run_broadcast(self, number: int, payload: str) -> str:
-        """Run one broadcast message's task; return SUCCESSFUL or FAILED."""
-        started = time.perf_counter()
-        try:
-            envelope = Envelope.loads(payload, self.backend.config.max_payload_bytes)
-            task = registry.get(envelope.task_path)
-            if task is None:
-                raise UnknownTask(f"task {envelope.task_path!r} is not registered in this worker")
-        except InvalidPayload as exc:
-            logger.error("Broadcast %d FAILED: %s", number, exc)
-            return FAILED
+    @contextlib.contextmanager
+    def _in_task(self) -> Iterator[None]:
+        """Around a task's run: Django's connections checked before and after, as around
+        a request, and the signal handlers told that a task runs."""
         self._close_old_connections()
         self.in_task = True
         try:
-            with time_limit(getattr(task, "timeout", None), envelope.task_path):
-                task.call(*envelope.args, **envelope.kwargs)
-        except (Exception, SystemExit, KeyboardInterrupt, WorkerShutdown) as exc:
-            logger.error(
-                "Broadcast %d %s FAILED: %s: %s",
-                number,
-                envelope.task_path,
-                type(exc).__name__,
-                exc,
-                exc_info=exc,
-            )
-            return FAILED
+            yield
         finally:
             self.in_task = False
             self._close_old_connections()
-        logger.info(
-            "Broadcast %d %s SUCCESSFUL in %.1f ms",
-            number,
-            envelope.task_path,
-            (time.perf_counter() - started) * 1000,
-        )
-        return SUCCESSFUL
 
     def _close_old_connections(self) -> None:
         """Before and after each task, as Django does around each request."""
