@@ -1,10 +1,10 @@
 import contextlib
 import os
-import select
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -223,16 +223,57 @@ def manage(*args: str, **kwargs) -> subprocess.CompletedProcess:
     )
 
 
-def start_manage(*args: str) -> subprocess.Popen:
+class ManagedProcess(subprocess.Popen):
+    """A background process whose output (stdout and stderr) a thread reads as it comes:
+    a busy worker logs two lines a job, and would block on a full pipe nobody read."""
+
+    def __init__(self, args: list[str], **kwargs) -> None:
+        super().__init__(
+            args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs
+        )
+        self._chunks: list[str] = []
+        self._grown = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.stdout:  # until the pipe's last writer has closed it
+            with self._grown:
+                self._chunks.append(line)
+                self._grown.notify_all()
+
+    @property
+    def output(self) -> str:
+        """All the process printed so far."""
+        with self._grown:
+            return "".join(self._chunks)
+
+    def expect(self, text: str, timeout: float) -> None:
+        """Wait until the output holds ``text``."""
+        deadline = time.monotonic() + timeout
+        with self._grown:
+            while text not in "".join(self._chunks):
+                remaining = deadline - time.monotonic()
+                assert remaining > 0, f"no {text!r} in {''.join(self._chunks)!r}"
+                assert self._reader.is_alive(), f"the process ended without printing {text!r}"
+                self._grown.wait(min(remaining, 0.5))
+
+    def communicate(self, input=None, timeout=None):
+        """Wait for the process to end (TimeoutExpired after ``timeout``); return its
+        whole output, as Popen's does with stdout piped."""
+        self.wait(timeout)
+        # Children of the process that outlive it (a pool's) may hold the pipe a moment.
+        self._reader.join(timeout=10)
+        return self.output, None
+
+
+def start_manage(*args: str) -> ManagedProcess:
     """Start ``python -m django ARGS`` in the background, in its own process group."""
-    return subprocess.Popen(
+    return ManagedProcess(
         [sys.executable, "-m", "django", *args],
         cwd=ROOT,
         env=child_env(),
         start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
     )
 
 
@@ -249,19 +290,10 @@ class Processes:
 
     def __init__(self):
         self.running = []
-        self.seen = {}  # output read so far, by process
 
     def expect(self, process, text, timeout=30):
         """Read the process's output until ``text`` appears."""
-        deadline = time.monotonic() + timeout
-        while text not in self.seen.get(process, ""):
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"no {text!r} in {self.seen.get(process, '')!r}"
-            ready, _, _ = select.select([process.stdout], [], [], remaining)
-            if ready:
-                chunk = os.read(process.stdout.fileno(), 65536).decode()
-                assert chunk, f"the process ended without printing {text!r}"
-                self.seen[process] = self.seen.get(process, "") + chunk
+        process.expect(text, timeout)
 
     def start(self, *args):
         process = start_manage(*args)
@@ -279,7 +311,7 @@ class Processes:
             process.send_signal(signal.SIGTERM)
         output = process.communicate(timeout=60)[0]
         self.running.remove(process)
-        return self.seen.pop(process, "") + output
+        return output
 
     def stop_all(self):
         return [self.stop(p) for p in list(self.running)]

@@ -354,9 +354,9 @@ class System:
 
     def output(self, process: subprocess.Popen, timeout: float) -> str:
         """Wait for the process to end; return all it printed."""
-        rest = process.communicate(timeout=timeout)[0]
+        output = process.communicate(timeout=timeout)[0]
         self.procs.running.remove(process)
-        return self.procs.seen.pop(process, "") + rest
+        return output
 
 
 def tail(output: str, lines: int = 20) -> str:

@@ -21,7 +21,7 @@ from django_redisqueue.observe.logformat import JsonFormatter, job_fields
 from django_redisqueue.runtime import memory
 from django_redisqueue.runtime.reloading import RELOAD_EXIT_CODE, ReloadWatcher
 from tests import tasks
-from tests.conftest import ROOT, child_env, manage, run_worker_here, wait_until
+from tests.conftest import ROOT, ManagedProcess, child_env, manage, run_worker_here, wait_until
 
 # An app of the test's own, in a directory on sys.path, so that a test may edit its
 # code while a worker runs it.
@@ -99,14 +99,11 @@ def start_worker(app, procs):
             "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(app.__file__).parent.parent)]),
             "PYTHONDONTWRITEBYTECODE": "1",  # an edit within the second must be seen
         }
-        process = subprocess.Popen(
+        process = ManagedProcess(
             [sys.executable, "-m", "django", "runworker", *args],
             cwd=ROOT,
             env=env,
             start_new_session=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
         )
         procs.running.append(process)
         return process
