@@ -276,7 +276,7 @@ class DashboardAdmin(admin.ModelAdmin):
         backend = self._backend(request, alias)
         self._queue(backend, queue)
         page = DashboardData(backend).waiting(queue, self._page_number(request))
-        paused = backend.queries.counts([queue])[queue]["paused"]
+        paused = backend.queries.counts([queue])[queue].paused
         return self._render(
             request,
             "queue.html",
@@ -320,7 +320,7 @@ class DashboardAdmin(admin.ModelAdmin):
         counts = backend.queries.counts(backend.served_queues()[:QUEUE_SERIES_LIMIT])
         if not counts:
             return HttpResponseRedirect(reverse("admin:redisqueue_overview", args=[alias]))
-        queue = next((q for q, row in counts.items() if row[kind]), next(iter(counts)))
+        queue = next((q for q, row in counts.items() if getattr(row, kind)), next(iter(counts)))
         return HttpResponseRedirect(reverse(f"admin:redisqueue_{kind}", args=[alias, queue]))
 
     def failed_view(self, request: HttpRequest, alias: str, queue: str) -> HttpResponse:

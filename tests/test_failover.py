@@ -151,7 +151,7 @@ def test_kill_chaos_across_a_failover(r, redis_server, procs, report, topology, 
 
         def drained():
             counts = backend.queries.counts(["default"])["default"]
-            return not (counts["ready"] or counts["delayed"] or backend.queries.running_count())
+            return not (counts.ready or counts.delayed or backend.queries.running_count())
 
         # Every acknowledged job runs, or there is nothing left that could run it (lost).
         wait_until(

@@ -107,7 +107,7 @@ def test_cancelling_a_group_cancels_its_members_and_its_callback(r, backend):
     run_worker_here(backend)
     for member in [*result.members, result.callback]:
         assert member.status == FAILED and error_class(member).endswith("JobCancelled")
-    assert backend.queries.counts(["default"])["default"]["failed"] == 0  # not retriable
+    assert backend.queries.counts(["default"])["default"].failed == 0  # not retriable
 
 
 def test_a_group_refuses_a_bad_member_and_queues_nothing(r, backend):

@@ -5,7 +5,7 @@ hand, reads as absent or empty; every other error Redis answers is raised, never
 import pytest
 import redis
 
-from django_redisqueue.store.queries import Queries
+from django_redisqueue.store.queries import Queries, QueueCounts
 from tests import tasks
 
 pytestmark = pytest.mark.django_db
@@ -78,11 +78,8 @@ def test_keys_of_another_type_read_as_absent_or_empty(r, backend, job):
     assert queries.queue_length("default") == 0
     assert queries.delayed_count(["default"]) == 0
     assert queries.size(keys.running) == 0
-    assert queries.counts(["default"])["default"] == {
-        "ready": 0,
-        "delayed": 0,
-        "failed": 0,
-        "paused": False,
-    }
+    assert queries.counts(["default"])["default"] == QueueCounts(
+        ready=0, delayed=0, failed=0, paused=False
+    )
     assert queries.group_members("g1") == []
     assert queries.group_size("g1") == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -269,12 +269,17 @@ class Dashboard:
         counts = self.queries.counts(self.queues if queues is None else queues)
         running = self.running(RUNNING_FIELDS)
         minutes = self.queries.finished_per_minute(CHART_MINUTES)
-        for queue, row in counts.items():
-            row["running"] = sum(1 for job in running if job.queue == queue)
-            row["finished"] = sum(
-                stats.get(f"ok:{queue}", 0) + stats.get(f"failed:{queue}", 0)
-                for _, stats in minutes
+        counts = {
+            queue: replace(
+                row,
+                running=sum(1 for job in running if job.queue == queue),
+                finished=sum(
+                    stats.get(f"ok:{queue}", 0) + stats.get(f"failed:{queue}", 0)
+                    for _, stats in minutes
+                ),
             )
+            for queue, row in counts.items()
+        }
         now = self.queries.clock_ms()
         live = self.queries.live_workers(now, LIVE_READ_LIMIT)
         by_worker = {job.worker: job for job in running}
@@ -302,7 +307,7 @@ class Dashboard:
         ]
         drawn = chart(minutes)
         totals: dict[str, object] = {
-            name: sum(int(row[name]) for row in counts.values()) if every else None
+            name: sum(getattr(row, name) for row in counts.values()) if every else None
             for name in ("ready", "running", "delayed", "failed", "finished")
         }
         if not every:

@@ -30,7 +30,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
 
@@ -39,7 +39,7 @@ from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS
 if TYPE_CHECKING:
     from django_redisqueue.backend import RedisQueueBackend
     from django_redisqueue.observe.events import JobEvent
-    from django_redisqueue.store.queries import Live
+    from django_redisqueue.store.queries import Live, QueueCounts
 
 logger = logging.getLogger(__name__)
 
@@ -228,8 +228,8 @@ class Exposition:
         for queue, row in read.counts.items():
             at = {**labels, "queue": queue}
             for state in ("ready", "running", "delayed", "failed"):
-                self.jobs.add({**at, "state": state}, float(row[state]))
-            self.paused.add(at, float(row["paused"]))
+                self.jobs.add({**at, "state": state}, float(getattr(row, state)))
+            self.paused.add(at, float(row.paused))
             self.head_wait.add(at, read.head_waits.get(queue) or 0.0)
             self.workers.add(at, float(sum(1 for w in read.workers if w.serves(queue))))
         self.workers_alive.add(labels, float(len(read.workers)))
@@ -266,7 +266,7 @@ class Exposition:
 
 @dataclass
 class _Read:
-    counts: dict[str, dict[str, int | bool]]
+    counts: dict[str, QueueCounts]
     head_waits: dict[str, float | None]
     workers: list[Live]
     schedulers_alive: int
@@ -282,8 +282,7 @@ def _read(backend: RedisQueueBackend) -> _Read:
     per_queue = Counter(
         job.get("queue") for job in queries.jobs([job_id for job_id, _ in running], "queue")
     )
-    for queue, row in counts.items():
-        row["running"] = per_queue[queue]
+    counts = {queue: replace(row, running=per_queue[queue]) for queue, row in counts.items()}
     now = queries.clock_ms()
     last_step = queries.alive(keys.schedulers, 1)  # the latest, live or not
     return _Read(

@@ -29,6 +29,20 @@ SCHEDULER_ALIVE_MS = 15_000
 
 
 @dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """A queue's jobs: ready, delayed and failed (within the result TTL) as Redis holds
+    them, whether it is paused, and, where a caller read them too, its running jobs and
+    those finished in the last hour."""
+
+    ready: int
+    delayed: int
+    failed: int
+    paused: bool
+    running: int = 0
+    finished: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class LimitState:
     """A limit key holding jobs back: its jobs running and parked, and when the
     scheduler looks at its parked jobs again (ms)."""
@@ -141,7 +155,7 @@ class Queries(Gateway):
         registered, *states = self._replies(pipe)
         return sorted(text(n) or "" for n in registered or ()), [_strings(s) for s in states]
 
-    def counts(self, queues: Sequence[str]) -> dict[str, dict[str, int | bool]]:
+    def counts(self, queues: Sequence[str]) -> dict[str, QueueCounts]:
         """Ready, delayed and failed jobs per queue, and whether it is paused (a key of
         another type, spoilt by hand, reads as empty). Reads only what concerns
         ``queues``, however many other queues there are or are paused."""
@@ -161,12 +175,12 @@ class Queries(Gateway):
             pipe.zcount(self.keys.failed(queue), failed_since, "+inf")
         failed = self._replies(pipe)
         return {
-            queue: {
-                "ready": int(per_queue[2 * i] or 0),
-                "delayed": int(per_queue[2 * i + 1] or 0),
-                "failed": int(failed[i] or 0),
-                "paused": bool(paused and paused[i]),
-            }
+            queue: QueueCounts(
+                ready=int(per_queue[2 * i] or 0),
+                delayed=int(per_queue[2 * i + 1] or 0),
+                failed=int(failed[i] or 0),
+                paused=bool(paused and paused[i]),
+            )
             for i, queue in enumerate(queues)
         }
 

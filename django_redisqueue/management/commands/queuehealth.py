@@ -18,7 +18,7 @@ from django_redisqueue.core.jobs import QUEUE_NAME_RE
 from django_redisqueue.management.common import get_backend
 from django_redisqueue.runtime.alarms import raise_after
 from django_redisqueue.store.gateway import REDIS_ERRORS
-from django_redisqueue.store.queries import SCHEDULER_ALIVE_MS, Live, Queries
+from django_redisqueue.store.queries import SCHEDULER_ALIVE_MS, Live, Queries, QueueCounts
 
 HEALTHY = 0
 # 1 is a CommandError's (unknown backend or queue) and 2 argparse's (a wrong option).
@@ -239,7 +239,7 @@ class Probe:
     def worker_checks(
         self,
         queues: list[str],
-        counts: dict[str, dict[str, int | bool]],
+        counts: dict[str, QueueCounts],
         workers: list[Live],
     ) -> list[Check]:
         where = " on this host" if self.host else ""
@@ -256,8 +256,8 @@ class Probe:
         checks = []
         for queue in queues:
             serving = sum(1 for worker in workers if worker.serves(queue))
-            paused = bool(counts[queue]["paused"])
-            figures = {"live_workers": serving, "ready": counts[queue]["ready"], "paused": paused}
+            paused = counts[queue].paused
+            figures = {"live_workers": serving, "ready": counts[queue].ready, "paused": paused}
             if serving:
                 message = f"{serving} live worker(s){where} serve it"
             else:
@@ -294,16 +294,16 @@ class Probe:
     def wait_checks(
         self,
         queues: list[str],
-        counts: dict[str, dict[str, int | bool]],
+        counts: dict[str, QueueCounts],
         waits: dict[str, float | None],
     ) -> list[Check]:
         checks = []
         for queue in queues:
-            waited, paused = waits[queue], bool(counts[queue]["paused"])
+            waited, paused = waits[queue], counts[queue].paused
             figures = {
                 "waited": None if waited is None else round(waited, 3),
                 "max_wait": self.max_wait,
-                "ready": counts[queue]["ready"],
+                "ready": counts[queue].ready,
                 "paused": paused,
             }
             late = waited is not None and waited > self.max_wait
@@ -311,7 +311,7 @@ class Probe:
                 message = "empty"
             else:
                 message = (
-                    f"the next of {counts[queue]['ready']} ready job(s) has waited "
+                    f"the next of {counts[queue].ready} ready job(s) has waited "
                     f"{waited:.1f} s" + (f", over --max-wait {self.max_wait:g} s" if late else "")
                 )
             if paused:

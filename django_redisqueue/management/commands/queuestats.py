@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
@@ -40,7 +41,7 @@ class Command(BaseCommand):
                 json.dumps(
                     {
                         "backend": backend.alias,
-                        "queues": overview["counts"],
+                        "queues": {q: asdict(row) for q, row in overview["counts"].items()},
                         "workers": workers,
                         "schedulers": schedulers,
                         "periodic": periodic,
@@ -56,8 +57,8 @@ class Command(BaseCommand):
         width = max((len(q) for q in overview["counts"]), default=5) + 2
         self.stdout.write("queue".ljust(width) + "".join(c.rjust(10) for c in COLUMNS))
         for queue, row in overview["counts"].items():
-            state = "  (paused)" if row["paused"] else ""
-            numbers = "".join(str(row[c]).rjust(10) for c in COLUMNS)
+            state = "  (paused)" if row.paused else ""
+            numbers = "".join(str(getattr(row, c)).rjust(10) for c in COLUMNS)
             self.stdout.write(queue.ljust(width) + numbers + state)
         self.stdout.write(
             f"{len(workers)} worker(s) alive, {len(schedulers)} scheduler(s) alive; "
