@@ -11,6 +11,7 @@ from collections import Counter
 from hypothesis.stateful import invariant
 
 from django_redisqueue.core.jobs import FAILED
+from django_redisqueue.store.queries import QueueCounts
 from tests.model.harness import RESULT_TTL, RUN, STATES
 from tests.model.protocol.records import (
     DELAYED,
@@ -264,12 +265,12 @@ class InvariantChecks:
     def check_counts(self) -> None:
         counts = self.queries.counts(QUEUES)
         for queue in QUEUES:
-            expected = {
-                "ready": len(self.queue_order(queue)),
-                "delayed": sum(j.queue == queue for j in self.job_list(DELAYED)),
-                "failed": len(self.failed_order(queue)),
-                "paused": queue in self.paused,
-            }
+            expected = QueueCounts(
+                ready=len(self.queue_order(queue)),
+                delayed=sum(j.queue == queue for j in self.job_list(DELAYED)),
+                failed=len(self.failed_order(queue)),
+                paused=queue in self.paused,
+            )
             assert counts[queue] == expected, f"counts of {queue}: {counts[queue]}, {expected}"
 
     def expected_keys(self) -> tuple[dict[str, bool], set[str]]:
