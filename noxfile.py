@@ -48,7 +48,8 @@ REDIS_SUITES = [
     "tests/test_lua_facts.py",
 ]
 # On the pair between the oldest and the newest: where Django's version shows (the
-# tasks API and its backport, results and signals, the admin's markup, the checks).
+# tasks API and its backport, results and signals, the admin's markup, the checks, the
+# docs' samples and the testing helpers).
 DJANGO_SUITES = [
     "tests/test_conformance.py",
     "tests/test_enqueue.py",
@@ -63,6 +64,7 @@ DJANGO_SUITES = [
     "tests/test_admin_periodic.py",
     "tests/test_readme.py",
     "tests/test_docs.py",
+    "tests/test_testing.py",
 ]
 # The browser tests compare the oldest and the newest Django's admin.
 BROWSER = "tests/test_browser.py"
