@@ -204,7 +204,10 @@ def test_kill_chaos_across_a_failover(r, redis_server, procs, report, topology, 
         )
         assert scheduler.poll() is None, "the scheduler died"
         assert "stopped" in procs.stop(scheduler)
-        assert len(acknowledged) > JOBS / 2
+        # Enough acknowledged enqueues to judge by. How many are refused depends on how
+        # long the failover and the replicas' resync take beside the producer's pace
+        # (over half of them, once); a tenth is acknowledged before the master dies.
+        assert len(acknowledged) >= JOBS / 10, producer.refused
         if acks:
             assert lost == [], "acknowledged enqueues lost despite REPLICA_ACKS"
 
