@@ -47,6 +47,7 @@ METRICS = [
         sum_of=("enqueue_cpu", "drain_cpu"),
     ),
     Metric("drain_four_cpu", "Redis CPU per drained job, 4 processes", "µs", False),
+    Metric("drain_worker_cpu", "Worker CPU per drained job, one at a time", "µs", False),
     Metric("latency_p50", "Idle latency p50", "ms", False, log=True),
     Metric("latency_p95", "Idle latency p95", "ms", False, log=True),
     Metric("latency_p99", "Idle latency p99", "ms", False, log=True),
@@ -172,6 +173,9 @@ def workloads(data: dict[str, Any]) -> list[str]:
         "- **Redis CPU per job**: the redis-server's `used_cpu_sys + used_cpu_user` over "
         "the same stretches, divided the same way; the sum row adds enqueue and drain "
         "(one job at a time) run by run.",
+        "- **Worker CPU per drained job**: the user and system CPU of the worker's "
+        "process tree over the same stretch of the one-at-a-time drain, divided by the "
+        "jobs it ran: what the queue's own code costs around a job that does nothing.",
         f"- **Idle latency**: the default set-up plus what runs delayed jobs, idle for 2 s "
         f"after a warm-up job; {p['latency_jobs']} jobs at {p['latency_rate']} per second, "
         "each given `time.time()` taken just before its enqueue call; start minus that.",

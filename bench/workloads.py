@@ -20,7 +20,7 @@ from pathlib import Path
 import redis
 
 from bench import redisstats
-from bench.procs import ROOT, Processes, wait_for_rest
+from bench.procs import ROOT, Processes, sample, wait_for_rest
 from bench.systems import stamps
 from bench.systems.base import DEFAULT, FOUR, ONE, SERVE, System
 
@@ -172,8 +172,9 @@ def drain(bench: Bench, system: System, config: str) -> None:
     try:
         wait_for_count(path, 1, START_TIMEOUT, processes, step=0.001)
         # From the first job on, as the rate: start-up (connections, scripts loaded,
-        # registrations) is left out of the server's figures too.
+        # registrations) is left out of the server's figures and the workers' CPU too.
         before, ran_before = redisstats.snapshot(bench.client), stamps.count(str(path))
+        worker_cpu_before = sample(processes.worker)[0]
         cap = time.monotonic() + bench.drain_cap
         while stamps.count(str(path)) < jobs:
             processes.check()
@@ -182,6 +183,7 @@ def drain(bench: Bench, system: System, config: str) -> None:
                 break
             time.sleep(0.002)
         after, ran_after = redisstats.snapshot(bench.client), stamps.count(str(path))
+        worker_cpu = sample(processes.worker)[0] - worker_cpu_before
     finally:
         processes.stop()
     rows = stamps.read(str(path))
@@ -189,12 +191,14 @@ def drain(bench: Bench, system: System, config: str) -> None:
         raise RuntimeError(f"{len(rows)} jobs ran for {jobs} enqueued")
     rate = len(rows) / (max(r.ended for r in rows) - min(r.started for r in rows))
     note = f"cut short after {bench.drain_cap:.0f} s: {len(rows):,} of {jobs:,} jobs" * capped
-    commands, cpu = redisstats.between(before, after).per_job(max(1, ran_after - ran_before))
+    drained = max(1, ran_after - ran_before)
+    commands, cpu = redisstats.between(before, after).per_job(drained)
     metric = {ONE: "drain_one", DEFAULT: "drain_default", FOUR: "drain_four"}[config]
     bench.record(system, metric, rate, note)
     if config == ONE:
         bench.record(system, "drain_commands", commands)
         bench.record(system, "drain_cpu", cpu)
+        bench.record(system, "drain_worker_cpu", worker_cpu / drained * 1e6)
     elif config == FOUR:
         bench.record(system, "drain_four_cpu", cpu)
     bench.fresh()

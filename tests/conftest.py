@@ -188,14 +188,16 @@ def manager():
     return user("manager", "view_dashboard", "manage_queues", is_staff=True)
 
 
-def run_worker_here(backend, **options) -> None:
-    """Run a burst worker in this process. Inside a test's transaction the worker must
-    not close the database connection between jobs, as Django's test client does not
-    between requests."""
+def run_worker_here(backend, **options):
+    """Run a burst worker in this process, and return it. Inside a test's transaction
+    the worker must not close the database connection between jobs, as Django's test
+    client does not between requests."""
     from django_redisqueue.runtime.worker import Worker
 
     with patch("django_redisqueue.runtime.worker.close_old_connections"):
-        Worker(backend, burst=True, **options).run()
+        worker = Worker(backend, burst=True, **options)
+        worker.run()
+    return worker
 
 
 def blocked_clients(client: redis.Redis) -> list[dict]:

@@ -128,6 +128,40 @@ def test_the_loader_puts_each_shared_file_once_after_the_files_it_includes(tmp_p
 
 
 @pytest.mark.pure
+def test_the_loader_keeps_of_the_shared_files_only_the_definitions_a_script_uses(tmp_path):
+    files = {
+        "lib/a.lua": (
+            "-- include: b\n-- What a is.\nlocal A = 'a'\n"
+            "local function used(x)\n  return helper(x) .. A -- not unused()\nend\n"
+            "local function unused()\n  return 'unused()'\nend\n"
+        ),
+        "lib/b.lua": "local function helper(x)\n  return x\nend\nlocal B, C = 1, 2\n",
+        "s.lua": "-- include: a\n-- unused() is not called\nreturn used(C)\n",
+    }
+    _lua_files(tmp_path, files)
+    assert scripts.sources(tmp_path)["s"] == (
+        "local function helper(x)\n  return x\nend\nlocal B, C = 1, 2\n"
+        "-- include: b\n-- What a is.\nlocal A = 'a'\n"
+        "local function used(x)\n  return helper(x) .. A -- not unused()\nend\n" + files["s.lua"]
+    )
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("name", sorted(scripts.sources()))
+def test_a_script_as_loaded_defines_every_name_it_uses_and_no_more(name):
+    source = scripts.sources()[name]
+    reading = lua_source.read([(name, source)], whole=None)
+    assert reading.errors == []
+    # Each shared function left in is one the script uses, directly or through others
+    # (a statement declaring several names stays whole).
+    script = (scripts.LUA / f"{name}.lua").read_text()
+    whole = lua_source.read_text(name, script, LIBRARY, whole=name)
+    shared = {d.name for d in whole.definitions if d.file != name}
+    used = {d.name for d in whole.reached(whole.of(name))}
+    assert set(re.findall(r"(?m)^local function (\w+)", source)) & shared <= used
+
+
+@pytest.mark.pure
 def test_the_loader_refuses_an_include_it_cannot_resolve(tmp_path):
     _lua_files(tmp_path, {"lib/a.lua": "-- include: nope\n", "s.lua": "-- include: a\n"})
     message = "a includes 'nope', which lua/lib/ does not hold"

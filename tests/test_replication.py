@@ -123,14 +123,14 @@ def test_the_worker_runs_and_stores_jobs_a_replica_does_not_confirm(pair, caplog
         jobs = [tasks.add.enqueue(2, i) for i in range(3)]
     with acked_backend(1, NOT_CONFIRMED_WITHIN) as backend:
         with frozen(replica), caplog.at_level(logging.WARNING):
-            run_worker_here(backend)
+            worker = run_worker_here(backend)
         assert [job.wait(timeout=5) for job in jobs] == [2, 3, 4]
     warnings = [r.message for r in caplog.records if r.name == "django_redisqueue.store.broker"]
     # One line says that writes may be lost with the master (not one per write): the
     # three claims, each with the finish of the job before, and the last finish.
     assert len(warnings) == 1
     assert "0 of the 1 replica(s)" in warnings[0]
-    assert backend.broker._unreplicated == 4 - 1
+    assert worker.broker._unreplicated == 4 - 1
 
 
 def test_acked_writes_survive_losing_the_master(pair):

@@ -105,7 +105,9 @@ class Worker:
         close_connections: bool = True,
     ) -> None:
         self.backend = backend
-        self.broker = backend.broker
+        # The loop's calls go through a connection of its own; the heartbeat thread's
+        # (register) through the backend's broker, not waiting on this one's BLPOP.
+        self.broker = backend.broker.pinned()
         self.queues = list(queues or backend.queue_names)
         # No queue named and QUEUES empty: serve every queue used, looking for new ones.
         self.discover_queues = not self.queues
@@ -199,6 +201,7 @@ class Worker:
             self.send_metrics()
             with contextlib.suppress(*REDIS_ERRORS):  # else its record expires by itself
                 self.broker.unregister_worker(self.worker_id)
+            self.broker.close()
         logger.info("Worker %s stopped after %d job(s)", self.worker_id, self.jobs_done)
 
     def _give_up(self, wanted: bool, backoff: Reconnector, exc: Exception) -> bool:
@@ -244,7 +247,7 @@ class Worker:
             "started_at": self.started_at,
             "jobs_done": self.jobs_done,
         }
-        return self.broker.heartbeat(self.worker_id, info, owned or {})
+        return self.backend.broker.heartbeat(self.worker_id, info, owned or {})
 
     def send_metrics(self) -> None:
         """Add the jobs counted since the last call to Redis's metrics (kept on failure)."""
@@ -430,47 +433,47 @@ class Worker:
             args = [results, *args]
         task = self.backend.task_for(envelope)
         result = make_result(self.backend.alias, task, record)
-        begun = JobEvent.of(claimed, envelope, TaskResultStatus.RUNNING, 0.0)
-        logger.info(
-            "Job %s %s started (attempt %d)",
-            claimed.job_id,
-            envelope.task_path,
-            begun.attempt,
-            extra=start_fields(begun),
-        )
+        # Each line's fields are made only for a log that shows it: a busy worker logs
+        # thousands of jobs a second, or none.
+        if logger.isEnabledFor(logging.INFO):
+            begun = JobEvent.of(claimed, envelope, TaskResultStatus.RUNNING, 0.0)
+            logger.info(
+                "Job %s %s started (attempt %d)",
+                claimed.job_id,
+                envelope.task_path,
+                begun.attempt,
+                extra=start_fields(begun),
+            )
         with worker_signals():  # logged just above
             task_started.send_robust(type(self.backend), task_result=result)
-        self._close_old_connections()
-        self.in_task = True
         raised: BaseException | None = None
-        try:
-            if task.takes_context:
-                args = [TaskContext(task_result=result), *args]
-            with time_limit(getattr(task, "timeout", None), envelope.task_path):
-                value = task.call(*args, **envelope.kwargs)
-            ensure_json(value, f"The return value of {envelope.task_path}()")
-            encoded = to_json(value)
-            if len(encoded.encode()) > config.max_payload_bytes:
-                raise InvalidPayload(
-                    f"the return value is {len(encoded.encode())} bytes of JSON, over the "
-                    f"{config.max_payload_bytes}-byte MAX_PAYLOAD_BYTES limit"
-                )
-            outcome = Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result=encoded)
-        except WorkerShutdown:
-            outcome = Outcome(claimed.job_id, claimed.owner, RELEASE)
-        # A task that calls sys.exit() fails; it does not stop the worker. Nor does one
-        # that raises KeyboardInterrupt: Ctrl-C reaches the worker's handler, not a task.
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
-            raised = exc
-            info = error_info(exc)
-            result.errors.append(TaskError(**info))
-            outcome = self._failure(task, record, claimed, exc, to_json(info))
-        else:
-            # As get_result() will return it: the value after a JSON round trip.
-            object.__setattr__(result, "_return_value", json.loads(encoded))
-        finally:
-            self.in_task = False
-            self._close_old_connections()
+        with self._in_task():
+            try:
+                if task.takes_context:
+                    args = [TaskContext(task_result=result), *args]
+                with time_limit(getattr(task, "timeout", None), envelope.task_path):
+                    value = task.call(*args, **envelope.kwargs)
+                ensure_json(value, f"The return value of {envelope.task_path}()")
+                encoded = to_json(value)
+                if len(encoded.encode()) > config.max_payload_bytes:
+                    raise InvalidPayload(
+                        f"the return value is {len(encoded.encode())} bytes of JSON, over "
+                        f"the {config.max_payload_bytes}-byte MAX_PAYLOAD_BYTES limit"
+                    )
+                outcome = Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result=encoded)
+            except WorkerShutdown:
+                outcome = Outcome(claimed.job_id, claimed.owner, RELEASE)
+            # A task that calls sys.exit() fails; it does not stop the worker. Nor does
+            # one that raises KeyboardInterrupt: Ctrl-C reaches the worker's handler,
+            # not a task.
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:
+                raised = exc
+                info = error_info(exc)
+                result.errors.append(TaskError(**info))
+                outcome = self._failure(task, record, claimed, exc, to_json(info))
+            else:
+                # As get_result() will return it: the value after a JSON round trip.
+                object.__setattr__(result, "_return_value", json.loads(encoded))
         retrying = outcome.status in (RETRY, RELEASE)
         object.__setattr__(
             result, "status", TaskResultStatus.READY if retrying else outcome.status
@@ -479,18 +482,19 @@ class Worker:
             object.__setattr__(result, "finished_at", datetime.now(tz=UTC))
         elapsed = (time.perf_counter() - started) * 1000
         event = JobEvent.of(claimed, envelope, outcome.status, elapsed / 1000)
-        fields = job_fields(event)  # for --log-format json
         if raised is None:
-            status = outcome.status
-            logger.info(
-                "Job %s %s %s in %.1f ms",
-                claimed.job_id,
-                envelope.task_path,
-                status,
-                elapsed,
-                extra=fields,
-            )
-        elif outcome.status == RETRY:
+            if logger.isEnabledFor(logging.INFO):
+                logger.info(
+                    "Job %s %s %s in %.1f ms",
+                    claimed.job_id,
+                    envelope.task_path,
+                    outcome.status,
+                    elapsed,
+                    extra=job_fields(event),  # for --log-format json
+                )
+            return Finished(outcome, result, raised, event)
+        fields = job_fields(event)
+        if outcome.status == RETRY:
             logger.warning(
                 "Job %s %s raised %s: %s in %.1f ms; again in %.1f s",
                 claimed.job_id,

@@ -66,9 +66,51 @@ def resolve(name: str, text: str, library: Mapping[str, str]) -> list[str]:
 
 
 def assemble(name: str, text: str, library: Mapping[str, str]) -> str:
-    """A script's source: the shared files it includes, then the script."""
-    parts = [library[lib] for lib in resolve(name, text, library)] + [text]
-    return "".join(part if part.endswith("\n") else part + "\n" for part in parts)
+    """A script's source: the shared files it includes, then the script; of the shared
+    files only the top-level definitions the script uses."""
+    parts = [library[lib] for lib in resolve(name, text, library)]
+    parts = [part if part.endswith("\n") else part + "\n" for part in parts]
+    return "".join(_used_statements(parts, text)) + (text if text.endswith("\n") else text + "\n")
+
+
+# A top-level definition of a shared file: a line at the left margin that starts a
+# ``local`` statement, and the names it declares.
+_DEFINITION = re.compile(r"local\s+(?:function\s+(\w+)|([\w\s,]+?)\s*(?:=|$))")
+# What names are not: comments and strings, taken out before names are looked for.
+_NOT_CODE = re.compile(
+    r"--\[(=*)\[.*?\]\1\]|--[^\n]*|\[(=*)\[.*?\]\2\]"
+    r"|'(?:\\.|[^'\\\n])*'"
+    r'|"(?:\\.|[^"\\\n])*"',
+    re.DOTALL,
+)
+_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+def _names_used(code: str) -> set[str]:
+    return set(_NAME.findall(_NOT_CODE.sub(" ", code)))
+
+
+def _used_statements(parts: list[str], script: str) -> list[str]:
+    """The top-level statements of ``parts`` (shared files, in order) that ``script``
+    needs: each ``local`` statement whose names it uses, directly or through the
+    statements kept; anything else (a file's leading comments) as it is."""
+    statements: list[tuple[set[str], str]] = []  # (names declared, text)
+    for part in parts:
+        for chunk in re.split(r"(?m)^(?=local\s)", part):
+            found = _DEFINITION.match(chunk)
+            names = {found.group(1)} if found and found.group(1) else set()
+            if found and found.group(2):
+                names = {n.strip() for n in found.group(2).split(",")}
+            statements.append((names, chunk))
+    wanted = _names_used(script)
+    kept = [not names for names, _ in statements]
+    # Later statements use earlier ones only: one pass from the end finds them all.
+    for at in range(len(statements) - 1, -1, -1):
+        names, chunk = statements[at]
+        if names & wanted:
+            kept[at] = True
+            wanted |= _names_used(chunk)
+    return [chunk for (_, chunk), keep in zip(statements, kept, strict=True) if keep]
 
 
 def read_library(directory: Traversable = LUA) -> dict[str, str]:

@@ -6,6 +6,10 @@
 -- How long the per-minute finish counts are kept (s): the dashboard shows an hour.
 local STATS_TTL = 7200
 
+-- The fields of a job's hash that its end reads (store_outcome), in this order.
+local OUTCOME_FIELDS = {'queue', 'cancelled', 'waiters', 'group', 'then', 'waiting', 'unique',
+                        'unique_until'}
+
 -- Store a final outcome (SUCCESSFUL or FAILED), start the result TTL, wake waiters,
 -- count it in this minute's stats, and index a failure for the dashboard (not a
 -- cancellation, nor a job that never ran: "retry failed jobs" must not run them). The failed
@@ -13,10 +17,10 @@ local STATS_TTL = 7200
 -- fan-out: count the end in the job's group, and let the jobs waiting for it go (or,
 -- if it did not succeed, queue them to `pending` to fail, naming `root`: the job whose
 -- failure this one's stems from, itself when it ran).
-local function store_outcome(id, status, now, result, error, ttl, pending, root)
+-- `fields`: the job's OUTCOME_FIELDS, when the caller has read them already.
+local function store_outcome(id, status, now, result, error, ttl, pending, root, fields)
   local job = JOB .. id
-  local fields = redis.call('HMGET', job, 'queue', 'cancelled', 'waiters', 'group', 'then',
-                            'waiting', 'unique', 'unique_until')
+  fields = fields or redis.call('HMGET', job, unpack(OUTCOME_FIELDS))
   local queue = fields[1] or ''
   if result ~= '' then
     redis.call('HSET', job, 'status', status, 'finished_at', now, 'result', result)
@@ -90,9 +94,9 @@ local function fail_pending(pending, now, ttl)
 end
 
 -- Record a final outcome, with everything it sets off (see store_outcome).
-local function record_outcome(id, status, now, result, error, ttl)
+local function record_outcome(id, status, now, result, error, ttl, fields)
   local pending = {}
-  store_outcome(id, status, now, result, error, ttl, pending)
+  store_outcome(id, status, now, result, error, ttl, pending, nil, fields)
   fail_pending(pending, now, ttl)
 end
 

@@ -111,8 +111,9 @@ end
 -- `lease` (ms) is the workers' lease, which the job's limit uses (free_slot).
 local function finish_job(id, owner, status, now, result, error, ttl, retry_in, lease)
   local job = JOB .. id
-  -- pcall: a key of another type answers an error, which is no owner.
-  local f = redis.pcall('HMGET', job, 'owner', 'limit')
+  -- pcall: a key of another type answers an error, which is no owner. The fields the
+  -- outcome reads come in the same call (one command less a job).
+  local f = redis.pcall('HMGET', job, 'owner', 'limit', unpack(OUTCOME_FIELDS))
   if f.err or f[1] ~= owner then
     return 0
   end
@@ -131,7 +132,7 @@ local function finish_job(id, owner, status, now, result, error, ttl, retry_in, 
     forget_attempt(job)
     requeue(id, now, ttl)
   else
-    record_outcome(id, status, now, result, error, ttl)
+    record_outcome(id, status, now, result, error, ttl, {unpack(f, 3, 2 + #OUTCOME_FIELDS)})
   end
   return 1
 end
