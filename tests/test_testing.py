@@ -121,6 +121,33 @@ def test_a_cancelled_delayed_job_does_not_run():
     assert result.status == TaskResultStatus.FAILED
 
 
+@task(unique=True)
+def rebuild(site_id: int) -> int:
+    return site_id
+
+
+@task(rate_limit="1/h")
+def call_partner(order_id: int) -> int:
+    return order_id
+
+
+def test_a_delayed_job_holding_a_unique_key_runs_once_and_lets_the_key_go():
+    first = rebuild.using(delay=timedelta(hours=2)).enqueue(3)
+    assert rebuild.enqueue(3).id == first.id  # the delayed job holds the key
+    assert [r.id for r in run_jobs()] == [first.id]
+    again = rebuild.enqueue(3)
+    assert again.id != first.id
+    assert [r.id for r in run_jobs()] == [again.id]
+
+
+def test_a_job_over_its_rate_stays_parked_until_its_window_has_room():
+    first, second = call_partner.enqueue(1), call_partner.enqueue(2)
+    assert [r.id for r in run_jobs()] == [first.id]
+    second.refresh()
+    assert second.status == TaskResultStatus.READY  # parked: its hour's start is taken
+    assert run_jobs() == []
+
+
 def test_only_the_queues_named(backend):
     low = double.using(queue_name="low").enqueue(1)
     high = double.using(queue_name="high", delay=timedelta(minutes=1)).enqueue(2)

@@ -11,10 +11,10 @@ from django_redisqueue.core.conf import Options
 from django_redisqueue.core.jobs import FAILED, SUCCESSFUL, Envelope
 from django_redisqueue.core.registry import registry
 from django_redisqueue.exceptions import InvalidPayload, UnknownTask, WorkerShutdown
+from django_redisqueue.runtime import WORKER_LOGGER
 from django_redisqueue.runtime.alarms import time_limit
 
-# The worker's logger: what a worker does is routed, or silenced, by one name.
-logger = logging.getLogger("django_redisqueue.runtime.worker")
+logger = logging.getLogger(WORKER_LOGGER)
 
 
 def run_broadcast(

@@ -7,11 +7,11 @@ import threading
 from collections.abc import Mapping
 from typing import Protocol
 
+from django_redisqueue.runtime import WORKER_LOGGER
 from django_redisqueue.store.gateway import REDIS_ERRORS
 from django_redisqueue.store.wire import Claimed
 
-# The worker's logger: what a worker does is routed, or silenced, by one name.
-logger = logging.getLogger("django_redisqueue.runtime.worker")
+logger = logging.getLogger(WORKER_LOGGER)
 
 # Longest time between two heartbeats (s), and between two tries while Redis fails.
 HEARTBEAT_INTERVAL = 10.0

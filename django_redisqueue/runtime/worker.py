@@ -53,6 +53,7 @@ from django_redisqueue.observe.events import JobEvent
 from django_redisqueue.observe.logformat import job_fields, start_fields, worker_signals
 from django_redisqueue.observe.metrics import JobMetrics, MetricsRefused
 from django_redisqueue.preparation import make_result
+from django_redisqueue.runtime import WORKER_LOGGER
 from django_redisqueue.runtime.alarms import time_limit
 from django_redisqueue.runtime.broadcasts import run_broadcast
 from django_redisqueue.runtime.heartbeat import Heartbeat
@@ -61,7 +62,7 @@ from django_redisqueue.runtime.queue_order import QueueOrder
 from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector
 from django_redisqueue.store.wire import AFTER_GROUP_PREFIX, RELEASE, RETRY, Claimed, Outcome
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(WORKER_LOGGER)
 
 
 @dataclass(frozen=True, slots=True)
