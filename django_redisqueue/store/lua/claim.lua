@@ -38,7 +38,9 @@ local REPLIED = 10
 -- and leaves the queue's wake-up token, so that the worker claims again at once.
 local MOST_PARKED = 100
 
-local function claim(id, fields)
+-- `score`: the job's place in its queue, kept in its hash while it runs, for a
+-- give-back or a recovery to put it back there (running.lua's requeue).
+local function claim(id, fields, score)
   local job = JOB .. id
   local attempts = math.floor(math.max(number(fields[3], 0), 0)) + 1
   local owner = worker .. '/' .. attempts
@@ -46,7 +48,8 @@ local function claim(id, fields)
   local started = fields[7] or now
   zadd(RUNNING, now + lease, id)
   redis.call('HSET', job, 'status', 'RUNNING', 'owner', owner, 'attempts', attempts,
-             'workers', workers, 'last_attempted_at', now, 'started_at', started)
+             'workers', workers, 'last_attempted_at', now, 'started_at', started,
+             'score', score)
   local reply = {id, owner, 'status', 'RUNNING', 'attempts', attempts, 'workers', workers,
                  'last_attempted_at', now, 'started_at', started}
   for i, name in ipairs(READ) do -- the rest as read (absent fields left out)
@@ -86,7 +89,7 @@ for i = first_queue, #ARGV do
       -- A job over its limit is parked, and the jobs behind it go on.
       local limit = limits_of(fields[11], fields[12], fields[13])
       if not limit or limit_room(limit, now) > 0 then
-        claimed = claim(id, fields)
+        claimed = claim(id, fields, popped[2])
         if limit then
           take_limit(id, limit, now)
         end

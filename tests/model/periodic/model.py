@@ -90,14 +90,15 @@ class PeriodicModel:
         self.seq += 1
         p = min(max(priority, -100), 100)
         score = (100 - p) * 17592186044416 + self.seq
+        # A waiting job's hash: no score (its queue holds it), no priority when 0.
         job = self.jobs[job_id] = {
             "payload": payload,
             "queue": queue,
-            "priority": str(priority),
             "enqueued_at": self.window,
             "status": "READY",
-            "score": str(score),
         }
+        if priority:
+            job["priority"] = str(priority)
         if "limit" in options:
             job["limit"] = options["limit"]
             if "max_running" in options:

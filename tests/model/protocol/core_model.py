@@ -199,6 +199,7 @@ class CoreModel:
                 job.attempts += 1
                 job.owner = f"{worker}/{job.attempts}"
                 job.workers.append(worker)
+                job.scored = True
                 job.place, job.deadline = RUNNING, None
                 job.deadline_window = (window[0] + self.lease_ms, window[1] + self.lease_ms)
                 self.issued.append((job.id, job.owner))

@@ -100,7 +100,7 @@ class CoreOperations:
         assert fields["status"] == "RUNNING"
         assert int(fields["attempts"]) == job.attempts
         assert fields["workers"] == ",".join(job.workers)
-        assert fields["queue"] == job.queue and int(fields["priority"]) == job.priority
+        assert fields["queue"] == job.queue and int(fields.get("priority", 0)) == job.priority
         assert int(fields.get("lost", 0)) == job.lost
         assert fields.get("after") == job.after
         assert fields["payload"]

@@ -151,7 +151,9 @@ class InvariantChecks:
         assert fields, f"{name}: its hash is gone ({job.place} in the model)"
         assert fields.get("status") == job.status, f"{name}: {fields.get('status')}, {job}"
         assert fields.get("owner") == job.owner, f"{name}: owner {fields.get('owner')}, {job}"
-        assert (fields["queue"], int(fields["priority"])) == (job.queue, job.priority)
+        assert fields["queue"] == job.queue, f"{name}: queue {fields['queue']}, {job}"
+        # Priority 0, the default, is left out of the hash.
+        assert fields.get("priority", "0") == str(job.priority), f"{name}: priority, {job}"
         assert int(fields.get("attempts", 0)) == job.attempts, f"{name}: attempts, {job}"
         assert int(fields.get("lost", 0)) == job.lost, f"{name}: lost, {job}"
         assert fields.get("workers", "") == ",".join(job.workers), f"{name}: workers, {job}"
@@ -176,8 +178,12 @@ class InvariantChecks:
         else:
             assert ttl == -1, f"{name}: {job.place} with TTL {ttl}"
             assert "finished_at" not in fields, f"{name}: {job.place} with a finished_at"
-        if job.place == QUEUED:
-            assert int(fields["score"]) == queue_scores[job.id], f"{name}: stored score"
+        if not job.scored:
+            assert "score" not in fields, f"{name}: a score in the hash of a job never claimed"
+        elif job.place in (RUNNING, PARKED):
+            # The place it goes back to: a score of its priority's band of its queue.
+            band = (100 - job.priority) * 2**44
+            assert band < int(fields["score"]) < band + 2**44, f"{name}: stored score"
         self.check_job_options(name, job, fields)
 
     def check_errors(self, name: str, stored: list[dict], model: list[Err]) -> None:

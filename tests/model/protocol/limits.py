@@ -146,7 +146,7 @@ class LimitsModel:
         self.starts[key] = starts[-keep:]
 
     def m_park(self, job) -> None:
-        job.place = PARKED
+        job.place, job.scored = PARKED, True
         # A look already asked for stays (sooner, or due); real time never reaches one.
         self.looks.setdefault(LIMITS[job.limit].key, False)
         self.count("parked")

@@ -131,6 +131,9 @@ class Job:
     place: str = QUEUED
     final: str = ""  # SUCCESSFUL or FAILED, when FINISHED
     seq: int = 0  # its place among the jobs of its priority (FIFO), kept on give-back
+    # Claimed or parked once: its hash holds the queue score it goes back to. A job
+    # never claimed nor parked keeps none (its queue holds it): waiting jobs are lean.
+    scored: bool = False
     due: int | None = None  # when DELAYED: the due time (ms), None until read back
     due_window: tuple[int, int] = (0, 0)
     deadline: int | None = None  # when RUNNING: the lease deadline (ms)

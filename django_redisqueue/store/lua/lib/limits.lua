@@ -166,6 +166,6 @@ end
 -- (the parked set is ordered by queue score) and waits for room.
 local function park(id, limit, score, wake)
   redis.call('ZADD', limit_key(':parked', 'zset', limit), score, id)
-  redis.call('HSET', JOB .. id, 'parked', limit.key)
+  redis.call('HSET', JOB .. id, 'parked', limit.key, 'score', score)
   look_again(limit.key, wake)
 end

@@ -28,10 +28,11 @@ local function next_score(priority)
   return queue_score(priority, seq)
 end
 
--- Put a READY job on its queue at `score`, and wake the queue's workers.
+-- Put a READY job on its queue at `score`, and wake the queue's workers. The score is
+-- the queue's to keep; the hash gets it at the job's claim (claim.lua) or parking.
 local function put_on_queue(id, queue, score)
   zadd(QUEUE .. queue, score, id)
-  redis.call('HSET', JOB .. id, 'status', 'READY', 'score', score)
+  redis.call('HSET', JOB .. id, 'status', 'READY')
   leave_wake_token(WAKE .. queue)
 end
 
