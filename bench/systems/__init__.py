@@ -7,7 +7,7 @@ import importlib
 from bench.systems.base import System
 
 # This app first: every ratio is a peer's figure over this app's.
-NAMES = ("redisqueue", "rq", "celery", "huey", "dramatiq", "arq", "bare")
+NAMES = ("redisqueue", "rq", "celery", "huey", "dramatiq", "arq", "saq", "taskiq", "bare")
 
 
 def load(name: str) -> System:
