@@ -273,6 +273,27 @@ def test_a_queue_of_another_type_holds_back_no_other_queue(r, broker, backend):
     assert claim_one(broker).job_id == later.id
 
 
+def test_a_paused_queue_keeps_its_jobs_in_place_and_an_empty_queue_costs_one_command(
+    r, broker, backend
+):
+    held = [tasks.noop.using(queue_name="high", priority=p).enqueue() for p in (0, 5, 0)]
+    places = r.zrange(backend.keys.queue("high"), 0, -1, withscores=True)
+    broker.operate("pause", "high")
+    job = tasks.noop.enqueue()
+    empty = [f"empty-{i}" for i in range(50)]
+    server = keys_server(r)
+    server.config_resetstat()
+    assert claim_one(broker, [*empty, "high", "default"]).job_id == job.id
+    stats = server.info("commandstats")
+    # One ZPOPMIN for each empty queue, and the paused queue's question asked only of
+    # the two queues that held jobs.
+    assert stats["cmdstat_zpopmin"]["calls"] == len(empty) + 2
+    assert stats["cmdstat_sismember"]["calls"] == 2
+    assert r.zrange(backend.keys.queue("high"), 0, -1, withscores=True) == places
+    broker.operate("resume", "high")
+    assert claim_all(broker) == [held[1].id, held[0].id, held[2].id]
+
+
 def test_a_paused_set_of_another_type_pauses_nothing(r, broker, backend):
     r.set(backend.keys.paused, "spoilt")
     job = tasks.noop.enqueue()

@@ -90,8 +90,15 @@ def _finite_float(text: str) -> float:
     return value
 
 
+# Made once: json.loads() with hooks builds a decoder on every call.
+_STRICT_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
 def from_json(text: str | bytes) -> Any:
     """Parse JSON strictly: no NaN, Infinity or numbers that overflow to them."""
+    if isinstance(text, str) and not text.startswith("\ufeff"):
+        return _STRICT_DECODER.decode(text)
+    # Bytes (told apart by encoding as json.loads does), or a BOM it refuses.
     return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
 
 

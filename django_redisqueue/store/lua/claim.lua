@@ -65,7 +65,11 @@ local claimed, parked = {}, 0
 for i = first_queue, #ARGV do
   local name = ARGV[i]
   local queue = QUEUE .. name
-  while not is_paused(name) do
+  -- Whether the queue is paused is asked once it has a job: an empty queue (a worker may
+  -- serve hundreds) then costs one command, and a job taken from a paused one goes back
+  -- at its score, which no one can see happen inside the script.
+  local paused = nil
+  while true do
     if parked >= MOST_PARKED then
       leave_wake_token(WAKE .. name)
       break
@@ -74,6 +78,13 @@ for i = first_queue, #ARGV do
     local popped = redis.pcall('ZPOPMIN', queue)
     local id = not failed(popped) and popped[1]
     if not id then
+      break
+    end
+    if paused == nil then
+      paused = is_paused(name)
+    end
+    if paused then
+      redis.call('ZADD', queue, popped[2], id)
       break
     end
     local fields
