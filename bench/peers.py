@@ -6,8 +6,9 @@ interleaved between the systems. Each system is set up as its own docs advise fo
 throughput (``bench/systems/<name>.py``); ``bench/published.py`` holds what each
 project publishes of its speed.
 
-    .venv/bin/pip install -e '.[django52,bench]'
-    .venv/bin/python -m bench.peers [--systems rq,celery] [--runs 3] [--scale 0.05]
+    python3 -m venv bench-venv    # its own: arq holds redis-py below 6
+    bench-venv/bin/pip install -e '.[django52,hiredis,bench]'
+    bench-venv/bin/python -m bench.peers [--systems rq,celery] [--runs 3] [--scale 0.05]
 
 Writes ``results.json``, ``results.md`` and ``chart.png`` to ``--out``
 (``bench/results/``). ``--scale`` shrinks every job count, for a quick check.
