@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import redis
 from redis.exceptions import NoScriptError
+from redis.sentinel import SentinelConnectionPool
 
 from django_redisqueue.store import scripts
 from django_redisqueue.store.connection import Client
@@ -106,11 +107,15 @@ class Broker(Gateway):
         thread's loop (a worker's), which then skips the pool's hand-over on every
         call (about 20 µs of the client's CPU a call with redis-py 8; the claim is one
         call a job). Calls on it from several threads wait for each other, a BLPOP
-        included: other threads keep to this broker. A cluster client routes each
-        call itself and is kept; so is the pool when Redis does not answer now (the
-        connection is taken at once), as the calls then are the same, only slower.
-        ``close()`` gives the connection back."""
-        if not isinstance(self.client, redis.Redis):
+        included: other threads keep to this broker. Kept as it is: a cluster client,
+        which routes each call itself; a Sentinel pool, whose fresh connections find
+        the new master after a failover where a held one was seen to keep asking the
+        old one; and the pool when Redis does not answer now (the connection is taken
+        at once). The calls are then the same, only slower. ``close()`` gives the
+        connection back."""
+        if not isinstance(self.client, redis.Redis) or isinstance(
+            self.client.connection_pool, SentinelConnectionPool
+        ):
             return self
         try:
             client = redis.Redis(
