@@ -1,15 +1,17 @@
 """The Lua scripts against the real server: ordering, fencing, wake-up tokens."""
 
 import pytest
+import redis
 
 from django_redisqueue import ResultTimeout
 from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
 from django_redisqueue.store import scripts
-from django_redisqueue.store.broker import ENQUEUE_BATCH_JOBS
+from django_redisqueue.store.broker import ENQUEUE_BATCH_JOBS, Broker
 from django_redisqueue.store.wire import NewJob, Outcome
 from tests import tasks
 from tests.keys import DEFAULT_KEYS
-from tests.topology import keys_server, scripts_run
+from tests.servers import free_port
+from tests.topology import ON_CLUSTER, keys_server, scripts_run
 
 QUEUES = ["high", "default", "low"]
 
@@ -292,6 +294,22 @@ def test_a_paused_queue_keeps_its_jobs_in_place_and_an_empty_queue_costs_one_com
     assert r.zrange(backend.keys.queue("high"), 0, -1, withscores=True) == places
     broker.operate("resume", "high")
     assert claim_all(broker) == [held[1].id, held[0].id, held[2].id]
+
+
+def test_a_pinned_broker_holds_one_connection_and_is_the_pool_when_redis_is_down(broker):
+    pinned = broker.pinned()
+    if ON_CLUSTER:  # a cluster client routes each call itself: it is kept
+        assert pinned is broker
+        return
+    assert pinned is not broker
+    held = pinned.client.connection
+    job = tasks.noop.enqueue()
+    assert pinned.claim(["default"], "w1")[1].job_id == job.id
+    assert pinned.client.connection is held  # the same connection, call after call
+    pinned.close()
+    assert pinned.client.connection is None
+    down = Broker(redis.Redis(port=free_port()), broker.keys, lease=60, result_ttl=60)
+    assert down.pinned() is down
 
 
 def test_a_paused_set_of_another_type_pauses_nothing(r, broker, backend):
