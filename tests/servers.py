@@ -155,7 +155,9 @@ class RedisServer(StartStop):
         ]
 
     def start(self, timeout: float = 10.0) -> None:
-        """Start the server and return once it answers PING."""
+        """Start the server and return once it answers, its data loaded: a server
+        restarted on its append-only file answers INFO while it loads, and refuses
+        everything else with LOADING."""
         if not shutil.which("redis-server"):
             raise RuntimeError(
                 "redis-server is not installed: sudo apt-get install redis-server "
@@ -171,7 +173,9 @@ class RedisServer(StartStop):
                     if server_info(client, "server")["process_id"] != process.pid:
                         self.kill()
                         raise RuntimeError(f"port {self.port} is taken by another redis-server")
-                    return
+                    if not server_info(client, "persistence")["loading"]:
+                        return
+                    raise redis.ConnectionError("loading")  # as not answering yet
                 except redis.ConnectionError:
                     if process.poll() is not None or time.monotonic() > deadline:
                         self.kill()
