@@ -173,7 +173,8 @@ class RedisServer(StartStop):
                     if server_info(client, "server")["process_id"] != process.pid:
                         self.kill()
                         raise RuntimeError(f"port {self.port} is taken by another redis-server")
-                    if not server_info(client, "persistence")["loading"]:
+                    # (A sentinel has no persistence to load.)
+                    if not server_info(client, "persistence").get("loading", 0):
                         return
                     raise redis.ConnectionError("loading")  # as not answering yet
                 except redis.ConnectionError:
