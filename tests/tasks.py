@@ -197,6 +197,20 @@ def sleep_for(seconds):
     return seconds
 
 
+@task
+def broadcast_record(label):
+    """Sends a broadcast message that records ``label`` on every worker."""
+    from django_redisqueue.core.fanout import broadcast
+
+    broadcast(record.job(label))
+
+
+@task
+def record_after(label, seconds):
+    time.sleep(seconds)
+    record(label)
+
+
 @task(timeout=0.5)
 def overruns(seconds):
     time.sleep(seconds)

@@ -65,8 +65,13 @@ def test_claim_records_a_lease_and_finish_is_fenced(r, broker, backend):
     assert (stored.status, stored.return_value, stored.worker_ids) == (SUCCESSFUL, 3, ["w1"])
     assert r.zcard(DEFAULT_KEYS.running) == 0
     assert 0 < r.ttl(DEFAULT_KEYS.job(job.id)) <= 24 * 3600
-    # A second finish by the former owner is rejected too: the job is no longer RUNNING.
+    # Its hash still names its last owner, which fences nothing once the job has ended:
+    # a second finish by the former owner is rejected, and its heartbeat renews nothing.
+    assert r.hget(DEFAULT_KEYS.job(job.id), "owner") == claimed.owner
     assert broker.finish(Outcome(job.id, claimed.owner, FAILED, error="{}")) is False
+    assert broker.heartbeat("w1", {}, {job.id: claimed.owner}) == [job.id]
+    assert r.zcard(DEFAULT_KEYS.running) == 0
+    assert backend.get_result(job.id).status == SUCCESSFUL
 
 
 def test_finish_and_claim_in_one_call(broker, backend):

@@ -252,6 +252,25 @@ def test_a_worker_runs_broadcasts_between_jobs(r, backend):
     assert logged(r) == ["job", "everywhere"]
 
 
+def test_a_busy_worker_runs_a_broadcast_before_its_queue_runs_dry(r, backend):
+    """A busy worker reads the broadcasts' number now and then, not with every claim:
+    a message sent by its first job runs while jobs still wait (8 jobs of 50 ms each,
+    against a read at least every 0.1 s)."""
+    from django_redisqueue.runtime.worker import BROADCASTS_READ_EVERY, Worker
+
+    assert BROADCASTS_READ_EVERY * 2 < 8 * 0.05
+    worker = Worker(backend, burst=True)
+    worker.register()
+    tasks.broadcast_record.enqueue("everywhere")
+    for i in range(8):
+        tasks.record_after.enqueue(f"job {i}", 0.05)
+    with patch("django_redisqueue.runtime.worker.close_old_connections"):
+        worker.run()
+    log = logged(r)
+    assert sorted(log) == sorted(["everywhere", *(f"job {i}" for i in range(8))])
+    assert log.index("everywhere") < len(log) - 1, log
+
+
 def test_a_broadcast_behind_a_full_read_of_others_queues_runs(r, backend):
     """More messages for other queues than one receive reads (100) come first: the
     worker reads on past them, and runs the one for it."""

@@ -321,5 +321,5 @@ def test_a_scheduler_whose_wait_was_held_leaves_expired_leases_to_their_workers(
     with mock.patch.object(scheduler.broker, "wait_for_schedule", wait):
         scheduler.sleep(0.3)
     scheduler.run()  # one step
-    recovered = r.hget(backend.keys.job(job.id), "owner") is None
+    recovered = r.hget(backend.keys.job(job.id), "status") != "RUNNING"
     assert recovered != held

@@ -87,6 +87,9 @@ FINISH_ATTEMPTS_ON_EXIT = 5
 QUEUES_REFRESH = 1.0
 # Tries to receive broadcasts before the worker gives up on them and runs jobs again.
 RECEIVE_ATTEMPTS = 5
+# How often a busy worker's claim also reads the last broadcast's number (s): with
+# every claim it would cost a command a job. A claim that finds no job reads it first.
+BROADCASTS_READ_EVERY = 0.1
 # What sending the metrics may raise: it is logged, and the worker goes on.
 METRICS_ERRORS: tuple[type[Exception], ...] = (MetricsRefused, *REDIS_ERRORS)
 # Sent by the heartbeat to the main thread to stop a job whose lease was lost.
@@ -127,6 +130,7 @@ class Worker:
         self._lost: Claimed | None = None  # the job the heartbeat found taken from us
         self.woken_by = ""  # the queue whose wake-up token this worker took, to pass on
         self.broadcast_seen = 0  # the last broadcast message this worker received
+        self.broadcasts_read_at = float("-inf")  # when a claim last read their number
         self.unreported: list[tuple[int, str]] = []  # broadcasts run, outcomes not stored
         self.receive_failures = 0
         self.metrics = JobMetrics() if backend.config.metrics else None
@@ -167,10 +171,18 @@ class Worker:
                     # runs broadcasts holding no job, so no lease waits on them.
                     receiving = self.broker.last_broadcast != self.broadcast_seen
                     queues = self.order.next() if wanted and not receiving else []
+                    now = time.monotonic()
+                    reading = now - self.broadcasts_read_at >= BROADCASTS_READ_EVERY
                     stored, job = self.broker.claim(
-                        queues, self.worker_id, _outcome(finished), woken_by=self.woken_by
+                        queues,
+                        self.worker_id,
+                        _outcome(finished),
+                        woken_by=self.woken_by,
+                        broadcasts=reading,
                     )
                     self.woken_by = ""
+                    if reading:
+                        self.broadcasts_read_at = now
                     backoff.succeeded()
                 except UNCERTAIN_ERRORS as exc:
                     uncertain = True
@@ -184,6 +196,10 @@ class Worker:
                 if finished is not None:
                     self._report(finished, bool(stored))
                     finished = None
+                if job is None and not reading:
+                    # Before it waits or stops, a worker learns of the broadcasts.
+                    self.broadcasts_read_at = float("-inf")
+                    continue
                 if job is None and self.broker.last_broadcast != self.broadcast_seen:
                     self._receive_broadcasts(backoff)
                     continue

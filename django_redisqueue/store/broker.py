@@ -232,21 +232,31 @@ class Broker(Gateway):
         finished: Outcome | None = None,
         *,
         woken_by: str = "",
+        broadcasts: bool = True,
     ) -> tuple[bool | None, Claimed | None]:
         """Store ``finished`` (if any), then claim the next job from the first
         non-empty queue of ``queues`` (none: only store). ``woken_by``: the queue whose
         wake-up token the worker took since its last claim; the claim passes it on if
-        that queue still holds jobs.
+        that queue still holds jobs. ``broadcasts``: read the last broadcast's number
+        into ``last_broadcast`` too (else it keeps the number it had).
 
         Returns whether the outcome was stored (False: the caller no longer owned the
         job; None: there was none) and the job claimed, if any.
         """
         outcomes = [finished] if finished else []
-        args: list[Any] = [self.lease_ms, worker_id, self.result_ttl, woken_by, len(outcomes)]
+        args: list[Any] = [
+            self.lease_ms,
+            worker_id,
+            self.result_ttl,
+            woken_by,
+            "1" if broadcasts else "",
+            len(outcomes),
+        ]
         for outcome in outcomes:
             args += outcome.as_args()
         stored, claimed, last_broadcast = self._run("claim", *args, *queues, acked=True)
-        self.last_broadcast = int(last_broadcast)
+        if broadcasts:
+            self.last_broadcast = int(last_broadcast)
         job = None
         if claimed:
             job = Claimed(text(claimed[0]) or "", text(claimed[1]) or "", _pairs(claimed[2:]))
@@ -254,7 +264,7 @@ class Broker(Gateway):
 
     def finish(self, outcome: Outcome) -> bool:
         """Store a job's outcome; False if the caller no longer owns the job."""
-        return bool(self.claim((), "", outcome)[0])
+        return bool(self.claim((), "", outcome, broadcasts=False)[0])
 
     def abandon(self, worker_id: str) -> list[str]:
         """Give back, uncounted, every job ``worker_id`` owns; return their ids."""

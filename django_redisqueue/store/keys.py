@@ -28,7 +28,8 @@ key                           type    contents (written by)
                                       place in the queue, kept so that a job given
                                       back returns to it), ``status``,
                                       ``enqueued_at``, ``attempts``, ``lost``,
-                                      ``workers``, ``owner`` (fencing token while
+                                      ``workers``, ``owner`` (the last claim's
+                                      fencing token: it fences only while
                                       RUNNING), ``started_at``,
                                       ``last_attempted_at``, ``finished_at`` (ms,
                                       Redis's clock), ``result`` and ``errors``

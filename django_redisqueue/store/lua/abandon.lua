@@ -14,10 +14,9 @@ local given = {}
 for _, id in ipairs(redis.call('ZRANGE', typed(RUNNING, 'zset'), 0, -1)) do
   local job = JOB .. id
   if is_job(id) then
-    local owner = redis.call('HGET', job, 'owner')
-    if owner and string.sub(owner, 1, #prefix) == prefix then
+    local f = redis.call('HMGET', job, 'owner', 'status')
+    if f[1] and f[2] == 'RUNNING' and string.sub(f[1], 1, #prefix) == prefix then
       redis.call('ZREM', RUNNING, id)
-      redis.call('HDEL', job, 'owner')
       free_slot(id, redis.call('HGET', job, 'limit'), now, tonumber(ARGV[3]), ttl)
       forget_attempt(job)
       requeue(id, now, ttl)

@@ -7,7 +7,9 @@
 -- Claiming starts the job: it is RUNNING, under a lease, from this step on.
 -- ARGV[1] lease (ms), ARGV[2] worker id, ARGV[3] result TTL (s),
 -- ARGV[4] the queue whose wake-up token woke the worker for this claim, or '',
--- ARGV[5] F, the number of outcomes to store first,
+-- ARGV[5] '1' to read the last broadcast's number, else '' (a busy worker reads it
+--   now and then, not with every job: one command less a job),
+-- ARGV[6] F, the number of outcomes to store first,
 -- then F groups of 6: job id, owner token, status, result JSON or '', error JSON or '',
 --   retry delay (ms, for RETRY)
 -- then the names of the queues to try, in order (none: only store the outcomes)
@@ -15,18 +17,19 @@
 -- Returns {stored, claimed, broadcast}: stored holds 1 (stored) or 0 (fenced out: no
 -- longer the owner) per outcome; claimed is {} or {id, owner, field, value, ...} with
 -- the job's fields as the worker reads them; broadcast is the number of the last
--- broadcast message sent (0: none), which tells the worker whether to receive.
+-- broadcast message sent (0: none), which tells the worker whether to receive, or ''
+-- when not asked.
 local lease, worker, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-local woken_by, outcomes = ARGV[4], tonumber(ARGV[5])
+local woken_by, read_broadcast, outcomes = ARGV[4], ARGV[5] == '1', tonumber(ARGV[6])
 local now = clock_ms()
 
 local stored = {}
 for i = 0, outcomes - 1 do
-  local at = 6 + i * 6
+  local at = 7 + i * 6
   stored[#stored + 1] = finish_job(ARGV[at], ARGV[at + 1], ARGV[at + 2], now,
                                    ARGV[at + 3], ARGV[at + 4], ttl, ARGV[at + 5], lease)
 end
-local first_queue = 6 + outcomes * 6
+local first_queue = 7 + outcomes * 6
 
 -- The fields a claim reads: the status first (a job that has ended is skipped), then
 -- what the worker needs to run the job.
@@ -123,5 +126,8 @@ if waiting and not failed(waiting) and waiting > 0 and not is_paused(woken_by) t
   leave_wake_token(WAKE .. woken_by)
 end
 -- The number as a whole number, whatever the key holds (a worker compares it).
-local broadcast = string.format('%.0f', math.max(number(redis.pcall('GET', BROADCAST_SEQ), 0), 0))
+local broadcast = ''
+if read_broadcast then
+  broadcast = string.format('%.0f', math.max(number(redis.pcall('GET', BROADCAST_SEQ), 0), 0))
+end
 return {stored, claimed, broadcast}

@@ -1,4 +1,4 @@
--- include: keys, values, broadcasts
+-- include: keys, values, broadcasts, running
 -- Keys: JOB..id, RUNNING, WORKERS, WORKER..id, BROADCAST_SEQ, CURSORS, UNREAD, SENT
 -- A worker's heartbeat: record it as alive for the dashboard, and extend the leases of
 -- the jobs it still owns.
@@ -28,7 +28,7 @@ end
 local lost = {}
 for i = pairs_at, #ARGV, 2 do
   local id, owner = ARGV[i], ARGV[i + 1]
-  if is_job(id) and redis.call('HGET', JOB .. id, 'owner') == owner then
+  if is_job(id) and owned_by(redis.call('HMGET', JOB .. id, 'owner', 'status'), owner) then
     -- Its own, so it is RUNNING: a running set replaced (written by hand) learns it back.
     zadd(RUNNING, now + tonumber(ARGV[1]), id)
   else

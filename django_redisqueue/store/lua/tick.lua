@@ -76,7 +76,6 @@ if recover then
     redis.call('ZREM', RUNNING, id)
     local job = JOB .. id
     if is_job(id) then
-      redis.call('HDEL', job, 'owner')
       free_slot(id, redis.call('HGET', job, 'limit'), now, tonumber(ARGV[8]), ttl)
       local lost = math.floor(math.max(number(redis.call('HGET', job, 'lost'), 0), 0)) + 1
       redis.call('HSET', job, 'lost', lost)

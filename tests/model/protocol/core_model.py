@@ -197,7 +197,7 @@ class CoreModel:
                 if job.limit:
                     self.m_take_limit(job, window)
                 job.attempts += 1
-                job.owner = f"{worker}/{job.attempts}"
+                job.owner = job.token = f"{worker}/{job.attempts}"
                 job.workers.append(worker)
                 job.scored = True
                 job.place, job.deadline = RUNNING, None

@@ -65,10 +65,12 @@ class CoreRules:
 
     def wrong_token(self, job: Job, kind: str, index: int) -> str:
         """A token that is not the job's owner's."""
+        if kind == "last claim's" and job.owner is None and job.token is not None:
+            return job.token  # its hash still names it: the job is no longer RUNNING
         stale = [t for i, t in self.issued if i == job.id and t != job.owner]
-        if kind == "stale" and stale:
+        if kind in ("stale", "last claim's") and stale:
             return self.pick(stale, index)
-        if kind in ("stale", "other worker"):
+        if kind in ("stale", "last claim's", "other worker"):
             mine = job.owner.split("/")[0] if job.owner else None
             other = self.pick([w for w in WORKERS if w != mine], index)
             return f"{other}/{max(job.attempts, 1)}"
@@ -144,14 +146,15 @@ class CoreRules:
     def claim(self, worker, order, woken_by):
         self.op_claim(worker, order, None, woken_by)
 
-    @rule(worker=WORKER, status=STATUS, retry_in=RETRY_DELAY)
-    def work(self, worker, status, retry_in):
-        """A worker's loop: finish the job in hand (if any) and claim the next."""
+    @rule(worker=WORKER, status=STATUS, retry_in=RETRY_DELAY, broadcasts=st.booleans())
+    def work(self, worker, status, retry_in, broadcasts):
+        """A worker's loop: finish the job in hand (if any) and claim the next; a busy
+        worker reads the broadcasts' number only now and then."""
         outcome = None
         if self.held[worker]:
             job_id, token = min(self.held[worker].items())
             outcome = self.outcome(job_id, token, status, retry_in)
-        self.op_claim(worker, QUEUES, outcome)
+        self.op_claim(worker, QUEUES, outcome, broadcasts=broadcasts)
 
     @rule(pick=PICK, order=ORDER, status=STATUS, retry_in=RETRY_DELAY)
     def finish_and_claim(self, pick, order, status, retry_in):

@@ -150,7 +150,8 @@ class InvariantChecks:
             return
         assert fields, f"{name}: its hash is gone ({job.place} in the model)"
         assert fields.get("status") == job.status, f"{name}: {fields.get('status')}, {job}"
-        assert fields.get("owner") == job.owner, f"{name}: owner {fields.get('owner')}, {job}"
+        assert fields.get("owner") == job.token, f"{name}: owner {fields.get('owner')}, {job}"
+        assert job.owner == (job.token if job.place == RUNNING else None), f"{name}: {job}"
         assert fields["queue"] == job.queue, f"{name}: queue {fields['queue']}, {job}"
         # Priority 0, the default, is left out of the hash.
         assert fields.get("priority", "0") == str(job.priority), f"{name}: priority, {job}"

@@ -138,7 +138,10 @@ class Job:
     due_window: tuple[int, int] = (0, 0)
     deadline: int | None = None  # when RUNNING: the lease deadline (ms)
     deadline_window: tuple[int, int] = (0, 0)
-    owner: str | None = None
+    owner: str | None = None  # its fencing token while RUNNING, else None
+    # The token of its last claim: its hash keeps it once the job leaves RUNNING (one
+    # command less a finish), where it fences nothing, as only a RUNNING job is owned.
+    token: str | None = None
     attempts: int = 0
     lost: int = 0
     workers: list[str] = field(default_factory=list)

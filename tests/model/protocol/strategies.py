@@ -25,7 +25,7 @@ RETRY_DELAY = st.sampled_from(RETRY_IN)
 PICK = st.integers(0, 1 << 16)
 WORKER = st.sampled_from(WORKERS)
 ORDER = st.just(QUEUES) | st.sampled_from(ORDERS)  # all queues, in order, half the time
-WRONG = st.sampled_from(["stale", "other worker", "made up", "empty"])
+WRONG = st.sampled_from(["stale", "last claim's", "other worker", "made up", "empty"])
 # What a linked job waits for: nothing, the job before it in the call, a job of the
 # model (any state, deleted ones too), or a job that never existed.
 LINK = st.sampled_from(["prev", "prev", "prev", "prev", "none", "job", "job", "unknown"])

@@ -104,6 +104,13 @@ local function free_slot(id, key, now, lease, ttl)
   end
 end
 
+-- Whether `fields` (a job's HMGET of 'owner', 'status', ...) say `token` owns the job:
+-- the token of its latest claim, while it runs. The hash keeps a token once the job
+-- stops running (no command spent on dropping it), where it fences nothing.
+local function owned_by(fields, token)
+  return not fields.err and fields[1] == token and fields[2] == 'RUNNING'
+end
+
 -- Finish a RUNNING job, fenced: only the owner recorded at claim time may finish it.
 -- status is SUCCESSFUL or FAILED; RETRY (to the delayed set, due `retry_in` ms from
 -- now); or RELEASE (back to its queue, unfinished, its attempt forgotten: the worker
@@ -113,13 +120,12 @@ local function finish_job(id, owner, status, now, result, error, ttl, retry_in, 
   local job = JOB .. id
   -- pcall: a key of another type answers an error, which is no owner. The fields the
   -- outcome reads come in the same call (one command less a job).
-  local f = redis.pcall('HMGET', job, 'owner', 'limit', unpack(OUTCOME_FIELDS))
-  if f.err or f[1] ~= owner then
+  local f = redis.pcall('HMGET', job, 'owner', 'status', 'limit', unpack(OUTCOME_FIELDS))
+  if not owned_by(f, owner) then
     return 0
   end
   redis.pcall('ZREM', RUNNING, id) -- of another type: the job is in none
-  redis.call('HDEL', job, 'owner')
-  free_slot(id, f[2], now, lease, ttl)
+  free_slot(id, f[3], now, lease, ttl)
   if status == 'RETRY' then
     append_error(job, error)
     local queue = redis.call('HGET', job, 'queue')
@@ -132,7 +138,7 @@ local function finish_job(id, owner, status, now, result, error, ttl, retry_in, 
     forget_attempt(job)
     requeue(id, now, ttl)
   else
-    record_outcome(id, status, now, result, error, ttl, {unpack(f, 3, 2 + #OUTCOME_FIELDS)})
+    record_outcome(id, status, now, result, error, ttl, {unpack(f, 4, 3 + #OUTCOME_FIELDS)})
   end
   return 1
 end
