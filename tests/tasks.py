@@ -198,6 +198,17 @@ def sleep_for(seconds):
 
 
 @task
+def outlast_idle_connections(timeout):
+    """Runs until Redis has closed every connection whose last command was a script
+    (the worker's own among them): those idle longer than the server's ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while any(c.get("cmd") in ("evalsha", "eval") for c in client().client_list()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Redis closed no idle connection within {timeout} s")
+        time.sleep(0.05)
+
+
+@task
 def broadcast_record(label):
     """Sends a broadcast message that records ``label`` on every worker."""
     from django_redisqueue.core.fanout import broadcast

@@ -10,7 +10,14 @@ import pytest
 from django_redisqueue import ResultTimeout, TaskFailed, task
 from django_redisqueue.compat import TaskResultStatus, task_backends, task_finished
 from tests import tasks
-from tests.conftest import manage, run_worker_here, start_manage, wait_until
+from tests.conftest import (
+    manage,
+    not_on_cluster,
+    private_redis,
+    run_worker_here,
+    start_manage,
+    wait_until,
+)
 from tests.keys import DEFAULT_KEYS
 
 
@@ -245,6 +252,26 @@ def test_a_job_whose_lease_is_lost_is_stopped_and_the_worker_goes_on(r):
     assert "done:lost" not in r.lrange(tasks.LOG, 0, -1)  # interrupted, not released
     assert backend.get_result(job.id).status == TaskResultStatus.RUNNING  # not ours now
     assert backend.get_result(after.id).return_value == 2
+
+
+@not_on_cluster
+def test_a_job_that_outlasts_redis_idle_timeout_is_stored_once_and_the_next_runs(caplog):
+    """A server with ``timeout`` closes a connection idle that long: the worker's own
+    connection, idle while its job runs. The outcome still reaches Redis, once, on a
+    new connection (no call taken for a lost reply, nothing said in the log), and the
+    worker goes on."""
+    with private_redis("--timeout", "1"):
+        backend = task_backends["default"]
+        long = tasks.outlast_idle_connections.enqueue(30)
+        after = tasks.add.enqueue(1, 2)
+        with caplog.at_level(logging.WARNING, logger="django_redisqueue"):
+            worker = run_worker_here(backend)
+        assert [r.getMessage() for r in caplog.records] == []
+        result = backend.get_result(long.id)
+        assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+        assert (result.attempts, len(result.worker_ids)) == (1, 1)
+        assert after.wait(timeout=5) == 3
+        assert worker.jobs_done == 2
 
 
 def test_times_come_from_redis_and_share_one_precision(backend):

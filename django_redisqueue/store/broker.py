@@ -12,6 +12,7 @@ are in ``queries.py``; both go through ``gateway.Gateway``.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
@@ -47,6 +48,9 @@ ENQUEUE_BATCH_JOBS = 1000
 ENQUEUE_BATCH_BYTES = 1 << 20
 # Seconds between two warnings that writes went unconfirmed by REPLICA_ACKS replicas.
 UNREPLICATED_WARNING_INTERVAL = 10.0
+# A pinned broker's connection unused this long (s) is looked at before it is used:
+# the shortest idle ``timeout`` a server may have is 1 s.
+HELD_CONNECTION_LOOK_AFTER = 0.5
 
 
 def _load_scripts(client: Client) -> dict[str, Any]:
@@ -77,6 +81,28 @@ class NotReplicated(redis.RedisError):
         self.replies = replies  # the scripts' replies, as if all was well
 
 
+class UnreplicatedWrites:
+    """The writes too few replicas confirmed, said in the log at most once per
+    UNREPLICATED_WARNING_INTERVAL with how many there were: one count per backend,
+    which its pinned brokers share (a worker's loop and its heartbeat thread)."""
+
+    def __init__(self) -> None:
+        self.count = 0  # since the last warning
+        self._warn_at = 0.0
+        self._lock = threading.Lock()
+
+    def note(self, script: str, exc: NotReplicated) -> None:
+        with self._lock:
+            self.count += 1
+            if time.monotonic() < self._warn_at:
+                return
+            self._warn_at = time.monotonic() + UNREPLICATED_WARNING_INTERVAL
+            count, self.count = self.count, 0
+        logger.warning(
+            "Redis %s: %s (%d such write(s) since the last warning)", script, exc, count
+        )
+
+
 class Broker(Gateway):
     """The protocol's moves of one backend's jobs: each an atomic script."""
 
@@ -98,9 +124,9 @@ class Broker(Gateway):
         self._scripts = _load_scripts(client)
         # The number of the last broadcast message, as the latest claim saw it.
         self.last_broadcast = 0
-        # Writes too few replicas confirmed since the last warning, and the next one.
-        self._unreplicated = 0
-        self._warn_unreplicated_at = 0.0
+        self.unreplicated = UnreplicatedWrites()
+        # A pinned broker's: when its held connection was last used (else None).
+        self._held_used_at: float | None = None
 
     def pinned(self) -> Broker:
         """This broker on a connection of its own, held from call to call: for one
@@ -123,7 +149,7 @@ class Broker(Gateway):
             )
         except REDIS_ERRORS:
             return self
-        return Broker(
+        pinned = Broker(
             client,
             self.keys,
             lease=self.lease_ms / 1000,
@@ -131,6 +157,26 @@ class Broker(Gateway):
             replica_acks=self.replica_acks,
             replica_acks_timeout=self.replica_acks_timeout,
         )
+        pinned.unreplicated = self.unreplicated
+        pinned._held_used_at = time.monotonic()
+        return pinned
+
+    def _look_at_held_connection(self) -> None:
+        """A held connection idle for a while may have been closed by the server (its
+        ``timeout``) while a job ran: look before sending on it, as the pool does when
+        it hands one over, so that the call goes on a new one and is not taken for a
+        reply lost. Only after a pause: a busy worker pays no look."""
+        now = time.monotonic()
+        if now - (self._held_used_at or now) >= HELD_CONNECTION_LOOK_AFTER:
+            connection = cast(redis.Redis, self.client).connection
+            if connection is not None:
+                try:
+                    closed = connection.can_read()  # the server's EOF, or data no one asked for
+                except REDIS_ERRORS:
+                    closed = True
+                if closed:
+                    connection.disconnect()
+        self._held_used_at = now
 
     def close(self) -> None:
         """Give a pinned broker's connection back to the pool (any other: nothing)."""
@@ -141,21 +187,14 @@ class Broker(Gateway):
         """Call a script. ``acked``: a write that waits for REPLICA_ACKS replicas (if
         set); when too few confirm it, say so in the log and carry on (a job's move
         lost with a failed master is redone: it runs again, at least once)."""
+        if self._held_used_at is not None:
+            self._look_at_held_connection()
         if not (acked and self.replica_acks):
             return self._scripts[script](keys=self._script_keys, args=args)
         try:
             return self._run_many([(script, args)])[0]
         except NotReplicated as exc:
-            self._unreplicated += 1
-            if time.monotonic() >= self._warn_unreplicated_at:
-                self._warn_unreplicated_at = time.monotonic() + UNREPLICATED_WARNING_INTERVAL
-                logger.warning(
-                    "Redis %s: %s (%d such write(s) since the last warning)",
-                    script,
-                    exc,
-                    self._unreplicated,
-                )
-                self._unreplicated = 0
+            self.unreplicated.note(script, exc)
             return exc.replies[0]
 
     def _run_many(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
