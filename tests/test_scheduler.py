@@ -323,3 +323,41 @@ def test_a_scheduler_whose_wait_was_held_leaves_expired_leases_to_their_workers(
     scheduler.run()  # one step
     recovered = r.hget(backend.keys.job(job.id), "status") != "RUNNING"
     assert recovered != held
+
+
+@pytest.mark.parametrize("renewed", [True, False])
+def test_a_lease_that_ran_out_after_the_latest_step_a_grace_ago_waits_for_its_heartbeat(
+    r, renewed
+):
+    """Redis held every client past a lease (a busy script, CLIENT PAUSE) and answered
+    the scheduler's step before the heartbeats it had refused: that step takes no
+    lease that ran out after the scheduler's step a grace before it, and the heartbeat
+    that lands meanwhile keeps the job with its worker. A lease nobody renews is
+    recovered by the next step, a grace later."""
+    backend = task_backends["leased"]
+    scheduler = Scheduler(backend)
+    job = tasks.add.using(backend="leased").enqueue(1, 2)
+    _, claimed = backend.broker.claim(["default"], "w1")
+    scheduler.steps.append((now_ms() - 60_000, time.monotonic() - 60))  # a minute ago
+    r.zadd(backend.keys.running, {job.id: now_ms() - 1})  # ran out during the hold
+    waits: list[float | None] = []
+    renewals = []
+
+    def sleep(seconds: float | None) -> None:
+        waits.append(seconds)
+        if len(waits) == 1 and renewed:  # the refused heartbeat lands
+            renewals.append(backend.broker.heartbeat("w1", {}, {job.id: claimed.owner}))
+        if len(waits) == 2:
+            scheduler.stop()
+            return
+        time.sleep(seconds or 0)
+
+    with mock.patch.object(scheduler, "sleep", sleep):
+        scheduler.run()
+    assert waits[0] == pytest.approx(scheduler.grace, abs=0.01)  # due again a grace later
+    status, owner = r.hmget(backend.keys.job(job.id), "status", "owner")
+    if renewed:
+        assert renewals == [[]]
+        assert (status, owner) == ("RUNNING", claimed.owner)
+    else:
+        assert status == "READY" and r.zscore(backend.keys.running, job.id) is None

@@ -18,12 +18,14 @@ import secrets
 import signal
 import socket
 import time
+from collections import deque
 from types import FrameType
 
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.core.jobs import error_info, to_json
 from django_redisqueue.exceptions import WorkerLost
 from django_redisqueue.periodic import PeriodicStep
+from django_redisqueue.runtime.heartbeat import HEARTBEAT_RETRY
 from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
 
 logger = logging.getLogger(__name__)
@@ -39,6 +41,14 @@ BATCH = 500
 # on its way, and so were the workers' heartbeats: it recovers no lease. Held for
 # less, no live worker's lease can run out, as heartbeats renew it every third of it.
 HELD_SHARE_OF_LEASE = 0.25
+
+
+def recovery_grace(lease: float) -> float:
+    """How long before a step (s) an earlier step must have run for the leases that ran
+    out by then to be recovered: a live worker's heartbeat, refused while Redis held
+    every client, tries again every HEARTBEAT_RETRY s; it gets a few tries, or a share
+    of the lease (docs/protocol.md, "tick")."""
+    return max(HELD_SHARE_OF_LEASE * lease, 4 * HEARTBEAT_RETRY)
 
 
 class _Interrupted(Exception):
@@ -67,6 +77,10 @@ class Scheduler:
         # Redis's clock at the last step, and this host's monotonic clock then: what
         # Redis's clock should read at the next step, if nothing held it.
         self.last_step: tuple[int, float] | None = None
+        # The steps since the latest one a grace ago: Redis's clock then, and this host's
+        # monotonic clock when the reply came (_ran_out_by_ms).
+        self.grace = recovery_grace(backend.config.lease)
+        self.steps: deque[tuple[int, float]] = deque()
         self.lost_error = to_json(
             error_info(
                 WorkerLost(
@@ -101,8 +115,11 @@ class Scheduler:
                     lost_error=self.lost_error,
                     recover=recover,
                     recover_until_ms=self._recover_until_ms(),
+                    ran_out_by_ms=self._ran_out_by_ms(),
+                    grace_ms=int(self.grace * 1000),
                 )
                 self.last_step = (tick.now_ms, time.monotonic())
+                self.steps.append(self.last_step)
                 periodic_in = self._periodic_step(tick.now_ms)
                 if tick.held:
                     logger.warning(
@@ -130,8 +147,8 @@ class Scheduler:
             next_in = _sooner(tick.next_in, periodic_in)
             if next_in == 0:
                 continue  # a batch was full
-            if self.burst:
-                break
+            if self.burst and not tick.overdue:
+                break  # (a lease that ran out is recovered first, after its grace)
             try:
                 self.sleep(next_in)
             except REDIS_ERRORS as exc:
@@ -155,6 +172,16 @@ class Scheduler:
         return int(
             redis_then + elapsed_ms + HELD_SHARE_OF_LEASE * self.backend.config.lease * 1000
         )
+
+    def _ran_out_by_ms(self) -> int:
+        """Redis's clock at this scheduler's latest step a grace ago or more (0: none
+        yet): the leases that ran out by then, while Redis answered, are recovered."""
+        now = time.monotonic()
+        while len(self.steps) >= 2 and now - self.steps[1][1] >= self.grace:
+            self.steps.popleft()
+        if self.steps and now - self.steps[0][1] >= self.grace:
+            return self.steps[0][0]
+        return 0
 
     def _failed(self, backoff: Reconnector, exc: Exception) -> None:
         self.redis_failed = True

@@ -353,11 +353,16 @@ class Broker(Gateway):
         lost_error: str,
         recover: bool = True,
         recover_until_ms: int = 0,
+        ran_out_by_ms: int | None = None,
+        grace_ms: int = 0,
     ) -> Tick:
         """Promote the due delayed jobs of ``queues`` and (``recover``) recover jobs
         whose lease has passed, unless the step runs after ``recover_until_ms`` by
-        Redis's clock (0: whenever it runs)."""
-        promoted, recovered, failed, next_at, now, held = self._run(
+        Redis's clock (0: whenever it runs). Only leases that ran out by
+        ``ran_out_by_ms`` (Redis's clock at an earlier step, ``grace_ms`` ago; None: by
+        now) are recovered; for one that ran out since, the next step is due in
+        ``grace_ms`` (docs/protocol.md, "tick")."""
+        promoted, recovered, failed, next_at, now, held, overdue = self._run(
             "tick",
             scheduler_id,
             batch,
@@ -367,11 +372,21 @@ class Broker(Gateway):
             int(recover),
             recover_until_ms,
             self.lease_ms,
+            "" if ran_out_by_ms is None else ran_out_by_ms,
+            grace_ms,
             *queues,
         )
         next_at = int(next_at)
         next_in = None if next_at < 0 else max(next_at - int(now), 0) / 1000
-        return Tick(int(promoted), int(recovered), int(failed), next_in, int(now), bool(held))
+        return Tick(
+            int(promoted),
+            int(recovered),
+            int(failed),
+            next_in,
+            int(now),
+            bool(held),
+            bool(overdue),
+        )
 
     def wait_for_schedule(self, timeout: float) -> bool:
         """Block until a job becomes the first due, or the timeout (~0.1 s precise)."""

@@ -78,6 +78,7 @@ class Tick:
     next_in: float | None  # seconds; None when nothing is delayed or running; 0: again
     now_ms: int  # Redis's clock when the step ran
     held: bool = False  # it ran past recover_until_ms, so it recovered no lease
+    overdue: bool = False  # a lease that ran out is left for a later step
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,11 +15,22 @@
 -- way (CLIENT PAUSE, a busy script, a stalled network), and so were the heartbeats
 -- of live workers: it leaves expired leases alone, ARGV[8] the workers' liveness
 -- window (ms): when it recovers leases, it also drops the broadcast cursors of workers
--- silent that long (trim_broadcasts); it is also the lease, which limits use, then the names of the queues whose delayed jobs
--- to promote
+-- silent that long (trim_broadcasts); it is also the lease, which limits use,
+-- ARGV[9] the time (ms, Redis's clock) of an earlier step, a grace ago: only leases that
+-- ran out by then are recovered, or '' for those that ran out by now (see below),
+-- ARGV[10] the grace (ms), then the names of the queues whose delayed jobs to promote.
 -- Returns {promoted, recovered, failed, next, now, held}: next is the time (ms) of
--- the next due job or lease deadline, -1 if there is none, or 0 if a batch was full
--- (call again); now is Redis's time (ms); held is 1 when the step ran past ARGV[7].
+-- the next due job or lease deadline (a lease that ran out after ARGV[9]: a grace from
+-- now), -1 if there is none, or 0 if a batch was full (call again); now is Redis's time
+-- (ms); held is 1 when the step ran past ARGV[7]; overdue is 1 when a lease that ran out
+-- is left in the running set (it ran out after ARGV[9], or a batch was full).
+--
+-- Why a lease must have run out by an earlier step: Redis may hold every client (a busy
+-- script, CLIENT PAUSE) past a lease, and answer the scheduler's step before the
+-- heartbeats it refused meanwhile, which land a moment later. No step runs while Redis
+-- holds them all, so a lease that ran out by the time of an earlier step ran out while
+-- Redis answered; and with a grace since then, its worker, were it alive, has had time
+-- to renew it after any hold. A lease that ran out since is left for a later step.
 local batch, lost_limit = tonumber(ARGV[2]), tonumber(ARGV[3])
 local ttl, recover = tonumber(ARGV[4]), ARGV[6] == '1'
 local now = clock_ms()
@@ -43,7 +54,7 @@ local function consider(score)
   end
 end
 
-for i = 9, #ARGV do
+for i = 11, #ARGV do
   local queue = ARGV[i]
   local delayed = DELAYED .. queue
   local due = redis.pcall('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, batch)
@@ -68,10 +79,11 @@ for i = 9, #ARGV do
   redis.pcall('ZREMRANGEBYSCORE', FAILED .. queue, '-inf', now - ttl * 1000)
 end
 
-local recovered, failed = 0, 0
+local recovered, failed, overdue = 0, 0, 0
 if recover then
-  local expired = redis.call('ZRANGEBYSCORE', typed(RUNNING, 'zset'), '-inf', now, 'LIMIT', 0,
-                             batch)
+  local ran_out_by = math.min(number(ARGV[9], now), now)
+  local expired = redis.call('ZRANGEBYSCORE', typed(RUNNING, 'zset'), '-inf', ran_out_by,
+                             'LIMIT', 0, batch)
   for _, id in ipairs(expired) do
     redis.call('ZREM', RUNNING, id)
     local job = JOB .. id
@@ -88,7 +100,12 @@ if recover then
     end
   end
   full = full or #expired == batch
-  consider(redis.call('ZRANGE', RUNNING, 0, 0, 'WITHSCORES')[2])
+  local first = tonumber(redis.call('ZRANGE', RUNNING, 0, 0, 'WITHSCORES')[2])
+  if first and first <= now then
+    overdue = 1
+    first = now + tonumber(ARGV[10]) -- it ran out after ran_out_by: a grace from now
+  end
+  consider(first)
 end
 
 -- Limits whose parked jobs are due a look: those with room go back to their queues
@@ -117,4 +134,4 @@ end
 if full then
   next = 0
 end
-return {promoted, recovered, failed, next, now, held}
+return {promoted, recovered, failed, next, now, held, overdue}

@@ -18,6 +18,7 @@ from tests.model.protocol.records import (
     DELAYED,
     DELETED,
     FINISHED,
+    GRACE_MS,
     LEASE_LOST,
     LOST_ERROR,
     LOST_LIMIT,
@@ -152,9 +153,17 @@ class CoreOperations:
         self.cursors.setdefault(worker, self.last_message)
 
     def op_tick(
-        self, scheduler: str, queues, batch: int, recover: bool, held: bool = False
+        self,
+        scheduler: str,
+        queues,
+        batch: int,
+        recover: bool,
+        held: bool = False,
+        in_grace: bool = False,
     ) -> None:
-        """``held``: the step reaches Redis after the time it may recover leases by."""
+        """``held``: the step reaches Redis after the time it may recover leases by.
+        ``in_grace``: its scheduler's earlier step a grace ago ran before any lease
+        ran out (the clock's start), so every lease that ran out is left for later."""
         before_delayed = [j for j in self.job_list(DELAYED) if j.queue in queues]
         t0 = self.clock()
         tick = self.broker.tick(
@@ -165,11 +174,13 @@ class CoreOperations:
             lost_error=LOST_ERROR,
             recover=recover,
             recover_until_ms=t0 - 1 if held else t0 + 60_000,
+            ran_out_by_ms=-1 if in_grace else None,
+            grace_ms=GRACE_MS,
         )
         t1 = self.clock()
         assert tick.held == held, tick
         recover = recover and not held
-        before_running = self.job_list(RUNNING) if recover else []
+        before_running = self.job_list(RUNNING) if recover and not in_grace else []
         pipe = self.r.pipeline(transaction=False)
         for job in before_delayed:
             pipe.zscore(self.keys.delayed(job.queue), job.id)
@@ -233,8 +244,14 @@ class CoreOperations:
             self.m_trim_broadcasts()
         model = (len(promoted), recovered, failed)
         assert (tick.promoted, tick.recovered, tick.failed) == model, f"{tick}, model {model}"
+        overdue = False
         if recover:
-            later += [j.deadline for j in self.job_list(RUNNING)]
+            # A lease that ran out and is still there: the next step is due a grace
+            # after this one (t0 + GRACE_MS stands for it: see the bounds below).
+            for job in self.job_list(RUNNING):
+                overdue = overdue or job.deadline <= t0
+                later.append(t0 + GRACE_MS if job.deadline <= t0 else job.deadline)
+        assert tick.overdue == overdue, f"{tick}, model: overdue {overdue}"
         if full:
             assert tick.next_in == 0, f"a full batch: next_in {tick.next_in}"
         elif not later:

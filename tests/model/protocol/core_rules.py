@@ -239,9 +239,10 @@ class CoreRules:
         batch=st.sampled_from([1, 2, 100]),
         recover=st.sampled_from([True, True, False]),
         held=st.sampled_from([False, False, False, True]),
+        in_grace=st.sampled_from([False, False, True]),
     )
-    def tick(self, scheduler, queues, batch, recover, held):
-        self.op_tick(scheduler, queues, batch, recover, held)
+    def tick(self, scheduler, queues, batch, recover, held, in_grace):
+        self.op_tick(scheduler, queues, batch, recover, held, in_grace)
 
     @rule(pick=PICK, via_api=st.booleans())
     def cancel(self, pick, via_api):

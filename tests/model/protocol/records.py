@@ -31,6 +31,7 @@ DELAYS = {"now": None, "past": -1000, "soon": SOON, "an hour": FAR}
 RETRY_IN = (0, SOON, FAR)
 LEASE = 3600.0  # s: leases pass only when a step says so
 LOST_LIMIT = 2
+GRACE_MS = 5000  # a tick's grace for leases that ran out after its earlier step
 # Jobs per enqueue call (ENQUEUE_BATCH_JOBS, patched): a group of three members and a
 # callback takes two calls, the second sealing it.
 BATCH = 2
