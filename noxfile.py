@@ -80,10 +80,6 @@ NEWEST_SUITES = [
     BROWSER,
 ]
 # What the oldest pair's session adds to ``make test``, which ran the rest on that pair.
-# The tests marked long (minutes each, waiting on the clock more than on the CPU).
-LONG_RUNS = [
-    "tests/test_periodic.py::test_three_schedulers_for_two_minutes_enqueue_each_occurrence_once"
-]
 OLDEST_REST = ["tests/test_protocol_model.py", "tests/test_periodic_model.py", BROWSER]
 
 # The suites that run a second time on a Redis Cluster.
@@ -146,24 +142,22 @@ def tests(session: nox.Session) -> None:
         chosen: list[str] = []
     else:
         chosen = OLDEST_REST if oldest else NEWEST_SUITES if newest else DJANGO_SUITES
-    # The long runs (minutes each, waiting on the clock, not the CPU): on the newest
-    # pair, first among its suites, beside them in a process of their own.
-    long_runs = LONG_RUNS if newest and not session.posargs else []
     session.run(
         "pytest",
-        *long_runs,
         *chosen,
-        # One process per core (pytest-xdist), each with a redis-server of its own; one
-        # more for the long runs, which mostly wait.
-        f"--numprocesses={3 if long_runs else 'auto'}",
+        # One process per core (pytest-xdist), each with a redis-server of its own.
+        "--numprocesses=auto",
         # The failover tests (Sentinel and Cluster chaos) take minutes: newest pair only.
-        *(() if long_runs else ("-m", "not long" if newest else "not failover and not long")),
+        "-m",
+        "not long" if newest else "not failover and not long",
         *(() if oldest else (f"--ignore={path}" for path in REDIS_SUITES)),
         *session.posargs,
         # The browser tests' screenshots of every page, light and dark, per Django.
         env={"REDISQUEUE_SCREENSHOTS": "test-artifacts/screenshots"},
     )
     if newest and not session.posargs:
+        # The long runs (minutes each), wherever they are.
+        session.run("pytest", "--numprocesses=auto", "-m", "long")
         # The core, scheduler and admin tests again, on a Redis Cluster of 3 masters and
         # 3 replicas (tests/topology.py).
         session.run(
