@@ -294,7 +294,7 @@ def test_a_step_that_redis_held_recovers_no_lease(r, caplog):
     scheduler = Scheduler(backend, burst=True)
     # The last step read Redis's clock 10 s ago by Redis, just now by this host: the
     # next step is 10 s late, as if Redis had held it.
-    scheduler.last_step = (backend.broker.clock_ms() - 10_000, time.monotonic())
+    scheduler.steps.append((backend.broker.clock_ms() - 10_000, time.monotonic()))
     scheduler.run()
     assert r.zscore(LEASED_KEYS.running, claimed.job_id) == 0  # left to its worker
     assert scheduler.recover_after > time.monotonic()

@@ -74,11 +74,10 @@ class Scheduler:
         # because a command can be held (CLIENT PAUSE, a busy script) for longer.
         self.recover_after = 0.0
         self.redis_failed = False
-        # Redis's clock at the last step, and this host's monotonic clock then: what
-        # Redis's clock should read at the next step, if nothing held it.
-        self.last_step: tuple[int, float] | None = None
         # The steps since the latest one a grace ago: Redis's clock then, and this host's
-        # monotonic clock when the reply came (_ran_out_by_ms).
+        # monotonic clock when the reply came. The last one tells what Redis's clock
+        # should read at the next step, if nothing held it (_recover_until_ms); the
+        # first, which leases may be recovered (_ran_out_by_ms).
         self.grace = recovery_grace(backend.config.lease)
         self.steps: deque[tuple[int, float]] = deque()
         self.lost_error = to_json(
@@ -118,8 +117,7 @@ class Scheduler:
                     ran_out_by_ms=self._ran_out_by_ms(),
                     grace_ms=int(self.grace * 1000),
                 )
-                self.last_step = (tick.now_ms, time.monotonic())
-                self.steps.append(self.last_step)
+                self.steps.append((tick.now_ms, time.monotonic()))
                 periodic_in = self._periodic_step(tick.now_ms)
                 if tick.held:
                     logger.warning(
@@ -165,9 +163,9 @@ class Scheduler:
         """The latest time by Redis's clock at which the next step may recover leases:
         when it was sent, by the last step's reading and this host's elapsed time
         (no clocks compared), plus a share of the lease; 0 before the first step."""
-        if self.last_step is None:
+        if not self.steps:
             return 0
-        redis_then, local_then = self.last_step
+        redis_then, local_then = self.steps[-1]
         elapsed_ms = (time.monotonic() - local_then) * 1000
         return int(
             redis_then + elapsed_ms + HELD_SHARE_OF_LEASE * self.backend.config.lease * 1000
