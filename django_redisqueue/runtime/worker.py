@@ -81,6 +81,11 @@ class Finished:
 WAIT_TIMEOUT = 1.0
 # Wake-ups are hints; an idle worker claims anyway after this many quiet waits.
 IDLE_WAITS_BEFORE_CLAIM = 5
+# How long a claim that finds no job registers the worker as idle, to be handed the
+# next job of its queues (ms): past its quiet waits, which end in a claim that
+# registers it again, so that a worker that died idle is handed a job for seconds at
+# most (that job comes back when its lease runs out).
+IDLE_MS = round((IDLE_WAITS_BEFORE_CLAIM + 1) * WAIT_TIMEOUT * 1000)
 # Tries to store the last outcome when stopping while Redis fails.
 FINISH_ATTEMPTS_ON_EXIT = 5
 # With QUEUES empty (any name valid), how often a worker looks for new queues (s).
@@ -129,6 +134,9 @@ class Worker:
         self.current: Claimed | None = None  # the job running now
         self._lost: Claimed | None = None  # the job the heartbeat found taken from us
         self.woken_by = ""  # the queue whose wake-up token this worker took, to pass on
+        # Registered as idle by its last claim that named queues: its next such claim
+        # takes the job handed to it meanwhile, if its wait has not.
+        self.idle_registered = False
         self.broadcast_seen = 0  # the last broadcast message this worker received
         self.broadcasts_read_at = float("-inf")  # when a claim last read their number
         self.unreported: list[tuple[int, str]] = []  # broadcasts run, outcomes not stored
@@ -173,14 +181,19 @@ class Worker:
                     queues = self.order.next() if wanted and not receiving else []
                     now = time.monotonic()
                     reading = now - self.broadcasts_read_at >= BROADCASTS_READ_EVERY
+                    may_wait = wanted and not self.burst and bool(queues)
                     stored, job = self.broker.claim(
                         queues,
                         self.worker_id,
                         _outcome(finished),
                         woken_by=self.woken_by,
                         broadcasts=reading,
+                        take_handed=self.idle_registered and bool(queues),
+                        idle_ms=IDLE_MS if may_wait else None,
                     )
                     self.woken_by = ""
+                    if queues:
+                        self.idle_registered = job is None and may_wait
                     if reading:
                         self.broadcasts_read_at = now
                     backoff.succeeded()
@@ -208,14 +221,18 @@ class Worker:
                 if job is None:
                     if not wanted or self.burst:
                         break
-                    self._wait_for_work(backoff)
-                    continue
+                    job = self._wait_for_work(backoff)
+                    if job is None:
+                        continue
+                    self.idle_registered = False  # handed over: the registration ended
                 finished = self.execute(job)
                 self.jobs_done += 1
                 self._check_memory()
         finally:
             heartbeat.stopped.set()
             self.send_metrics()
+            if self.idle_registered:
+                self._give_back_handed()
             with contextlib.suppress(*REDIS_ERRORS):  # else its record expires by itself
                 self.broker.unregister_worker(self.worker_id)
             self.broker.close()
@@ -234,6 +251,23 @@ class Worker:
         backoff.failed(exc)
         return False
 
+    def _give_back_handed(self) -> None:
+        """Stopping while registered as idle: the job handed to it meanwhile, if any,
+        goes back to its queue, and the registration ends."""
+        try:
+            given_back = self.broker.abandon(self.worker_id)
+        except REDIS_ERRORS as exc:  # it comes back when its lease runs out
+            logger.warning(
+                "Worker %s: could not give back a job handed to it (%s)", self.worker_id, exc
+            )
+            return
+        if given_back:
+            logger.info(
+                "Worker %s: gave back job %s, handed to it as it stopped",
+                self.worker_id,
+                ", ".join(given_back),
+            )
+
     def _recover_claim(self, finished: Finished | None) -> Finished | None:
         """After a lost reply: store the outcome in hand (again: fencing refuses a
         repeat), then give back any job the lost claim took, so that it runs at once
@@ -241,6 +275,7 @@ class Worker:
         if finished is not None:
             self._report(finished, self.broker.finish(finished.outcome), repeated=True)
         given_back = self.broker.abandon(self.worker_id)
+        self.idle_registered = False
         if given_back:
             logger.warning(
                 "Worker %s: gave back job(s) %s, claimed by a call whose reply was lost",
@@ -309,20 +344,26 @@ class Worker:
             self.order = QueueOrder(queues)
             logger.info("Worker %s serving %s", self.worker_id, ", ".join(queues) or "nothing yet")
 
-    def _wait_for_work(self, backoff: Reconnector) -> None:
+    def _wait_for_work(self, backoff: Reconnector) -> Claimed | None:
+        """Block until woken, or for a few quiet waits; return the job handed over
+        with the wake-up, which is this worker's to run (docs/protocol.md, "The
+        hand-off")."""
         if not self.queues:  # QUEUES empty and nothing enqueued yet: look again soon
             time.sleep(QUEUES_REFRESH)
-            return
+            return None
         try:
             for _ in range(IDLE_WAITS_BEFORE_CLAIM):
                 if self.stopping:
-                    return
-                woken_by = self.broker.wait_for_work(self.queues, WAIT_TIMEOUT, self.worker_id)
-                if woken_by is not None:
-                    self.woken_by = woken_by
-                    return
+                    return None
+                woken = self.broker.wait_for_work(self.queues, WAIT_TIMEOUT, self.worker_id)
+                if isinstance(woken, Claimed):
+                    return woken
+                if woken is not None:
+                    self.woken_by = woken
+                    return None
         except REDIS_ERRORS as exc:
             backoff.failed(exc)
+        return None
 
     def _receive_broadcasts(self, backoff: Reconnector) -> None:
         """Run the broadcast messages this worker has not read, and record how each

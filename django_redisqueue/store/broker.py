@@ -34,6 +34,7 @@ from django_redisqueue.store.wire import (
     PeriodicReply,
     Received,
     Tick,
+    claimed_from_reply,
 )
 
 logger = logging.getLogger(__name__)
@@ -58,15 +59,6 @@ def _load_scripts(client: Client) -> dict[str, Any]:
     # cast: redis-py 5 annotates register_script for Redis only; RedisCluster has it.
     register = cast(redis.Redis, client).register_script
     return {name: register(source) for name, source in scripts.sources().items()}
-
-
-def _pairs(flat: Sequence[Any]) -> dict[str, str]:
-    """A flat name/value reply of a script as a dict of strings (Lua numbers arrive as
-    integers)."""
-    values = [
-        item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item) for item in flat
-    ]
-    return dict(zip(values[::2], values[1::2], strict=False))
 
 
 class NotReplicated(redis.RedisError):
@@ -251,7 +243,9 @@ class Broker(Gateway):
         whose unique key another job holds, that job's id (it is not stored)."""
         if not jobs:
             return []
-        calls = [("enqueue", [int(record_queues), *args]) for args in _batches(jobs)]
+        calls = [
+            ("enqueue", [int(record_queues), self.lease_ms, *args]) for args in _batches(jobs)
+        ]
         if len(calls) == 1 and not self.replica_acks:
             replies = [self._run("enqueue", *calls[0][1])]
         else:
@@ -272,12 +266,18 @@ class Broker(Gateway):
         *,
         woken_by: str = "",
         broadcasts: bool = True,
+        take_handed: bool = False,
+        idle_ms: int | None = None,
     ) -> tuple[bool | None, Claimed | None]:
         """Store ``finished`` (if any), then claim the next job from the first
         non-empty queue of ``queues`` (none: only store). ``woken_by``: the queue whose
         wake-up token the worker took since its last claim; the claim passes it on if
         that queue still holds jobs. ``broadcasts``: read the last broadcast's number
-        into ``last_broadcast`` too (else it keeps the number it had).
+        into ``last_broadcast`` too (else it keeps the number it had). ``take_handed``:
+        the worker registered as idle since its last claim that named queues, so the
+        job handed to it meanwhile, if any, is the one claimed. ``idle_ms``: finding no
+        job, the worker registers as idle for that long, to be handed the next job of
+        its queues (docs/protocol.md, "The hand-off").
 
         Returns whether the outcome was stored (False: the caller no longer owned the
         job; None: there was none) and the job claimed, if any.
@@ -289,6 +289,8 @@ class Broker(Gateway):
             self.result_ttl,
             woken_by,
             "1" if broadcasts else "",
+            "1" if take_handed else "",
+            "" if idle_ms is None else idle_ms,
             len(outcomes),
         ]
         for outcome in outcomes:
@@ -296,9 +298,7 @@ class Broker(Gateway):
         stored, claimed, last_broadcast = self._run("claim", *args, *queues, acked=True)
         if broadcasts:
             self.last_broadcast = int(last_broadcast)
-        job = None
-        if claimed:
-            job = Claimed(text(claimed[0]) or "", text(claimed[1]) or "", _pairs(claimed[2:]))
+        job = claimed_from_reply(claimed) if claimed else None
         return (bool(stored[0]) if stored else None), job
 
     def finish(self, outcome: Outcome) -> bool:
@@ -312,19 +312,23 @@ class Broker(Gateway):
 
     def wait_for_work(
         self, queues: Sequence[str], timeout: float, worker_id: str = ""
-    ) -> str | None:
+    ) -> str | Claimed | None:
         """Block until a wake-up token arrives for one of ``queues`` (or, with
-        ``worker_id``, a broadcast message for that worker), or the timeout; return the
+        ``worker_id``, a job handed to that worker or a broadcast message for it), or
+        the timeout. Return the job handed over, which the worker now runs; or the
         queue whose token was taken ('' for a broadcast; None: the timeout)."""
         wakes = [*map(self.keys.wake, queues)]
         if worker_id:
-            wakes.append(self.keys.broadcast_wake(worker_id))
+            # A handed job first: it is RUNNING already, under this worker's lease.
+            wakes = [self.keys.handoff(worker_id), *wakes, self.keys.broadcast_wake(worker_id)]
         # execute_command: Redis takes a fractional timeout, which some redis-py
         # versions' annotations of blpop refuse.
         taken = self._blpop(wakes, timeout)
         if taken is None:
             return None
         key = text(taken[0]) or ""
+        if worker_id and key == self.keys.handoff(worker_id):
+            return claimed_from_reply(taken[1]) or ""  # (nothing handed: the worker claims)
         if not key.startswith(self.keys.wake_prefix):
             return ""
         return key.removeprefix(self.keys.wake_prefix)

@@ -128,6 +128,21 @@ key                           type    contents (written by)
 ``{P}:limits``                zset    limit keys whose parked jobs the tick looks
                                       at, by when (ms): a rate window frees a start,
                                       or a lease later as a safety net
+``{P}:idle:<name>``           zset    worker ids registered idle on the queue, by
+                                      the ms of their registration (a claim that
+                                      found nothing); an entry whose worker's
+                                      ``idle-worker`` key holds another ms is stale
+                                      and dropped when met (claim, enqueue); TTL
+                                      the registration's
+``{P}:idle-worker:<wid>``     string  ``<ms>|<queue>,<queue>,...``: the worker's
+                                      standing idle registration and the order of
+                                      its queues; gone once a job is handed to it
+                                      or its next claim; TTL a few idle waits
+``{P}:handoff:<wid>``         list    the claim reply (JSON) of the job an enqueue
+                                      handed to the idle worker, RUNNING under its
+                                      lease; at most one; BLPOPed first by the
+                                      worker's wait, else taken by its next claim;
+                                      TTL a lease (enqueue, claim, tick, abandon)
 ============================  ======  ===========================================
 
 Job hash fields of the fan-out: ``group`` (a member: the group's id), ``counted``
@@ -302,6 +317,9 @@ class KeySchema:
             "LIMITS": self.limits,
             "PERIODIC": self.periodic,
             "SCHEDULE": self.periodic_schedule(""),
+            "IDLE": self.idle(""),
+            "IDLE_WORKER": self.idle_worker(""),
+            "HANDOFF": self.handoff(""),
         }
 
     def queue(self, name: str) -> str:
@@ -345,6 +363,15 @@ class KeySchema:
 
     def broadcast_wake(self, worker_id: str) -> str:
         return f"{self.broadcast_prefix}wake:{worker_id}"
+
+    def idle(self, queue: str) -> str:
+        return f"{self.prefix}:idle:{queue}"
+
+    def idle_worker(self, worker_id: str) -> str:
+        return f"{self.prefix}:idle-worker:{worker_id}"
+
+    def handoff(self, worker_id: str) -> str:
+        return f"{self.prefix}:handoff:{worker_id}"
 
     def unique(self, key: str) -> str:
         return f"{self.prefix}:unique:{key}"

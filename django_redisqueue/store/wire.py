@@ -5,6 +5,8 @@ outcome shares with a job, SUCCESSFUL and FAILED, are ``core.jobs``'.)"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +53,26 @@ class Claimed:
     @property
     def payload(self) -> str:
         return self.fields.get("payload", "")
+
+
+def _texts(items: Sequence[Any]) -> list[str]:
+    """A script's reply items as strings (Lua numbers arrive as integers)."""
+    return [i.decode("utf-8", "replace") if isinstance(i, bytes) else str(i) for i in items]
+
+
+def claimed_from_reply(reply: Any) -> Claimed | None:
+    """A claim's reply: {id, owner, field, value, ...}, or its JSON for a job handed
+    over (lua/lib/handoff.lua); None for an entry of a hand-off list that is no such
+    JSON (written by hand: it names no job)."""
+    if isinstance(reply, bytes | str):
+        try:
+            reply = json.loads(reply)
+        except ValueError:
+            return None
+        if not isinstance(reply, list) or len(reply) < 2:
+            return None
+    values = _texts(reply)
+    return Claimed(values[0], values[1], dict(zip(values[2::2], values[3::2], strict=False)))
 
 
 @dataclass(frozen=True, slots=True)

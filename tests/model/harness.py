@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -15,13 +16,15 @@ from typing import Any
 from unittest import mock
 
 import redis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from django_redisqueue.store.broker import Broker
 
 FAR = 3_600_000  # ms: an hour, longer than any run of a model
 RESULT_TTL = 24 * 3600  # s: the backend's (a cancel goes through the backend)
+# The phases of a run that reports its first failing sequence unshrunk.
+NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 
 # Errors Redis (or the way to it) raises; injected before a script runs.
 INJECTED = {
@@ -200,6 +203,13 @@ def run_model(
                     deadline=None,
                     database=None,
                     suppress_health_check=list(HealthCheck),
+                    # REDISQUEUE_MODEL_NO_SHRINK=1: report the first failing sequence
+                    # at once, unshrunk (shrinking one can take minutes).
+                    **(
+                        {"phases": NO_SHRINK}
+                        if os.environ.get("REDISQUEUE_MODEL_NO_SHRINK")
+                        else {}
+                    ),
                 ),
             )
     finally:

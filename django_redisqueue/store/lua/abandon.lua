@@ -1,16 +1,19 @@
 -- include: keys, values, running
 -- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
 --       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key,
---       LIMIT..key, LIMITS
+--       LIMIT..key, LIMITS, IDLE_WORKER..wid, HANDOFF..wid
 -- Give back every job a worker owns, uncounted, to its place in its queue. A worker
 -- calls this when the reply to a claim was lost: the claim may have run, and the job
 -- it took would otherwise wait for its lease and count as lost though it never ran.
--- The worker holds no other job then (its last outcome was stored first).
+-- The worker holds no other job then (its last outcome was stored first). A worker
+-- that stops while registered as idle calls it too: a job handed to it goes back, and
+-- its registration ends (handoff.lua).
 -- ARGV[1] worker id, ARGV[2] result TTL (s), ARGV[3] lease (ms), which limits use
 -- Returns the ids given back.
 local prefix = ARGV[1] .. '/'
 local now, ttl = clock_ms(), tonumber(ARGV[2])
 local given = {}
+redis.call('DEL', IDLE_WORKER .. ARGV[1], HANDOFF .. ARGV[1])
 for _, id in ipairs(redis.call('ZRANGE', typed(RUNNING, 'zset'), 0, -1)) do
   local job = JOB .. id
   if is_job(id) then

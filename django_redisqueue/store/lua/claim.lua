@@ -1,7 +1,8 @@
--- include: keys, values, queues, limits, outcome, running
+-- include: keys, values, queues, limits, outcome, running, handoff
 -- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
 --       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid,
---       BROADCAST_SEQ, UNIQUE..key, LIMIT..key, LIMITS
+--       BROADCAST_SEQ, UNIQUE..key, LIMIT..key, LIMITS, IDLE..queue, IDLE_WORKER..wid,
+--       HANDOFF..wid
 -- Finish the caller's previous job, then claim the next: the first job of the first
 -- non-empty, unpaused queue in the order given. One round trip per job when busy.
 -- Claiming starts the job: it is RUNNING, under a lease, from this step on.
@@ -9,64 +10,48 @@
 -- ARGV[4] the queue whose wake-up token woke the worker for this claim, or '',
 -- ARGV[5] '1' to read the last broadcast's number, else '' (a busy worker reads it
 --   now and then, not with every job: one command less a job),
--- ARGV[6] F, the number of outcomes to store first,
+-- ARGV[6] '1' when the worker registered as idle since its last claim that named
+--   queues: the job handed to it meanwhile, if any, is the one it claims (handoff.lua),
+-- ARGV[7] how long (ms) the worker stands idle when it finds no job, or '' for not
+--   at all (it will not wait: burst, stopping),
+-- ARGV[8] F, the number of outcomes to store first,
 -- then F groups of 6: job id, owner token, status, result JSON or '', error JSON or '',
 --   retry delay (ms, for RETRY)
--- then the names of the queues to try, in order (none: only store the outcomes)
+-- then the names of the queues to try, in order (none: only store the outcomes, and
+--   neither take a handed job nor register)
 -- A job over its limits (max_running, rate) is parked instead (limits.lua).
 -- Returns {stored, claimed, broadcast}: stored holds 1 (stored) or 0 (fenced out: no
 -- longer the owner) per outcome; claimed is {} or {id, owner, field, value, ...} with
--- the job's fields as the worker reads them; broadcast is the number of the last
+-- the job's fields as the worker reads them, or the JSON of that list for a handed
+-- job; broadcast is the number of the last
 -- broadcast message sent (0: none), which tells the worker whether to receive, or ''
 -- when not asked.
 local lease, worker, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-local woken_by, read_broadcast, outcomes = ARGV[4], ARGV[5] == '1', tonumber(ARGV[6])
+local woken_by, read_broadcast = ARGV[4], ARGV[5] == '1'
+local take, idle_for, outcomes = ARGV[6] == '1', number(ARGV[7], nil), tonumber(ARGV[8])
 local now = clock_ms()
 
 local stored = {}
 for i = 0, outcomes - 1 do
-  local at = 7 + i * 6
+  local at = 9 + i * 6
   stored[#stored + 1] = finish_job(ARGV[at], ARGV[at + 1], ARGV[at + 2], now,
                                    ARGV[at + 3], ARGV[at + 4], ttl, ARGV[at + 5], lease)
 end
-local first_queue = 7 + outcomes * 6
+local first_queue = 9 + outcomes * 6
+local queues = {unpack(ARGV, first_queue)}
 
--- The fields a claim reads: the status first (a job that has ended is skipped), then
--- what the worker needs to run the job.
-local READ = {'status', 'payload', 'attempts', 'workers', 'lost', 'enqueued_at',
-              'started_at', 'queue', 'priority', 'after', 'limit', 'max_running', 'rate'}
--- The fields past this one are the job's limits, which the reply leaves out.
-local REPLIED = 10
 -- Most jobs one claim parks over their limits: past it, the claim ends without a job
 -- and leaves the queue's wake-up token, so that the worker claims again at once.
 local MOST_PARKED = 100
 
--- `score`: the job's place in its queue, kept in its hash while it runs, for a
--- give-back or a recovery to put it back there (running.lua's requeue).
-local function claim(id, fields, score)
-  local job = JOB .. id
-  local attempts = math.floor(math.max(number(fields[3], 0), 0)) + 1
-  local owner = worker .. '/' .. attempts
-  local workers = fields[4] and (fields[4] .. ',' .. worker) or worker
-  local started = fields[7] or now
-  zadd(RUNNING, now + lease, id)
-  redis.call('HSET', job, 'status', 'RUNNING', 'owner', owner, 'attempts', attempts,
-             'workers', workers, 'last_attempted_at', now, 'started_at', started,
-             'score', score)
-  local reply = {id, owner, 'status', 'RUNNING', 'attempts', attempts, 'workers', workers,
-                 'last_attempted_at', now, 'started_at', started}
-  for i, name in ipairs(READ) do -- the rest as read (absent fields left out)
-    if fields[i] and i ~= 1 and i ~= 3 and i ~= 4 and i ~= 7 and i <= REPLIED then
-      reply[#reply + 1] = name
-      reply[#reply + 1] = fields[i]
-    end
-  end
-  return reply
-end
-
 local claimed, parked = {}, 0
-for i = first_queue, #ARGV do
-  local name = ARGV[i]
+if take and #queues > 0 then
+  claimed = take_handed(worker) or {}
+end
+for _, name in ipairs(queues) do
+  if #claimed > 0 then
+    break
+  end
   local queue = QUEUE .. name
   -- Whether the queue is paused is asked once it has a job: an empty queue (a worker may
   -- serve hundreds) then costs one command, and a job taken from a paused one goes back
@@ -103,7 +88,7 @@ for i = first_queue, #ARGV do
       -- A job over its limit is parked, and the jobs behind it go on.
       local limit = limits_of(fields[11], fields[12], fields[13])
       if not limit or limit_room(limit, now) > 0 then
-        claimed = claim(id, fields, popped[2])
+        claimed = start_job(id, fields, popped[2], worker, lease, now)
         if limit then
           take_limit(id, limit, now)
         end
@@ -116,6 +101,9 @@ for i = first_queue, #ARGV do
   if #claimed > 0 or parked >= MOST_PARKED then
     break
   end
+end
+if #claimed == 0 and parked < MOST_PARKED and idle_for and #queues > 0 then
+  register_idle(worker, queues, now, idle_for)
 end
 -- Pass the wake-up on: a worker that took a queue's token leaves another while that
 -- queue still holds jobs, for the next idle worker (it may itself have claimed from

@@ -1,7 +1,8 @@
--- include: keys, values, queues, fanout, outcome, running, broadcasts
+-- include: keys, values, queues, fanout, outcome, running, broadcasts, handoff
 -- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
 --       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, SCHEDULERS, WORKERS,
---       GROUP..gid, GROUPS, CURSORS, UNREAD, UNIQUE..key, LIMIT..key, LIMITS
+--       GROUP..gid, GROUPS, CURSORS, UNREAD, UNIQUE..key, LIMIT..key, LIMITS,
+--       HANDOFF..wid
 -- The scheduler's step: promote due delayed jobs to their queues, recover RUNNING
 -- jobs whose lease has passed (their worker died or stalled), unpark jobs held by
 -- their limits when their limit's look is due, and trim the groups index. Atomic, so any number
@@ -88,8 +89,12 @@ if recover then
     redis.call('ZREM', RUNNING, id)
     local job = JOB .. id
     if is_job(id) then
-      free_slot(id, redis.call('HGET', job, 'limit'), now, tonumber(ARGV[8]), ttl)
-      local lost = math.floor(math.max(number(redis.call('HGET', job, 'lost'), 0), 0)) + 1
+      local f = redis.call('HMGET', job, 'lost', 'owner', 'limit')
+      free_slot(id, f[3], now, tonumber(ARGV[8]), ttl)
+      local lost = math.floor(math.max(number(f[1], 0), 0)) + 1
+      if f[2] then -- handed to a worker that never took it: it must not start it late
+        drop_handed(string.match(f[2], '^(.*)/') or '', id)
+      end
       redis.call('HSET', job, 'lost', lost)
       if lost > lost_limit then
         record_outcome(id, 'FAILED', now, '', ARGV[5], ttl)

@@ -15,6 +15,18 @@ place with the status, owner, counters, errors, TTL and FIFO place the model say
 the per-queue counts, the failed index, the stats and the wake-up lists agree; no
 stray key, and no key left without a TTL but the few the schema keeps for good.
 
+Workers stand idle and are handed jobs (docs/protocol.md, "The hand-off"): a claim
+that finds nothing may register its worker as idle on its queues, in its order; an
+enqueue of a job READY at once, with no limit, into an empty unpaused queue hands it to
+the longest idle worker whose claim would take it first (its queues before it empty or
+paused), RUNNING under its lease, the claim's reply on its hand-off list; the worker's
+wait returns it, or its next claim takes it; a give-back, or a recovery of its lease,
+clears the list. After every step each hand-off list holds the job the model handed,
+each idle key the order it registered, and each queue's registry every standing
+registration on it, longest idle first. Ticks may run "in grace": their scheduler's
+step a grace ago ran before any lease ran out, so they recover nothing and are due
+again a grace later.
+
 The fan-out is modelled too. Chains and ``depends_on`` (through the task API and
 ``Broker.enqueue_linked``, on a job in any state, or on one that does not exist) make
 waiting jobs: READY, in no queue and no delayed set, until the job they wait for ends

@@ -180,9 +180,63 @@ class CoreModel:
             self.end(job, outcome.status, window, error, outcome.result)
         return True
 
-    def m_claim(self, queues, worker: str, window: tuple[int, int]) -> Job | None:
+    def m_claim(
+        self,
+        queues,
+        worker: str,
+        window: tuple[int, int],
+        take: bool = False,
+        register: bool = False,
+    ) -> Job | None:
         """The first job of the first unpaused queue; one over its limit is parked, and
-        the next one is taken."""
+        the next one is taken. ``take``: the worker's registration as idle ends, and
+        the job handed to it meanwhile, if any, is the one claimed. ``register``:
+        finding none, it registers as idle on its queues (in that order)."""
+        if take and queues:
+            self.idle.pop(worker, None)
+            handed = self.handed.pop(worker, None)
+            if handed is not None:
+                return self.jobs[handed]
+        job = self.m_claim_from(queues, worker, window)
+        if job is None and register and queues:
+            self.registrations += 1
+            self.idle[worker] = (self.registrations, tuple(queues))
+            self.count("registered idle")
+        return job
+
+    def m_start(self, job: Job, worker: str, window: tuple[int, int]) -> None:
+        """start_job: RUNNING under ``worker``'s lease, its attempt counted."""
+        self.claims += 1
+        job.claim_order = self.claims
+        if job.limit:
+            self.m_take_limit(job, window)
+        job.attempts += 1
+        job.owner = job.token = f"{worker}/{job.attempts}"
+        job.workers.append(worker)
+        job.scored = True
+        job.place, job.deadline = RUNNING, None
+        job.deadline_window = (window[0] + self.lease_ms, window[1] + self.lease_ms)
+        self.issued.append((job.id, job.owner))
+
+    def m_hand_over(self, job: Job, window: tuple[int, int]) -> bool:
+        """An enqueue hands a new job READY at once, with no limit, alone in its
+        unpaused queue, to the longest registered idle worker whose claim would take it
+        first (every queue before it in its order empty or paused)."""
+        queue = job.queue
+        if job.limit or queue in self.paused or self.queue_order(queue) != [job]:
+            return False
+        for worker, (_, order) in sorted(self.idle.items(), key=lambda item: item[1][0]):
+            if queue not in order:
+                continue
+            before = order[: order.index(queue)]
+            if all(q in self.paused or not self.queue_order(q) for q in before):
+                del self.idle[worker]
+                self.m_start(job, worker, window)
+                self.handed[worker] = job.id
+                return True
+        return False
+
+    def m_claim_from(self, queues, worker: str, window: tuple[int, int]) -> Job | None:
         for queue in queues:
             while queue not in self.paused:
                 ready = self.queue_order(queue)
@@ -192,17 +246,7 @@ class CoreModel:
                 if job.limit and not self.m_limit_room(job.limit):
                     self.m_park(job)
                     continue
-                self.claims += 1
-                job.claim_order = self.claims
-                if job.limit:
-                    self.m_take_limit(job, window)
-                job.attempts += 1
-                job.owner = job.token = f"{worker}/{job.attempts}"
-                job.workers.append(worker)
-                job.scored = True
-                job.place, job.deadline = RUNNING, None
-                job.deadline_window = (window[0] + self.lease_ms, window[1] + self.lease_ms)
-                self.issued.append((job.id, job.owner))
+                self.m_start(job, worker, window)
                 return job
         return None
 
@@ -213,6 +257,8 @@ class CoreModel:
             if j.owner is not None and j.owner.startswith(worker + "/")
         ]
         mine.sort(key=lambda j: (j.deadline if j.deadline is not None else FAR * 1000, j.id))
+        self.idle.pop(worker, None)  # its registration ends; a job handed goes back
+        self.handed.pop(worker, None)
         for job in mine:
             self.leave_running(job)
             self.m_free_slot(job)

@@ -9,7 +9,7 @@ import time
 from django_redisqueue.compat import TaskResultDoesNotExist
 from django_redisqueue.core.jobs import FAILED
 from django_redisqueue.exceptions import NotCancellable
-from django_redisqueue.store.wire import NewJob, Outcome
+from django_redisqueue.store.wire import Claimed, NewJob, Outcome
 from tests import tasks
 from tests.model.harness import RUN
 from tests.model.protocol.records import (
@@ -19,6 +19,7 @@ from tests.model.protocol.records import (
     DELETED,
     FINISHED,
     GRACE_MS,
+    IDLE_MS,
     LEASE_LOST,
     LOST_ERROR,
     LOST_LIMIT,
@@ -63,11 +64,23 @@ class CoreOperations:
             assert enqueued_at is not None and t0 <= enqueued_at <= t1
             self.place_new(job.job_id, job.queue, job.priority, job.due_ms, t0, t1)
 
-    def place_new(self, job_id: str, queue: str, priority: int, due: int, t0: int, t1: int):
-        """Model a job just stored, due at ``due`` (0: now), between t0 and t1."""
-        job = Job(job_id, len(self.jobs), queue, priority)
+    def place_new(
+        self,
+        job_id: str,
+        queue: str,
+        priority: int,
+        due: int,
+        t0: int,
+        t1: int,
+        limit: str | None = None,
+    ):
+        """Model a job just stored, due at ``due`` (0: now), between t0 and t1: queued,
+        delayed, or handed to an idle worker."""
+        job = Job(job_id, len(self.jobs), queue, priority, limit=limit)
         self.jobs[job_id] = job
         self.place(job, due, (t0, t1))
+        if job.place == QUEUED and self.m_hand_over(job, (t0, t1)):
+            RUN["handed over"] += 1
 
     def op_claim(
         self,
@@ -76,10 +89,14 @@ class CoreOperations:
         outcome: Outcome | None,
         woken_by: str = "",
         broadcasts: bool = True,
+        idle: bool = False,
     ) -> None:
         """``woken_by``: the worker took that queue's wake-up token (BLPOP) first.
         ``broadcasts``: the claim reads the last broadcast's number (else the broker
-        keeps the one it had)."""
+        keeps the one it had). ``idle``: finding no job, the worker registers as idle
+        (as one that will wait does). A worker registered since its last claim takes
+        the job handed to it first, as the worker does."""
+        take = self.takes_handed(worker)
         seen = self.broker.last_broadcast
         if woken_by:
             self.r.lpop(self.keys.wake(woken_by))
@@ -88,11 +105,18 @@ class CoreOperations:
             time.sleep(0.0002)
         t0 = self.clock()
         stored, claimed = self.broker.claim(
-            order, worker, outcome, woken_by=woken_by, broadcasts=broadcasts
+            order,
+            worker,
+            outcome,
+            woken_by=woken_by,
+            broadcasts=broadcasts,
+            take_handed=take,
+            idle_ms=IDLE_MS if idle else None,
         )
         t1 = self.last_claim = self.clock()
         expected_stored = self.m_finish(outcome, (t0, t1))
-        job = self.m_claim(order, worker, (t0, t1))
+        handed = self.handed.get(worker) if take and order else None
+        job = self.m_claim(order, worker, (t0, t1), take=take, register=idle)
         if woken_by in QUEUES and woken_by not in self.paused:
             waiting = any(j.queue == woken_by for j in self.job_list(QUEUED))
             tokens = self.r.llen(self.keys.wake(woken_by))
@@ -118,9 +142,33 @@ class CoreOperations:
         assert int(fields.get("lost", 0)) == job.lost
         assert fields.get("after") == job.after
         assert fields["payload"]
-        assert t0 <= int(fields["last_attempted_at"]) <= t1
+        if handed is None:
+            assert t0 <= int(fields["last_attempted_at"]) <= t1
+        else:
+            lo, hi = job.deadline_window
+            assert lo <= int(fields["last_attempted_at"]) + self.lease_ms <= hi
+            RUN["handed jobs claimed"] += 1
         self.held[worker][job.id] = job.owner
         RUN["claims"] += 1
+
+    def takes_handed(self, worker: str) -> bool:
+        """Whether the worker's next claim takes a handed job first: it has registered
+        as idle since its last claim (its registration stands, or it was handed a job)."""
+        return worker in self.idle or worker in self.handed
+
+    def op_wait(self, worker: str, order) -> None:
+        """The worker's wait (BLPOP) returns the job handed to it, first of all the
+        lists it blocks on."""
+        woken = self.broker.wait_for_work(order, 0.01, worker)
+        job = self.jobs[self.handed.pop(worker)]
+        assert isinstance(woken, Claimed), f"{worker} waited, got {woken!r}; model: job {job.n}"
+        assert woken.job_id == job.id and woken.owner == job.owner, (woken, job)
+        assert woken.fields["status"] == "RUNNING" and woken.fields["payload"]
+        assert int(woken.fields["attempts"]) == job.attempts == 1
+        assert woken.fields["queue"] == job.queue
+        assert int(woken.fields.get("priority", 0)) == job.priority
+        self.held[worker][job.id] = job.owner
+        RUN["handed jobs received"] += 1
 
     def op_finish(self, worker: str, outcome: Outcome) -> None:
         t0 = self.clock()
@@ -226,6 +274,8 @@ class CoreOperations:
         later = [j.due for j in self.job_list(DELAYED) if j.queue in queues]
         recovered = failed = 0
         for job in expired:
+            if job.owner is not None and self.handed.get(job.owner.split("/")[0]) == job.id:
+                del self.handed[job.owner.split("/")[0]]  # its list is cleared
             self.leave_running(job)
             self.m_free_slot(job)
             job.lost += 1

@@ -142,19 +142,53 @@ class CoreRules:
 
     # Rules: Workers.
 
-    @rule(worker=WORKER, order=ORDER, woken_by=st.sampled_from(["", "", *QUEUES, "no/queue"]))
-    def claim(self, worker, order, woken_by):
-        self.op_claim(worker, order, None, woken_by)
+    @rule(
+        worker=WORKER,
+        order=ORDER,
+        woken_by=st.sampled_from(["", "", *QUEUES, "no/queue"]),
+        idle=st.booleans(),
+    )
+    def claim(self, worker, order, woken_by, idle):
+        self.op_claim(worker, order, None, woken_by, idle=idle)
 
-    @rule(worker=WORKER, status=STATUS, retry_in=RETRY_DELAY, broadcasts=st.booleans())
-    def work(self, worker, status, retry_in, broadcasts):
+    @rule(
+        worker=WORKER,
+        status=STATUS,
+        retry_in=RETRY_DELAY,
+        broadcasts=st.booleans(),
+        idle=st.booleans(),
+    )
+    def work(self, worker, status, retry_in, broadcasts, idle):
         """A worker's loop: finish the job in hand (if any) and claim the next; a busy
-        worker reads the broadcasts' number only now and then."""
+        worker reads the broadcasts' number only now and then; one that will wait
+        registers as idle when it finds no job."""
         outcome = None
         if self.held[worker]:
             job_id, token = min(self.held[worker].items())
             outcome = self.outcome(job_id, token, status, retry_in)
-        self.op_claim(worker, QUEUES, outcome, broadcasts=broadcasts)
+        self.op_claim(worker, QUEUES, outcome, broadcasts=broadcasts, idle=idle)
+
+    @rule(worker=WORKER, order=ORDER, status=STATUS)
+    def work_until_idle(self, worker, order, status):
+        """A worker's loop until its queues run dry (a few claims at most), each claim
+        finishing the job before: then it stands idle, and the next job of its queues
+        is handed to it."""
+        for _ in range(6):
+            outcome = None
+            if self.held[worker]:
+                job_id, token = min(self.held[worker].items())
+                outcome = self.outcome(job_id, token, status, 0)
+            self.op_claim(worker, order, outcome, idle=True)
+            if worker in self.idle:
+                return
+            self.settle()  # what this claim set, before the next claims the job again
+
+    @rule(pick=PICK, order=ORDER)
+    def wait(self, pick, order):
+        """An idle worker's wait returns the job an enqueue handed to it."""
+        worker = self.pick(sorted(self.handed), pick)
+        if worker is not None:
+            self.op_wait(worker, order)
 
     @rule(pick=PICK, order=ORDER, status=STATUS, retry_in=RETRY_DELAY)
     def finish_and_claim(self, pick, order, status, retry_in):

@@ -131,10 +131,45 @@ class InvariantChecks:
             index[g.id] == 0 if g.aged else in_window(index[g.id], g.created) for g in indexed
         ), index
         self.check_broadcasts(messages, replies)
+        self.check_handoff()
         self.check_limits()
         self.check_counts()
         self.check_keys()
         self.let_time_pass()
+
+    def check_handoff(self) -> None:
+        """Each worker's hand-off list holds the job the model handed it (JSON of the
+        claim's reply), or nothing; its idle key stands exactly while its registration
+        does, naming its queues in order; each queue's registry holds every standing
+        registration on it at its ms (stale entries may stay), longest idle first."""
+        k = self.keys
+        pipe = self.r.pipeline(transaction=False)
+        for worker in WORKERS:
+            pipe.lrange(k.handoff(worker), 0, -1)
+            pipe.get(k.idle_worker(worker))
+        for queue in QUEUES:
+            pipe.zrange(k.idle(queue), 0, -1, withscores=True)
+        replies = iter(pipe.execute())
+        stamps = {}
+        for worker in WORKERS:
+            entries, standing = next(replies), next(replies)
+            ids = [json.loads(entry)[0] for entry in entries]
+            want = [self.handed[worker]] if worker in self.handed else []
+            assert ids == want, f"handoff:{worker} {self.names(ids)}, model {self.names(want)}"
+            if worker not in self.idle:
+                assert standing is None, f"idle-worker:{worker} {standing}; model: not idle"
+                continue
+            assert standing is not None, f"{worker} registered idle; its key is gone"
+            stamp, order = standing.split("|")
+            assert tuple(order.split(",")) == self.idle[worker][1], f"{worker}: {standing}"
+            stamps[worker] = float(stamp)
+        for queue in QUEUES:
+            registry = [(w, s) for w, s in next(replies) if stamps.get(w) == s]
+            want = sorted(
+                (w for w, (_, order) in self.idle.items() if queue in order),
+                key=lambda w: self.idle[w][0],
+            )
+            assert [w for w, _ in registry] == want, f"idle:{queue} {registry}, model {want}"
 
     def check_job(self, job: Job, fields, ttl, done, places, queue_scores) -> None:
         name = f"job {job.n} ({job.id})"
@@ -320,6 +355,12 @@ class InvariantChecks:
         expires |= {k.broadcast_message(n): True for n in self.messages}
         expires |= {k.broadcast_wake(w): True for w in self.message_wakes}
         required |= {k.broadcast_wake(w) for w in self.message_wakes}
+        for queue in QUEUES:  # when it holds a registration, stale or standing
+            expires[k.idle(queue)] = True
+        expires |= {k.idle_worker(w): True for w in self.idle}
+        required |= {k.idle_worker(w) for w in self.idle}
+        expires |= {k.handoff(w): True for w in self.handed}
+        required |= {k.handoff(w) for w in self.handed}
         self.expected_limit_keys(expires, required)
         return expires, required
 
@@ -509,6 +550,7 @@ class InvariantChecks:
             ),
             tuple(sorted(self.paused)),
             tuple(tuple(sorted(self.held[w].values())) for w in WORKERS),
+            tuple((w in self.idle, w in self.handed) for w in WORKERS),
             tuple(self.last_message - self.cursors.get(w, -1) for w in WORKERS),
             len(self.unread),
             self.limits_state(),

@@ -54,6 +54,7 @@ from tests.model.protocol.records import (
     PARKED,
     PASSED,
     QUEUED,
+    QUEUES,
     RUNNING,
     STATUSES,
     UNIQUE_KEYS,
@@ -237,9 +238,8 @@ class LimitsModel:
             if holder is not None:
                 self.count("unique enqueues refused")
                 return holder
-        self.place_new(job_id, queue, priority, due, *window)
+        self.place_new(job_id, queue, priority, due, *window, limit=limit)
         job = self.jobs[job_id]
-        job.limit = limit
         if limit is not None:
             self.m_rate_window(limit)
         if unique is not None:
@@ -460,6 +460,8 @@ class LimitsModel:
             self.op_claim("w3", (job.queue,), None)
         if job.place == RUNNING:
             worker = job.owner.split("/")[0]
+            if self.handed.get(worker) == job.id:  # its worker takes it first
+                self.op_wait(worker, QUEUES)
             status = FAILED if retry else status
             self.op_finish(worker, self.outcome(job.id, job.owner, status, 0))
         else:

@@ -43,6 +43,11 @@ class ProtocolMachine(
         self.paused: set[str] = set()
         self.held: dict[str, dict[str, str]] = {w: {} for w in WORKERS}
         self.issued: list[tuple[str, str]] = []  # every (job id, owner token) handed out
+        # The hand-off: per worker registered as idle, its registration's order among
+        # all and its queues in order; per worker, the job handed to it not yet taken.
+        self.idle: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self.registrations = 0
+        self.handed: dict[str, str] = {}
         self.stats: Counter[str] = Counter()
         self.heartbeats: set[str] = set()  # the members of {P}:workers
         self.silent: set[str] = set()  # among them, those last seen a lease ago

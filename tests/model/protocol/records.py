@@ -32,6 +32,9 @@ RETRY_IN = (0, SOON, FAR)
 LEASE = 3600.0  # s: leases pass only when a step says so
 LOST_LIMIT = 2
 GRACE_MS = 5000  # a tick's grace for leases that ran out after its earlier step
+# How long a claim that finds nothing registers its worker as idle (ms): as leases,
+# registrations end only when a step says so (a hand-off, a claim, a give-back).
+IDLE_MS = 3_600_000
 # Jobs per enqueue call (ENQUEUE_BATCH_JOBS, patched): a group of three members and a
 # callback takes two calls, the second sealing it.
 BATCH = 2

@@ -147,13 +147,14 @@ class RedisTrouble:
             outcome = self.outcome(*held, status, retry_in)
         self.client.lose_reply = redis.exceptions.ConnectionError("Connection reset by peer")
         t0 = self.clock()
+        take = self.takes_handed(worker)
         with pytest.raises(redis.exceptions.ConnectionError):
-            self.broker.claim(order, worker, outcome)
+            self.broker.claim(order, worker, outcome, take_handed=take)
         again = self.broker.finish(outcome) if outcome else None
         given = self.broker.abandon(worker)
         t1 = self.clock()
         self.m_finish(outcome, (t0, t1))
-        self.m_claim(order, worker, (t0, t1))
+        self.m_claim(order, worker, (t0, t1), take=take)
         assert again is self.m_finish(outcome, (t0, t1))
         expected = self.m_abandon(worker)
         assert sorted(given) == sorted(j.id for j in expected)

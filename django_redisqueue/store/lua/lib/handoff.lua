@@ -1,0 +1,168 @@
+-- include: keys, values, queues
+-- Starting a job for a worker (a claim), and the hand-off: a job given to an idle
+-- worker with its wake-up, claimed for it by the enqueue, instead of a wake-up token
+-- and one more round trip for the worker to claim it.
+--
+-- A worker whose claim found no job registers as idle (register_idle): its key
+-- IDLE_WORKER..worker holds the claim's ms and the order of its queues, and each of its
+-- queues' IDLE..queue holds it at that ms. An enqueue that makes a job READY at once,
+-- with no limit, in an empty and unpaused queue, looks there for the longest idle
+-- worker whose registration stands (its key holds the same ms) and whose queues before
+-- this one are empty or paused (its own claim would take this job first). It starts
+-- the job for that worker (start_job) and pushes the claim's reply, JSON, on
+-- HANDOFF..worker, the first list the worker's wait blocks on. The hand-off ends the
+-- registration: at most one job waits in a worker's hand-off list, and the worker's
+-- next claim takes it first if its wait has not (take_handed). Its other queues'
+-- entries are stale, dropped when met. The job is RUNNING under the worker's lease
+-- from the hand-off on: a worker that dies before it takes it loses it as it would a
+-- job it claimed, and recovery (tick) or a give-back (abandon) clears the list.
+
+-- The fields a claim reads: the status first (a job that has ended is skipped), then
+-- what the worker needs to run the job.
+local READ = {'status', 'payload', 'attempts', 'workers', 'lost', 'enqueued_at',
+              'started_at', 'queue', 'priority', 'after', 'limit', 'max_running', 'rate'}
+-- The fields past this one are the job's limits, which the reply leaves out.
+local REPLIED = 10
+
+-- Start the job `id` (its READ fields as read: `fields`) for `worker`: RUNNING under a
+-- lease, its attempt counted, and `score`, its place in its queue, kept in its hash
+-- for a give-back or a recovery to put it back there (running.lua's requeue).
+-- `extra`: more fields to write in the same HSET. Returns the claim's reply:
+-- {id, owner, field, value, ...}, the job's fields as the worker reads them.
+local function start_job(id, fields, score, worker, lease, now, extra)
+  local job = JOB .. id
+  local attempts = math.floor(math.max(number(fields[3], 0), 0)) + 1
+  local owner = worker .. '/' .. attempts
+  local workers = fields[4] and (fields[4] .. ',' .. worker) or worker
+  local started = fields[7] or now
+  zadd(RUNNING, now + lease, id)
+  local written = {'status', 'RUNNING', 'owner', owner, 'attempts', attempts,
+                   'workers', workers, 'last_attempted_at', now, 'started_at', started,
+                   'score', score}
+  for _, value in ipairs(extra or {}) do
+    written[#written + 1] = value
+  end
+  redis.call('HSET', job, unpack(written))
+  local reply = {id, owner, 'status', 'RUNNING', 'attempts', attempts, 'workers', workers,
+                 'last_attempted_at', now, 'started_at', started}
+  for i, name in ipairs(READ) do -- the rest as read (absent fields left out)
+    if fields[i] and i ~= 1 and i ~= 3 and i ~= 4 and i ~= 7 and i <= REPLIED then
+      reply[#reply + 1] = name
+      reply[#reply + 1] = fields[i]
+    end
+  end
+  return reply
+end
+
+-- Most queues a worker registers on, the first of its order: one that serves hundreds
+-- would spend two commands on each, and its other queues wake it with a token.
+local IDLE_QUEUES = 16
+
+-- A worker whose claim found nothing in `queues` (in the order it tried them) stands
+-- idle for `ttl` ms: past it, a worker that died idle is handed nothing more.
+local function register_idle(worker, queues, now, ttl)
+  local stamp = string.format('%.0f', now)
+  queues = {unpack(queues, 1, math.min(#queues, IDLE_QUEUES))}
+  redis.call('SET', IDLE_WORKER .. worker, stamp .. '|' .. table.concat(queues, ','),
+             'PX', ttl)
+  for _, queue in ipairs(queues) do
+    local idle = typed(IDLE .. queue, 'zset')
+    redis.call('ZADD', idle, stamp, worker)
+    redis.call('PEXPIRE', idle, ttl)
+  end
+end
+
+-- The first claim after a registration: the registration ends, and the job handed
+-- meanwhile, if any, is the claim's (its reply, JSON), else nil. An entry that names
+-- no job the worker owns (written by hand) is dropped.
+local function take_handed(worker)
+  redis.call('DEL', IDLE_WORKER .. worker)
+  local handed = redis.pcall('LPOP', HANDOFF .. worker) -- another type: none handed
+  if type(handed) ~= 'string' then
+    return nil
+  end
+  local ok, reply = pcall(cjson.decode, handed)
+  local id = ok and type(reply) == 'table' and reply[1]
+  if type(id) ~= 'string' or not string.find(id, '^[%w_%-%.:]+$') or #id > 128 then
+    return nil
+  end
+  local f = redis.pcall('HMGET', JOB .. id, 'owner', 'status')
+  if f.err or f[1] ~= reply[2] or f[2] ~= 'RUNNING' then
+    return nil
+  end
+  return handed
+end
+
+-- Most entries of a queue's idle registry an enqueue looks at.
+local IDLE_LOOKS = 8
+
+-- Whether a worker's claim in `order` (its queues, comma-separated) would take a job
+-- of `queue` first: every queue before it is empty or paused.
+local function first_for(order, queue)
+  for name in string.gmatch(order, '[^,]+') do
+    if name == queue then
+      return true
+    end
+    local waiting = redis.pcall('ZCARD', QUEUE .. name)
+    if not failed(waiting) and waiting > 0 and not is_paused(name) then
+      return false
+    end
+  end
+  return false -- its registration no longer names the queue
+end
+
+-- The idle worker to hand a new job of `queue` to, or nil: the longest registered
+-- whose registration stands and whose claim would take the job first, when the queue
+-- holds no job (the new one would be first) and is not paused. Stale entries go.
+local function idle_worker_for(queue)
+  local idle = IDLE .. queue
+  local entries = redis.pcall('ZRANGE', idle, 0, IDLE_LOOKS - 1, 'WITHSCORES')
+  if failed(entries) or #entries == 0 then
+    return nil
+  end
+  local waiting = redis.pcall('ZCARD', QUEUE .. queue)
+  if failed(waiting) or waiting > 0 or is_paused(queue) then
+    return nil
+  end
+  for i = 1, #entries, 2 do
+    local worker, stamp = entries[i], tonumber(entries[i + 1])
+    local standing = redis.pcall('GET', IDLE_WORKER .. worker)
+    local at, order
+    if type(standing) == 'string' then
+      at, order = string.match(standing, '^(%d+)|(.*)$')
+    end
+    if tonumber(at) ~= stamp then
+      redis.call('ZREM', idle, worker) -- handed a job, or registered again, since
+    elseif first_for(order, queue) then
+      return worker
+    end
+  end
+  return nil
+end
+
+-- Hand the new job `id` (its hash holds what the enqueue wrote: `fields`, as READ
+-- reads them) to the idle `worker`: started under its lease, its claim's reply on the
+-- worker's hand-off list. The registration ends.
+local function hand_over(id, fields, score, worker, queue, lease, now, extra)
+  redis.call('DEL', IDLE_WORKER .. worker)
+  redis.call('ZREM', IDLE .. queue, worker)
+  local reply = start_job(id, fields, score, worker, lease, now, extra)
+  for i, value in ipairs(reply) do
+    if type(value) == 'number' then
+      reply[i] = string.format('%.0f', value) -- cjson would print 14 digits
+    end
+  end
+  local handoff = typed(HANDOFF .. worker, 'list')
+  redis.call('RPUSH', handoff, cjson.encode(reply))
+  redis.call('PEXPIRE', handoff, lease)
+end
+
+-- A recovered job (tick) or one given back (abandon) that was handed to `worker` and
+-- not yet taken leaves its hand-off list: the worker must not start it.
+local function drop_handed(worker, id)
+  local handoff = HANDOFF .. worker
+  local entry = redis.pcall('LINDEX', handoff, 0)
+  if type(entry) == 'string' and string.sub(entry, 1, #id + 3) == '["' .. id .. '"' then
+    redis.call('DEL', handoff)
+  end
+end

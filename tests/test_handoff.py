@@ -1,0 +1,210 @@
+"""The hand-off (docs/protocol.md, "The hand-off"): a job enqueued while a worker stands
+idle on its queue is claimed for that worker by the enqueue and reaches it with the
+wake-up. Against the real server: who is handed what, when a job is not handed, and
+that a give-back, a recovery and a worker killed while idle lose nothing."""
+
+import json
+import os
+import signal
+
+import pytest
+import redis
+
+from django_redisqueue.compat import TaskResultStatus, task_backends
+from django_redisqueue.core.jobs import SUCCESSFUL
+from django_redisqueue.runtime.worker import IDLE_MS
+from django_redisqueue.store.wire import Claimed, NewJob, Outcome
+from tests import tasks
+from tests.conftest import private_redis, wait_until
+from tests.keys import DEFAULT_KEYS as K
+
+QUEUES = ["high", "default", "low"]
+
+
+@pytest.fixture
+def broker(backend):
+    return backend.broker
+
+
+def stand_idle(broker, worker, queues=QUEUES):
+    """A claim that finds no job, by a worker that will wait: it registers as idle."""
+    assert broker.claim(queues, worker, idle_ms=IDLE_MS) == (None, None)
+
+
+def enqueue(backend, queue="default"):
+    return tasks.noop.using(queue_name=queue).enqueue()
+
+
+def test_a_job_for_an_idle_worker_reaches_it_running_with_the_wake_up(r, broker, backend):
+    stand_idle(broker, "w1")
+    assert r.get(K.idle_worker("w1")).endswith("|high,default,low")
+    job = enqueue(backend)
+
+    # Claimed for w1 by the enqueue: RUNNING under its lease, in no queue, no token.
+    assert backend.get_result(job.id).status == TaskResultStatus.RUNNING
+    assert r.zscore(K.running, job.id) is not None
+    assert r.zcard(K.queue("default")) == 0 and r.llen(K.wake("default")) == 0
+    assert r.exists(K.idle_worker("w1")) == 0  # the hand-off ends the registration
+    assert 0 < r.pttl(K.handoff("w1")) <= broker.lease_ms
+
+    woken = broker.wait_for_work(QUEUES, 0.1, "w1")
+    assert isinstance(woken, Claimed)
+    assert (woken.job_id, woken.owner) == (job.id, "w1/1")
+    assert woken.fields["status"] == "RUNNING" and woken.fields["attempts"] == "1"
+    assert woken.fields["workers"] == "w1" and woken.fields["queue"] == "default"
+    assert json.loads(woken.payload)["task"] == "tests.tasks.noop"
+    assert r.exists(K.handoff("w1")) == 0
+
+    stored, _ = broker.claim(QUEUES, "w1", Outcome(job.id, "w1/1", SUCCESSFUL, result="null"))
+    assert stored is True
+    assert backend.get_result(job.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_the_next_claim_takes_the_handed_job_if_the_wait_did_not(r, broker, backend):
+    stand_idle(broker, "w1")
+    job = enqueue(backend)
+    later = enqueue(backend)  # w1 stands idle no more: this one waits in its queue
+    assert r.zrange(K.queue("default"), 0, -1) == [later.id]
+    _, claimed = broker.claim(QUEUES, "w1", take_handed=True)
+    assert claimed is not None and claimed.job_id == job.id
+    assert r.exists(K.handoff("w1")) == 0
+
+
+@pytest.mark.parametrize(
+    "why",
+    [
+        "the queue holds a job",
+        "the queue is paused",
+        "the job has a limit",
+        "the job is due later",
+        "a queue before it in the worker's order holds a job",
+        "the worker claimed since",
+        "the worker will not wait",
+    ],
+)
+def test_a_job_is_not_handed_over_when_the_workers_claim_would_not_take_it(
+    r, broker, backend, why
+):
+    if why == "the worker will not wait":
+        assert broker.claim(QUEUES, "w1") == (None, None)
+    else:
+        stand_idle(broker, "w1")
+    options = {}
+    if why == "the queue holds a job":
+        r.zadd(K.queue("default"), {"x": 1})  # by hand: no enqueue took w1 for it
+    elif why == "a queue before it in the worker's order holds a job":
+        r.zadd(K.queue("high"), {"x": 1})
+    elif why == "the queue is paused":
+        broker.operate("pause", "default", [], 0)
+    elif why == "the job has a limit":
+        options = {"limit": "key", "max_running": 5}
+    elif why == "the job is due later":
+        options = {"delay": 60}
+    elif why == "the worker claimed since":
+        broker.claim(["low"], "w1", take_handed=True)
+    job = enqueue_with(backend, **options)
+    assert backend.get_result(job.id).status == TaskResultStatus.READY
+    assert r.exists(K.handoff("w1")) == 0
+
+
+def enqueue_with(backend, limit=None, max_running=None, delay=None):
+    prepared = backend.prepare(tasks.noop, (), {})
+    options = json.dumps({"limit": limit, "max_running": max_running}) if limit else ""
+    due = backend.broker.clock_ms() + delay * 1000 if delay else 0
+    job = NewJob(prepared.id, "default", 0, prepared._payload, due, options=options)
+    backend.broker.enqueue([job])
+    return backend.get_result(prepared.id)
+
+
+def test_the_longest_idle_worker_is_handed_the_first_job_and_each_worker_one(r, broker, backend):
+    stand_idle(broker, "w1", ["default"])
+    stand_idle(broker, "w2", ["low", "default"])
+    stand_idle(broker, "w3", ["default"])
+    jobs = [enqueue(backend) for _ in range(4)]
+    handed = [json.loads(r.lindex(K.handoff(w), 0))[0] for w in ("w1", "w2", "w3")]
+    assert handed == [j.id for j in jobs[:3]]
+    assert r.zrange(K.queue("default"), 0, -1) == [jobs[3].id]
+    assert r.llen(K.wake("default")) == 1  # the job left waits for a token's worker
+
+
+def test_a_batch_hands_one_job_per_idle_worker_in_order(r, broker, backend):
+    stand_idle(broker, "w1", ["default"])
+    prepared = [backend.prepare(tasks.noop, (), {}) for _ in range(3)]
+    broker.enqueue([NewJob(p.id, "default", 0, p._payload) for p in prepared])
+    assert json.loads(r.lindex(K.handoff("w1"), 0))[0] == prepared[0].id
+    assert r.zrange(K.queue("default"), 0, -1) == [p.id for p in prepared[1:]]
+
+
+def test_a_give_back_returns_a_handed_job_to_its_queue_and_ends_the_registration(
+    r, broker, backend
+):
+    stand_idle(broker, "w1")
+    job = enqueue(backend)
+    assert broker.abandon("w1") == [job.id]
+    stored = backend.get_result(job.id)
+    assert stored.status == TaskResultStatus.READY and stored.attempts == 0
+    assert r.zrange(K.queue("default"), 0, -1) == [job.id]
+    assert r.exists(K.handoff("w1"), K.idle_worker("w1")) == 0
+    assert broker.claim(QUEUES, "w2")[1].job_id == job.id
+
+
+def test_a_handed_job_whose_lease_runs_out_is_recovered_and_leaves_the_list(r, broker, backend):
+    stand_idle(broker, "w1")
+    job = enqueue(backend)
+    r.zadd(K.running, {job.id: 0})  # its lease ran out: w1 never took it
+    tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
+    assert tick.recovered == 1
+    assert r.exists(K.handoff("w1")) == 0  # w1 must not start it late
+    assert broker.claim(QUEUES, "w2")[1].job_id == job.id
+
+
+def test_a_wait_treats_an_entry_written_by_hand_as_a_wake_up(r, broker):
+    r.rpush(K.handoff("w1"), "not json", '["only-an-id"]')
+    assert broker.wait_for_work(QUEUES, 0.1, "w1") == ""  # woken: it claims
+    assert broker.wait_for_work(QUEUES, 0.1, "w1") == ""
+    assert broker.claim(QUEUES, "w1", take_handed=True) == (None, None)
+
+
+# A worker process killed while it stands idle, holding a handed job.
+
+LEASED = ("--backend", "leased")
+
+
+@pytest.fixture
+def rr():
+    with private_redis() as server:
+        yield redis.Redis.from_url(server.url, decode_responses=True)
+
+
+def test_an_idle_worker_killed_holding_a_handed_job_loses_nothing(rr, procs, report):
+    backend = task_backends["leased"]
+    keys = backend.keys
+    worker = procs.start("runworker", *LEASED)
+    wait_until(lambda: rr.keys(keys.idle_worker("*")), 30, "the worker to stand idle")
+    os.killpg(worker.pid, signal.SIGSTOP)  # it cannot run what it is handed
+    job = tasks.ledger.using(backend="leased").enqueue(1, 0)
+    # Handed over: RUNNING under the stopped worker's lease (its blocked BLPOP may
+    # have taken it off the list already, into a socket no one reads).
+    assert backend.get_result(job.id).status == TaskResultStatus.RUNNING
+    procs.kill(worker)
+
+    procs.start("runscheduler", *LEASED)
+    procs.start("runworker", *LEASED)
+    wait_until(lambda: backend.get_result(job.id).status == SUCCESSFUL, 30, "the rerun")
+    stored = backend.get_result(job.id)
+    assert rr.lrange("test:ledger", 0, -1) == ["1"]  # run once, by the second worker
+    assert stored.attempts == 2  # the handed attempt counts, as a claim's would
+    assert not rr.keys(keys.handoff("*"))
+    report(f"idle worker killed holding a handed job: attempts={stored.attempts}, ran once")
+
+
+def test_a_claim_drops_an_entry_that_names_no_job_the_worker_owns(r, broker, backend):
+    stand_idle(broker, "w1")
+    job = enqueue(backend)
+    ready = enqueue(backend)  # queued: w1 no longer stands idle
+    r.hset(K.job(job.id), "owner", "w2/1")  # (by hand: no script does this)
+    _, claimed = broker.claim(QUEUES, "w1", take_handed=True)
+    assert claimed is not None and claimed.job_id == ready.id  # a claim as usual
+    r.rpush(K.handoff("w1"), '["' + job.id + '", "w1/1"]', "[1, 2]", "{}")
+    for _ in range(3):
+        assert broker.claim(["low"], "w1", take_handed=True) == (None, None)
