@@ -6,6 +6,7 @@ that a give-back, a recovery and a worker killed while idle lose nothing."""
 import json
 import os
 import signal
+import threading
 
 import pytest
 import redis
@@ -208,3 +209,35 @@ def test_a_claim_drops_an_entry_that_names_no_job_the_worker_owns(r, broker, bac
     r.rpush(K.handoff("w1"), '["' + job.id + '", "w1/1"]', "[1, 2]", "{}")
     for _ in range(3):
         assert broker.claim(["low"], "w1", take_handed=True) == (None, None)
+
+
+def test_an_idle_worker_runs_a_handed_job_without_claiming_it(r, backend):
+    """A real worker loop: idle, it is handed the job and runs it; no claim of its
+    returned it. Then it stops while registered, and its registration ends."""
+    from django_redisqueue.runtime.worker import Worker
+
+    worker = Worker(backend, ["default"], close_connections=False)
+    claimed_ids = []
+    claim = worker.broker.claim
+
+    def counted_claim(*args, **kwargs):
+        stored, job = claim(*args, **kwargs)
+        if job is not None:
+            claimed_ids.append(job.job_id)
+        return stored, job
+
+    worker.broker.claim = counted_claim
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: r.exists(K.idle_worker(worker.worker_id)), 10, "it to stand idle")
+        job = tasks.add.enqueue(2, 3)
+        wait_until(lambda: backend.get_result(job.id).status == SUCCESSFUL, 10, "the job")
+        assert backend.get_result(job.id).return_value == 5
+        assert claimed_ids == []  # it came with the wake-up
+        wait_until(lambda: r.exists(K.idle_worker(worker.worker_id)), 10, "idle again")
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert r.exists(K.idle_worker(worker.worker_id), K.handoff(worker.worker_id)) == 0
