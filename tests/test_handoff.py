@@ -117,12 +117,12 @@ def enqueue_with(backend, limit=None, max_running=None, delay=None):
     return backend.get_result(prepared.id)
 
 
-def test_the_longest_idle_worker_is_handed_the_first_job_and_each_worker_one(r, broker, backend):
+def test_the_latest_idle_worker_is_handed_the_first_job_and_each_worker_one(r, broker, backend):
     stand_idle(broker, "w1", ["default"])
     stand_idle(broker, "w2", ["low", "default"])
     stand_idle(broker, "w3", ["default"])
     jobs = [enqueue(backend) for _ in range(4)]
-    handed = [json.loads(r.lindex(K.handoff(w), 0))[0] for w in ("w1", "w2", "w3")]
+    handed = [json.loads(r.lindex(K.handoff(w), 0))[0] for w in ("w3", "w2", "w1")]
     assert handed == [j.id for j in jobs[:3]]
     assert r.zrange(K.queue("default"), 0, -1) == [jobs[3].id]
     assert r.llen(K.wake("default")) == 1  # the job left waits for a token's worker

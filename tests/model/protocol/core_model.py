@@ -220,12 +220,12 @@ class CoreModel:
 
     def m_hand_over(self, job: Job, window: tuple[int, int]) -> bool:
         """An enqueue hands a new job READY at once, with no limit, alone in its
-        unpaused queue, to the longest registered idle worker whose claim would take it
+        unpaused queue, to the latest registered idle worker whose claim would take it
         first (every queue before it in its order empty or paused)."""
         queue = job.queue
         if job.limit or queue in self.paused or self.queue_order(queue) != [job]:
             return False
-        for worker, (_, order) in sorted(self.idle.items(), key=lambda item: item[1][0]):
+        for worker, (_, order) in sorted(self.idle.items(), key=lambda item: -item[1][0]):
             if queue not in order:
                 continue
             before = order[: order.index(queue)]

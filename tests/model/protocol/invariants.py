@@ -141,7 +141,7 @@ class InvariantChecks:
         """Each worker's hand-off list holds the job the model handed it (JSON of the
         claim's reply), or nothing; its idle key stands exactly while its registration
         does, naming its queues in order; each queue's registry holds every standing
-        registration on it at its ms (stale entries may stay), longest idle first."""
+        registration on it at its ms (stale entries may stay), in the order they registered."""
         k = self.keys
         pipe = self.r.pipeline(transaction=False)
         for worker in WORKERS:

@@ -6,7 +6,7 @@
 -- A worker whose claim found no job registers as idle (register_idle): its key
 -- IDLE_WORKER..worker holds the claim's ms and the order of its queues, and each of its
 -- queues' IDLE..queue holds it at that ms. An enqueue that makes a job READY at once,
--- with no limit, in an empty and unpaused queue, looks there for the longest idle
+-- with no limit, in an empty and unpaused queue, looks there for the latest registered
 -- worker whose registration stands (its key holds the same ms) and whose queues before
 -- this one are empty or paused (its own claim would take this job first). It starts
 -- the job for that worker (start_job) and pushes the claim's reply, JSON, on
@@ -67,6 +67,9 @@ local function register_idle(worker, queues, now, ttl)
              'PX', ttl)
   for _, queue in ipairs(queues) do
     local idle = typed(IDLE .. queue, 'zset')
+    -- Entries registered over a ttl ago stand no more (their worker's key is gone):
+    -- dropped here, as the enqueue meets the latest entries only.
+    redis.call('ZREMRANGEBYSCORE', idle, '-inf', '(' .. string.format('%.0f', now - ttl))
     redis.call('ZADD', idle, stamp, worker)
     redis.call('PEXPIRE', idle, ttl)
   end
@@ -111,12 +114,15 @@ local function first_for(order, queue)
   return false -- its registration no longer names the queue
 end
 
--- The idle worker to hand a new job of `queue` to, or nil: the longest registered
--- whose registration stands and whose claim would take the job first, when the queue
--- holds no job (the new one would be first) and is not paused. Stale entries go.
+-- The idle worker to hand a new job of `queue` to, or nil: the latest registered whose
+-- registration stands and whose claim would take the job first, when the queue holds
+-- no job (the new one would be first) and is not paused. Stale entries met go. The
+-- latest, not the longest idle: a worker killed while idle keeps its registration for
+-- its ttl, and live idle workers register again every few seconds, so the dead one is
+-- soon the oldest, and is picked only when no live worker stands idle.
 local function idle_worker_for(queue)
   local idle = IDLE .. queue
-  local entries = redis.pcall('ZRANGE', idle, 0, IDLE_LOOKS - 1, 'WITHSCORES')
+  local entries = redis.pcall('ZREVRANGE', idle, 0, IDLE_LOOKS - 1, 'WITHSCORES')
   if failed(entries) or #entries == 0 then
     return nil
   end
