@@ -10,6 +10,8 @@ import threading
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.core.jobs import SUCCESSFUL
@@ -241,3 +243,86 @@ def test_an_idle_worker_runs_a_handed_job_without_claiming_it(r, backend):
         thread.join(10)
     assert not thread.is_alive()
     assert r.exists(K.idle_worker(worker.worker_id), K.handoff(worker.worker_id)) == 0
+
+
+# Whatever the hand-off's keys hold (written by hand, or by a bug): the enqueue stores
+# the job in exactly one place, no script raises, and a worker's claim and wait go on.
+
+junk = st.one_of(
+    st.binary(max_size=30),
+    st.sampled_from([b"", b"|", b"0|default", b"-1|default", b"1e400|default", b"[]", b"{}"]),
+    st.builds(
+        lambda stamp, order: f"{stamp}|{order}".encode(), st.integers(), st.text(max_size=20)
+    ),
+)
+of_a_kind = st.one_of(
+    st.none(),  # absent
+    st.tuples(st.just("as its type"), st.lists(junk, max_size=3)),
+    st.tuples(st.sampled_from(["hash", "set"]), junk),  # of another type
+)
+
+
+def write(raw, key, kind, as_its_type):
+    if kind is None:
+        return
+    raw.delete(key)
+    if kind[0] == "hash":
+        raw.hset(key, "x", kind[1])
+    elif kind[0] == "set":
+        raw.sadd(key, kind[1])
+    else:
+        as_its_type(key, kind[1])
+
+
+@pytest.mark.parametrize("worker_registered", [False, True])
+def test_whatever_the_handoff_keys_hold_the_job_is_in_one_place_and_workers_go_on(
+    redis_server, backend, worker_registered
+):
+    raw = redis.Redis.from_url(redis_server.url)
+    broker, keys = backend.broker, backend.keys
+
+    def list_of(key, values):
+        if values:
+            raw.rpush(key, *values)
+
+    def registry_of(key, values):
+        for i, value in enumerate(values):
+            raw.zadd(key, {value: i + 1})
+
+    def string_of(key, values):
+        if values:
+            raw.set(key, values[0])
+
+    @settings(
+        max_examples=120,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(standing=of_a_kind, registry=of_a_kind, handoff=of_a_kind)
+    def check(standing, registry, handoff):
+        raw.flushall()
+        if worker_registered:
+            stand_idle(broker, "w1", ["default"])
+        write(raw, keys.idle_worker("w1"), standing, string_of)
+        write(raw, keys.idle("default"), registry, registry_of)
+        write(raw, keys.handoff("w1"), handoff, list_of)
+        job = tasks.noop.enqueue()
+        where = [
+            key
+            for key in (keys.queue("default"), keys.running)
+            if raw.zscore(key, job.id) is not None
+        ]
+        assert len(where) == 1, where
+        status = backend.get_result(job.id).status
+        handed = where == [keys.running]
+        assert status == (TaskResultStatus.RUNNING if handed else TaskResultStatus.READY)
+        woken = broker.wait_for_work(["default"], 0.01, "w1")
+        assert woken is None or isinstance(woken, str | Claimed)
+        _, claimed = broker.claim(["default"], "w1", take_handed=True, idle_ms=IDLE_MS)
+        if claimed is not None:  # a job it owns, never one of another's
+            fields = raw.hmget(keys.job(claimed.job_id), "owner", "status")
+            assert fields == [claimed.owner.encode(), b"RUNNING"]
+        assert broker.abandon("w1") is not None
+
+    check()

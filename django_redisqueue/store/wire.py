@@ -65,8 +65,8 @@ def claimed_from_reply(reply: Any) -> Claimed | None:
     over (lua/lib/handoff.lua); None for an entry of a hand-off list that is no such
     JSON (written by hand: it names no job)."""
     if isinstance(reply, bytes | str):
-        try:
-            reply = json.loads(reply)
+        try:  # (bytes that are not UTF-8 decode as the claim's reply does: replaced)
+            reply = json.loads(_texts([reply])[0])
         except ValueError:
             return None
         if not isinstance(reply, list) or len(reply) < 2:

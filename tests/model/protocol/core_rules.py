@@ -183,6 +183,22 @@ class CoreRules:
                 return
             self.settle()  # what this claim set, before the next claims the job again
 
+    @rule(pick=PICK, priority=PRIORITY)
+    def a_job_lands_ahead_of_an_idle_workers_queue(self, pick, priority):
+        """While a worker stands idle on two queues or more, a job lands in its first
+        queue without being handed to it (an operator runs a delayed job now: no
+        promotion hands a job over), then one is enqueued to its second: its claim
+        would take the first, so the second is not handed to it."""
+        ready = [(w, order) for w, (_, order) in sorted(self.idle.items()) if len(order) > 1]
+        chosen = self.pick(ready, pick)
+        if chosen is None:
+            return
+        _, order = chosen
+        self.op_enqueue(order[0], priority, DELAYS["an hour"], via_api=False)
+        job = list(self.jobs.values())[-1]  # the job just enqueued
+        self.op_operate("run_now", order[0], [job.id], 0)
+        self.op_enqueue(order[1], priority, None, via_api=False)
+
     @rule(pick=PICK, order=ORDER)
     def wait(self, pick, order):
         """An idle worker's wait returns the job an enqueue handed to it."""
