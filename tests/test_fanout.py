@@ -376,10 +376,10 @@ def test_a_broadcast_outcome_is_kept_until_redis_stores_it(r, backend):
         patch.object(worker.broker, "receive", fails_when_reporting),
         patch("django_redisqueue.runtime.worker.close_old_connections"),
     ):
-        worker._receive_broadcasts(backoff)  # runs it, then the report fails
-        assert worker.broadcast_seen == 0
-        worker._receive_broadcasts(backoff)  # reports it again, runs nothing more
-    assert worker.broadcast_seen == number
+        worker.broadcasts.receive(worker.queues, backoff)  # runs it, then the report fails
+        assert worker.broadcasts.seen == 0
+        worker.broadcasts.receive(worker.queues, backoff)  # reports it again, runs nothing more
+    assert worker.broadcasts.seen == number
     assert logged(r) == ["once"]
     ran = r.hget(backend.keys.broadcast_message(number), f"ran:{worker.worker_id}")
     assert ran.startswith("SUCCESSFUL ")

@@ -55,7 +55,7 @@ from django_redisqueue.observe.metrics import JobMetrics, MetricsRefused
 from django_redisqueue.preparation import make_result
 from django_redisqueue.runtime import WORKER_LOGGER
 from django_redisqueue.runtime.alarms import time_limit
-from django_redisqueue.runtime.broadcasts import run_broadcast
+from django_redisqueue.runtime.broadcasts import Inbox
 from django_redisqueue.runtime.heartbeat import Heartbeat
 from django_redisqueue.runtime.memory import MB, resident_set_size
 from django_redisqueue.runtime.queue_order import QueueOrder
@@ -90,8 +90,6 @@ IDLE_MS = round((IDLE_WAITS_BEFORE_CLAIM + 1) * WAIT_TIMEOUT * 1000)
 FINISH_ATTEMPTS_ON_EXIT = 5
 # With QUEUES empty (any name valid), how often a worker looks for new queues (s).
 QUEUES_REFRESH = 1.0
-# Tries to receive broadcasts before the worker gives up on them and runs jobs again.
-RECEIVE_ATTEMPTS = 5
 # How often a busy worker's claim also reads the last broadcast's number (s): with
 # every claim it would cost a command a job. A claim that finds no job reads it first.
 BROADCASTS_READ_EVERY = 0.1
@@ -137,10 +135,8 @@ class Worker:
         # Registered as idle by its last claim that named queues: its next such claim
         # takes the job handed to it meanwhile, if its wait has not.
         self.idle_registered = False
-        self.broadcast_seen = 0  # the last broadcast message this worker received
         self.broadcasts_read_at = float("-inf")  # when a claim last read their number
-        self.unreported: list[tuple[int, str]] = []  # broadcasts run, outcomes not stored
-        self.receive_failures = 0
+        self.broadcasts = Inbox(self.worker_id, self.broker, backend.config, self._in_task)
         self.metrics = JobMetrics() if backend.config.metrics else None
         # Off only in tests that run jobs inside their own transaction (testing.py).
         self.close_connections = close_connections
@@ -177,7 +173,7 @@ class Worker:
                     self._refresh_queues()
                     # With a broadcast to receive, only store the outcome: the worker
                     # runs broadcasts holding no job, so no lease waits on them.
-                    receiving = self.broker.last_broadcast != self.broadcast_seen
+                    receiving = self.broadcasts.waiting
                     queues = self.order.next() if wanted and not receiving else []
                     now = time.monotonic()
                     reading = now - self.broadcasts_read_at >= BROADCASTS_READ_EVERY
@@ -213,8 +209,8 @@ class Worker:
                     # Before it waits or stops, a worker learns of the broadcasts.
                     self.broadcasts_read_at = float("-inf")
                     continue
-                if job is None and self.broker.last_broadcast != self.broadcast_seen:
-                    self._receive_broadcasts(backoff)
+                if job is None and self.broadcasts.waiting:
+                    self.broadcasts.receive(self.queues, backoff)
                     continue
                 if job is None and receiving:  # the claim did not look at the queues
                     continue
@@ -364,39 +360,6 @@ class Worker:
         except REDIS_ERRORS as exc:
             backoff.failed(exc)
         return None
-
-    def _receive_broadcasts(self, backoff: Reconnector) -> None:
-        """Run the broadcast messages this worker has not read, and record how each
-        ended. A message is taken once: one whose worker dies while running it is not
-        run again (a new worker starts with fresh local state anyway)."""
-        latest = self.broker.last_broadcast
-        try:
-            while True:
-                # The outcomes in hand are kept until a call stores them (a repeat after
-                # a lost reply writes the same again).
-                received = self.broker.receive(self.worker_id, self.queues, self.unreported)
-                self.unreported = []
-                for number, body in received.messages:
-                    self.unreported.append(
-                        (number, run_broadcast(number, body, self.backend.config, self._in_task))
-                    )
-                # Those read may all have been for other queues: read on while any remain.
-                if not received.messages and not received.more:
-                    break
-        except REDIS_ERRORS as exc:
-            self.receive_failures += 1
-            if self.receive_failures < RECEIVE_ATTEMPTS:
-                backoff.failed(exc)
-                return
-            # Jobs must not wait behind a broadcast Redis keeps refusing to hand over.
-            logger.error(
-                "Worker %s: broadcasts not received after %d tries (%s); back to jobs",
-                self.worker_id,
-                self.receive_failures,
-                exc,
-            )
-        self.receive_failures = 0
-        self.broadcast_seen = latest
 
     @contextlib.contextmanager
     def _in_task(self) -> Iterator[None]:

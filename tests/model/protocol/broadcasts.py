@@ -129,7 +129,7 @@ class BroadcastModel:
     def op_receive_loop(
         self, worker: str, order, report: str, most: int, memory_fills: bool
     ) -> None:
-        """A worker's broadcast loop (Worker._receive_broadcasts): it takes the messages
+        """A worker's broadcast loop (broadcasts.Inbox.receive): it takes the messages
         it has not read, runs them, and reports how they ended in its next call, until
         a call takes nothing and says none remain (``report`` 'not yet': it stops after
         one call). ``memory_fills``: Redis is out of memory from the second call on
@@ -180,7 +180,7 @@ class BroadcastModel:
         memory_fills=st.sampled_from([False, False, False, True]),
     )
     def receive(self, worker, order, report, most, beat, memory_fills):
-        """A worker's broadcast loop (Worker._receive_broadcasts). ``beat``: its
+        """A worker's broadcast loop (broadcasts.Inbox.receive). ``beat``: its
         heartbeat ran just before, as a live worker's does every few seconds."""
         if beat:
             self.op_heartbeat(worker, {})
