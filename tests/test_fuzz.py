@@ -313,11 +313,9 @@ def malformed_key(backend, member: bytes) -> bytes:
 
 
 def run_scheduler(backend) -> None:
-    scheduler = Scheduler(backend, burst=True)
     # What a step survives is the point here, not when it recovers a lease: no grace
     # (a fuzzed lease that ran out is recovered by the second step, at once).
-    scheduler.grace = 0.0
-    scheduler.run()
+    Scheduler(backend, burst=True, grace=0.0).run()
 
 
 def errors_of(fields: dict[bytes, bytes]) -> list[dict]:

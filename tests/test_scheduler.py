@@ -16,7 +16,8 @@ from django.utils import timezone
 from django_redisqueue import TaskFailed
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
 from django_redisqueue.exceptions import NotCancellable
-from django_redisqueue.runtime.scheduler import Scheduler
+from django_redisqueue.runtime.heartbeat import HEARTBEAT_RETRY
+from django_redisqueue.runtime.scheduler import Scheduler, recovery_grace
 from django_redisqueue.store.gateway import now_ms
 from tests import tasks
 from tests.conftest import blocked_clients, manage, start_manage, wait_until
@@ -323,6 +324,18 @@ def test_a_scheduler_whose_wait_was_held_leaves_expired_leases_to_their_workers(
     scheduler.run()  # one step
     recovered = r.hget(backend.keys.job(job.id), "status") != "RUNNING"
     assert recovered != held
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("lease", [0.1, 1.0, 4.0, 60.0, 3600.0])
+def test_the_grace_leaves_a_held_worker_a_few_heartbeat_retries_and_a_share_of_its_lease(lease):
+    """After Redis held every client, a live worker's refused heartbeat tries again
+    every HEARTBEAT_RETRY s: the grace gives it a few tries whatever the lease, and a
+    quarter of a long lease."""
+    grace = recovery_grace(lease)
+    assert grace >= 4 * HEARTBEAT_RETRY
+    assert grace >= lease / 4
+    assert grace == max(lease / 4, 4 * HEARTBEAT_RETRY)  # no more: recovery waits it
 
 
 @pytest.mark.parametrize("renewed", [True, False])

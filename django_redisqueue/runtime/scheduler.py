@@ -57,8 +57,16 @@ class _Interrupted(Exception):
 
 class Scheduler:
     def __init__(
-        self, backend: RedisQueueBackend, *, burst: bool = False, idle_wait: float = IDLE_WAIT
+        self,
+        backend: RedisQueueBackend,
+        *,
+        burst: bool = False,
+        idle_wait: float = IDLE_WAIT,
+        grace: float | None = None,
     ) -> None:
+        """``grace``: how long before a step an earlier step must have run for the
+        leases that ran out by then to be recovered (s); by default
+        ``recovery_grace(LEASE)``."""
         self.backend = backend
         self.idle_wait = idle_wait
         self.broker = backend.broker
@@ -78,7 +86,7 @@ class Scheduler:
         # monotonic clock when the reply came. The last one tells what Redis's clock
         # should read at the next step, if nothing held it (_recover_until_ms); the
         # first, which leases may be recovered (_ran_out_by_ms).
-        self.grace = recovery_grace(backend.config.lease)
+        self.grace = recovery_grace(backend.config.lease) if grace is None else grace
         self.steps: deque[tuple[int, float]] = deque()
         self.lost_error = to_json(
             error_info(
