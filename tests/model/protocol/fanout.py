@@ -273,6 +273,11 @@ class FanOutModel:
             return
         t1 = self.clock()
         assert not missing, f"a chain after {parent}, which does not exist, was queued"
+        if len(jobs) == 1 and not parent:  # a plain enqueue (enqueue.lua): it may hand over
+            (queue, priority, *_), result = steps[0], results[0]
+            self.place_new(result.id, queue, priority, dues[0], t0, t1)
+            assert result.enqueued_at is not None
+            return
         specs, previous = [], parent
         for result, (queue, priority, *_), due in zip(results, steps, dues, strict=True):
             specs.append(Spec(result.id, queue, priority, due, previous))
