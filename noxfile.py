@@ -5,10 +5,11 @@ what ``make test`` did not run there. ``make test`` runs the suite in .venv, on 
 oldest pair, but for the browser, failover and long tests and with the model-based tests
 at a third of their examples; so the oldest pair's session runs the model-based tests at
 their full examples and the browser tests. On the pair between, the suites where
-Django's version shows (its tasks API and the backport, the admin's markup, the checks);
-on the newest pair those again, the suites where Python's version shows (processes,
-signals, threads: the pool, reload, the metrics server, the demo), the browser,
-failover and long tests, and the core suites again on a Redis Cluster. On every pair,
+Django's version shows (its tasks API and the backport, the admin's markup, the checks),
+and the protocol's suites again on a Redis without Functions (as Redis 6.2 is); on the
+newest pair those Django suites again, the suites where Python's version shows
+(processes, signals, threads: the pool, reload, the metrics server, the demo), the
+browser, failover and long tests, and the core suites again on a Redis Cluster. On every pair,
 Django's own ``tests/tasks/`` against this backend. The suites that test Redis and the
 Lua scripts alone (the protocol models, Redis errors, faults, fuzzing of what Redis
 holds), which no Django or Python version changes, run on the oldest pair only.
@@ -83,6 +84,15 @@ NEWEST_SUITES = [
 OLDEST_REST = ["tests/test_protocol_model.py", "tests/test_periodic_model.py", BROWSER]
 
 # The suites that run a second time on a Redis Cluster.
+# Again on a redis-server without Redis Functions, as Redis 6.2 is: the scripts by
+# EVALSHA (tests/topology.py), the protocol model at a third of its examples.
+NO_FUNCTIONS_TESTS = [
+    "tests/test_script_calls.py",
+    "tests/test_broker.py",
+    "tests/test_handoff.py",
+    "tests/test_protocol_model.py",
+]
+
 CLUSTER_TESTS = [
     "tests/test_broker.py",
     "tests/test_enqueue.py",
@@ -165,5 +175,12 @@ def tests(session: nox.Session) -> None:
             "--numprocesses=auto",
             *CLUSTER_TESTS,
             env={"REDISQUEUE_TEST_TOPOLOGY": "cluster"},
+        )
+    if session.python == MATRIX[1][0] and not session.posargs:
+        session.run(
+            "pytest",
+            "--numprocesses=auto",
+            *NO_FUNCTIONS_TESTS,
+            env={"REDISQUEUE_TEST_TOPOLOGY": "scripts", "REDISQUEUE_MODEL_EXAMPLES": "100"},
         )
     session.run("python", "-m", "tests.django_suite")

@@ -24,13 +24,13 @@ from tests.servers import RedisServer  # noqa: E402
 def fill(backend, count: int, queue: str, due_from: int = 0) -> None:
     from django_redisqueue.core.jobs import Envelope
 
-    script = backend.broker._scripts["enqueue"]
-    keys = backend.keys.script_keys
+    backend.broker.scripts.load(backend.broker.client, ["enqueue"])  # a pipeline does not
     pipe = backend.broker.client.pipeline(transaction=False)
     for i in range(count):
         payload = Envelope("bench.tasks.noop", [i], {}, queue).dumps()
         due = due_from + i if due_from else 0
-        script(keys=keys, args=[0, uuid.uuid4().hex, payload, queue, 0, due], client=pipe)
+        job = [uuid.uuid4().hex, payload, queue, 0, due, ""]
+        backend.broker.scripts.queue(pipe, "enqueue", [0, "", *job])  # no lease: no hand-off
         if i % 10_000 == 9_999:
             pipe.execute()
     pipe.execute()

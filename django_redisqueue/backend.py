@@ -52,7 +52,8 @@ from django_redisqueue.preparation import (
     new_job_id,
     unregistered_task,
 )
-from django_redisqueue.store.broker import Broker, NotReplicated
+from django_redisqueue.store.broker import Broker
+from django_redisqueue.store.calls import NotReplicated
 from django_redisqueue.store.connection import Client, make_client
 from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
 from django_redisqueue.store.keys import KeySchema

@@ -17,7 +17,14 @@ from django.test import override_settings
 
 from tests.servers import RedisServer
 from tests.topologies import RedisClusterGroup
-from tests.topology import CLUSTER_ENV, ON_CLUSTER, keys_server, make_client
+from tests.topology import (
+    CLUSTER_ENV,
+    NO_FUNCTIONS,
+    ON_CLUSTER,
+    WITHOUT_FUNCTIONS,
+    keys_server,
+    make_client,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,7 +117,7 @@ def use_redis(url: str, *, cluster: bool = False) -> Iterator[None]:
 def private_redis(*args: str) -> Iterator[RedisServer]:
     """A redis-server of the test's own (``args`` passed on), which every backend and
     process the test starts uses, so that the test may kill, restart or spoil it."""
-    server = RedisServer(*args)
+    server = RedisServer(*(NO_FUNCTIONS if WITHOUT_FUNCTIONS else ()), *args)
     server.start()
     try:
         with use_redis(server.url):
@@ -133,7 +140,13 @@ def django_db_modify_db_settings() -> None:
 def redis_server() -> Iterator[RedisServer | RedisClusterGroup]:
     if not shutil.which("redis-server"):
         pytest.exit("redis-server is not installed: sudo apt-get install redis-server", 2)
-    server: RedisServer | RedisClusterGroup = RedisClusterGroup() if ON_CLUSTER else RedisServer()
+    server: RedisServer | RedisClusterGroup = (
+        RedisClusterGroup()
+        if ON_CLUSTER
+        else RedisServer(*NO_FUNCTIONS)
+        if WITHOUT_FUNCTIONS
+        else RedisServer()
+    )
     server.start()
     with use_redis(server.url, cluster=ON_CLUSTER):
         yield server

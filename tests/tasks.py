@@ -202,7 +202,7 @@ def outlast_idle_connections(timeout):
     """Runs until Redis has closed every connection whose last command was a script
     (the worker's own among them): those idle longer than the server's ``timeout``."""
     deadline = time.monotonic() + timeout
-    while any(c.get("cmd") in ("evalsha", "eval") for c in client().client_list()):
+    while any(c.get("cmd") in ("fcall", "evalsha", "eval") for c in client().client_list()):
         if time.monotonic() > deadline:
             raise TimeoutError(f"Redis closed no idle connection within {timeout} s")
         time.sleep(0.05)

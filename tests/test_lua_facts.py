@@ -23,6 +23,7 @@ from django_redisqueue.store import scripts
 from django_redisqueue.store.scripts import IncludeError
 from tests import lua_source, tasks
 from tests.keys import DEFAULT_KEYS
+from tests.topology import WITHOUT_FUNCTIONS, keys_server
 
 LIBRARY = scripts.read_library()
 # Every file as written: the scripts of lua/ by file name, the shared files of lua/lib/
@@ -100,6 +101,16 @@ def test_an_owner_token_names_its_worker_as_python_reads_it(r, backend):
 def test_every_script_loads_in_redis(r):
     for name, source in scripts.sources().items():
         assert r.script_load(source) == hashlib.sha1(source.encode()).hexdigest(), name
+
+
+@pytest.mark.skipif(WITHOUT_FUNCTIONS, reason="this server has no Functions")
+def test_every_script_loads_as_a_redis_function(r):
+    for name, script in scripts.scripts().items():
+        assert script.sha == hashlib.sha1(script.source.encode()).hexdigest(), name
+        assert keys_server(r).function_load(script.library, replace=True) == script.function
+    listed = keys_server(r).function_list("drq_*")  # per library: [name, value, ...]
+    loaded = {dict(zip(lib[::2], lib[1::2], strict=True))["library_name"] for lib in listed}
+    assert loaded >= {script.function for script in scripts.scripts().values()}
 
 
 def _lua_files(directory, files):

@@ -31,6 +31,7 @@ from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, t
 from django_redisqueue.exceptions import BrokerUnavailable
 from tests import tasks
 from tests.conftest import Processes, private_redis, wait_until
+from tests.model.harness import forget_scripts
 from tests.servers import free_port
 
 LEASED = ("--backend", "leased")
@@ -112,9 +113,9 @@ def read_only(admin: redis.Redis, url: str, during: Callable[[], None]) -> None:
 
 
 def script_flush(admin: redis.Redis, url: str, during: Callable[[], None]) -> None:
-    """Redis forgets every script: calls by SHA get NOSCRIPT."""
+    """Redis forgets every script and Function: calls get NOSCRIPT or Function not found."""
     for _ in range(REPEATS):
-        assert admin.script_flush()
+        forget_scripts(admin)
         time.sleep(HOLD / REPEATS)  # the pace of the fault
 
 
@@ -180,7 +181,7 @@ class Injection:
 INJECTIONS = [
     Injection("OOM", out_of_memory, probe_enqueue=True),
     Injection("READONLY", read_only, probe_enqueue=True),
-    Injection("SCRIPT FLUSH", script_flush),
+    Injection("SCRIPT and FUNCTION FLUSH", script_flush),
     Injection("CLIENT KILL", client_kill),
     Injection("CLIENT PAUSE WRITE", client_pause("WRITE")),
     Injection("CLIENT PAUSE ALL", client_pause("ALL")),

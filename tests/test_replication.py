@@ -125,7 +125,7 @@ def test_the_worker_runs_and_stores_jobs_a_replica_does_not_confirm(pair, caplog
         with frozen(replica), caplog.at_level(logging.WARNING):
             worker = run_worker_here(backend)
         assert [job.wait(timeout=5) for job in jobs] == [2, 3, 4]
-    warnings = [r.message for r in caplog.records if r.name == "django_redisqueue.store.broker"]
+    warnings = [r.message for r in caplog.records if r.name == "django_redisqueue.store.calls"]
     # One line says that writes may be lost with the master (not one per write): the
     # three claims, each with the finish of the job before, and the last finish. The
     # loop's own connection counts with the backend's: one count, one warning clock.

@@ -1,6 +1,8 @@
-"""Which Redis the tests run on: one redis-server, or (``REDISQUEUE_TEST_TOPOLOGY=cluster``,
-nox session ``cluster``) a Redis Cluster of 3 masters and 3 replicas, on which each
-backend's keys live on one slot. Shared by the test process and the workers it starts."""
+"""Which Redis the tests run on: one redis-server; or (``REDISQUEUE_TEST_TOPOLOGY=cluster``)
+a Redis Cluster of 3 masters and 3 replicas, on which each backend's keys live on one
+slot; or (``REDISQUEUE_TEST_TOPOLOGY=scripts``) one redis-server without Redis
+Functions, as Redis 6.2 is, on which the scripts are called by EVALSHA. Shared by the
+test process and the workers it starts."""
 
 import os
 
@@ -8,6 +10,11 @@ import redis
 from redis.cluster import RedisCluster
 
 ON_CLUSTER = os.environ.get("REDISQUEUE_TEST_TOPOLOGY") == "cluster"
+WITHOUT_FUNCTIONS = os.environ.get("REDISQUEUE_TEST_TOPOLOGY") == "scripts"
+# redis-server's arguments for a server that answers FCALL and FUNCTION as Redis 6.2
+# does: unknown commands.
+NO_FUNCTIONS = ("--rename-command", "FCALL", "", "--rename-command", "FCALL_RO", "")
+NO_FUNCTIONS += ("--rename-command", "FUNCTION", "")
 # Set, for this process and the ones it starts, while the URL in use names a cluster node.
 CLUSTER_ENV = "REDISQUEUE_TEST_CLUSTER"
 
@@ -34,7 +41,11 @@ def keys_server(client: redis.Redis | RedisCluster, key: str = "") -> redis.Redi
 
 
 def scripts_run(client: redis.Redis | RedisCluster, key: str = "") -> int:
-    """Scripts run (EVALSHA) on the server of ``key`` since its stats were reset: a try
-    that Redis answered NOSCRIPT (the scripts were not loaded yet) is no run."""
-    stats = keys_server(client, key).info("commandstats").get("cmdstat_evalsha", {})
-    return stats.get("calls", 0) - stats.get("failed_calls", 0) - stats.get("rejected_calls", 0)
+    """Scripts run (FCALL or EVALSHA) on the server of ``key`` since its stats were
+    reset: a try that Redis answered NOSCRIPT or Function not found (not loaded yet) is
+    no run."""
+    info = keys_server(client, key).info("commandstats")
+    return sum(
+        stats.get("calls", 0) - stats.get("failed_calls", 0) - stats.get("rejected_calls", 0)
+        for stats in (info.get(f"cmdstat_{command}", {}) for command in ("fcall", "evalsha"))
+    )

@@ -3,8 +3,8 @@
 The rest of the code speaks verbs (``enqueue``, ``claim``, ``finish``,
 ``wait_for_work``, ``heartbeat``, ``watch``); the keys come from ``keys.py`` and
 the atomic steps are the Lua scripts in ``lua/`` (each with the shared files of
-``lua/lib/`` it includes: ``scripts.py``), loaded once per client and called by SHA
-(redis-py loads a script again when Redis answers NOSCRIPT). The read-side queries
+``lua/lib/`` it includes: ``scripts.py``), called as Redis Functions where Redis has
+them, else by SHA (``calls.py``). The read-side queries
 are in ``queries.py``; both go through ``gateway.Gateway``.
 ``docs/protocol.md`` explains the delivery protocol.
 """
@@ -12,16 +12,14 @@ are in ``queries.py``; both go through ``gateway.Gateway``.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import redis
-from redis.exceptions import NoScriptError
 from redis.sentinel import SentinelConnectionPool
 
-from django_redisqueue.store import scripts
+from django_redisqueue.store.calls import NotReplicated, ScriptCalls, UnreplicatedWrites
 from django_redisqueue.store.connection import Client
 from django_redisqueue.store.gateway import REDIS_ERRORS, Gateway, sync, text
 from django_redisqueue.store.keys import KeySchema
@@ -47,52 +45,9 @@ WORKER_TTL = 60
 # sent in one round trip).
 ENQUEUE_BATCH_JOBS = 1000
 ENQUEUE_BATCH_BYTES = 1 << 20
-# Seconds between two warnings that writes went unconfirmed by REPLICA_ACKS replicas.
-UNREPLICATED_WARNING_INTERVAL = 10.0
 # A pinned broker's connection unused this long (s) is looked at before it is used:
 # the shortest idle ``timeout`` a server may have is 1 s.
 HELD_CONNECTION_LOOK_AFTER = 0.5
-
-
-def _load_scripts(client: Client) -> dict[str, Any]:
-    """Every script in lua/, with the shared files it includes, registered on the client."""
-    # cast: redis-py 5 annotates register_script for Redis only; RedisCluster has it.
-    register = cast(redis.Redis, client).register_script
-    return {name: register(source) for name, source in scripts.sources().items()}
-
-
-class NotReplicated(redis.RedisError):
-    """A write that the master made but fewer replicas than ``REPLICA_ACKS`` confirmed
-    within ``REPLICA_ACKS_TIMEOUT``: it is lost if the master fails before they have it."""
-
-    def __init__(self, acked: int, wanted: int, timeout: float, replies: list[Any]) -> None:
-        super().__init__(
-            f"the master made the write, but {acked} of the {wanted} replica(s) that "
-            f"REPLICA_ACKS asks for confirmed it within {timeout} s"
-        )
-        self.replies = replies  # the scripts' replies, as if all was well
-
-
-class UnreplicatedWrites:
-    """The writes too few replicas confirmed, said in the log at most once per
-    UNREPLICATED_WARNING_INTERVAL with how many there were: one count per backend,
-    which its pinned brokers share (a worker's loop and its heartbeat thread)."""
-
-    def __init__(self) -> None:
-        self.count = 0  # since the last warning
-        self._warn_at = 0.0
-        self._lock = threading.Lock()
-
-    def note(self, script: str, exc: NotReplicated) -> None:
-        with self._lock:
-            self.count += 1
-            if time.monotonic() < self._warn_at:
-                return
-            self._warn_at = time.monotonic() + UNREPLICATED_WARNING_INTERVAL
-            count, self.count = self.count, 0
-        logger.warning(
-            "Redis %s: %s (%d such write(s) since the last warning)", script, exc, count
-        )
 
 
 class Broker(Gateway):
@@ -113,7 +68,7 @@ class Broker(Gateway):
         self.result_ttl = result_ttl
         self.replica_acks = replica_acks
         self.replica_acks_timeout = replica_acks_timeout
-        self._scripts = _load_scripts(client)
+        self.scripts = ScriptCalls(client, self._script_keys, self._server)
         # The number of the last broadcast message, as the latest claim saw it.
         self.last_broadcast = 0
         self.unreplicated = UnreplicatedWrites()
@@ -150,6 +105,7 @@ class Broker(Gateway):
             replica_acks_timeout=self.replica_acks_timeout,
         )
         pinned.unreplicated = self.unreplicated
+        pinned.scripts.functions = self.scripts.functions
         pinned._held_used_at = time.monotonic()
         return pinned
 
@@ -182,7 +138,7 @@ class Broker(Gateway):
         if self._held_used_at is not None:
             self._look_at_held_connection()
         if not (acked and self.replica_acks):
-            return self._scripts[script](keys=self._script_keys, args=args)
+            return self.scripts.call(script, args)
         try:
             return self._run_many([(script, args)])[0]
         except NotReplicated as exc:
@@ -190,46 +146,15 @@ class Broker(Gateway):
             return exc.replies[0]
 
     def _run_many(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
-        """Call scripts in one round trip, each atomic, on the server that holds this
-        backend's keys (in a cluster, the master of their one slot); return their
-        replies. With REPLICA_ACKS, a WAIT follows on the same connection: it counts
-        the replicas that have every write of that connection. Raise the first error a
-        script returned, or NotReplicated when too few replicas confirmed."""
-        replies: list[Any] = [None] * len(calls)
-        pending = list(range(len(calls)))
-        acked = 0
-        for attempt in range(2):
-            server = self._server()
-            pipe = server.pipeline(transaction=False)  # not _pipeline(): loads go to server
-            for i in pending:
-                name, args = calls[i]
-                pipe.evalsha(self._scripts[name].sha, 1, *self._script_keys, *args)
-            if self.replica_acks:
-                pipe.execute_command(
-                    "WAIT", self.replica_acks, int(self.replica_acks_timeout * 1000)
-                )
-            out = self._execute(pipe, raise_on_error=False)
-            if self.replica_acks:
-                *out, acked = out
-            missing = []
-            for i, reply in zip(pending, out, strict=True):
-                if isinstance(reply, NoScriptError) and attempt == 0:
-                    missing.append(i)  # not run: load the scripts and call it again
-                else:
-                    replies[i] = reply
-            if not missing:
-                break
-            for name in {calls[i][0] for i in missing}:
-                server.script_load(self._scripts[name].script)
-            pending = missing
-        for reply in replies:
-            if isinstance(reply, Exception):
-                if isinstance(reply, redis.ResponseError) and str(reply).startswith("MOVED"):
-                    self._lost_server()
-                raise reply
-        if self.replica_acks and int(acked) < self.replica_acks:
-            raise NotReplicated(int(acked), self.replica_acks, self.replica_acks_timeout, replies)
-        return replies
+        """Call scripts in one round trip (ScriptCalls.run_many), with this backend's
+        REPLICA_ACKS."""
+        return self.scripts.run_many(
+            calls,
+            lambda pipe: self._execute(pipe, raise_on_error=False),
+            self._lost_server,
+            self.replica_acks,
+            self.replica_acks_timeout,
+        )
 
     # Producers
 

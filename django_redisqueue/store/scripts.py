@@ -6,12 +6,18 @@ is those files, and the ones they include in turn, each once and each after the 
 it includes (a Lua ``local function`` must be defined before it is used), then the
 script itself. ``lua/lib/keys.lua`` names the keys and states the rules every script
 keeps.
+
+Redis 7 and later run each script as a Redis Function: ``library`` makes its library,
+whose shared definitions are made once, when it is loaded, instead of at every call.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
 from importlib import resources
 from importlib.resources.abc import Traversable
 
@@ -65,12 +71,75 @@ def resolve(name: str, text: str, library: Mapping[str, str]) -> list[str]:
     return order
 
 
+def _lines(text: str) -> str:
+    return text if text.endswith("\n") else text + "\n"
+
+
 def assemble(name: str, text: str, library: Mapping[str, str]) -> str:
     """A script's source: the shared files it includes, then the script; of the shared
     files only the top-level definitions the script uses."""
-    parts = [library[lib] for lib in resolve(name, text, library)]
-    parts = [part if part.endswith("\n") else part + "\n" for part in parts]
-    return "".join(_used_statements(parts, text)) + (text if text.endswith("\n") else text + "\n")
+    parts = [_lines(library[lib]) for lib in resolve(name, text, library)]
+    return "".join(_used_statements(parts, text)) + _lines(text)
+
+
+# keys.lua's statements: the prefix from KEYS[1], then names made from it, one statement
+# a line.
+KEYS_FILE = "keys"
+_PREFIX = "local P = KEYS[1]"
+_KEY_NAMES = re.compile(r"local\s+([\w\s,]+?)\s*=\s*(.+)")
+
+
+def function_name(name: str, text: str) -> str:
+    """The Redis Function of script ``name`` (source ``text``, as assembled): named
+    after its source, so that two versions of this app serve one Redis side by side."""
+    return f"drq_{name}_{hashlib.sha1(text.encode()).hexdigest()[:16]}"
+
+
+def library(name: str, text: str, library_files: Mapping[str, str]) -> tuple[str, str]:
+    """Script ``name`` as a Redis Functions library: its function's name and the
+    library's source. The shared definitions it uses are made once, at the library's
+    load; each call binds KEYS, ARGV and, when the prefix changed, the key names
+    (keys.lua's statements, run again), then runs the script.
+
+    Raises IncludeError for a keys.lua statement that is not one line of
+    ``local NAMES = VALUES`` (the key names must be bindable per call)."""
+    order = resolve(name, text, library_files)
+    parts = [_lines(library_files[lib]) for lib in order if lib != KEYS_FILE]
+    names, bound = [], []
+    if KEYS_FILE in order:
+        for line in library_files[KEYS_FILE].splitlines():
+            line = line.strip()
+            if not line or line.startswith("--") or line == _PREFIX:
+                continue
+            statement = _KEY_NAMES.fullmatch(line)
+            if statement is None:
+                raise IncludeError(f"keys.lua: not one line of local NAMES = VALUES: {line!r}")
+            names.append(f"local {statement.group(1)}\n")
+            bound.append(f"  {statement.group(1)} = {statement.group(2)}\n")
+    function = function_name(name.removesuffix(".lua"), assemble(name, text, library_files))
+    # The key names no statement uses are bound all the same: a few concatenations,
+    # once per prefix.
+    return function, "".join(
+        [
+            f"#!lua name={function}\n",
+            "local KEYS, ARGV, P\n",
+            *names,
+            "local function bind_keys(prefix)\n",
+            "  if prefix == P then\n    return\n  end\n",
+            "  P = prefix\n",
+            *bound,
+            "end\n",
+            *_used_statements(parts, text),
+            "local function run()\n",
+            _lines(text),
+            "end\n",
+            f"redis.register_function('{function}', function(keys, args)\n",
+            "  KEYS, ARGV = keys, args\n",
+            "  bind_keys(keys[1])\n",
+            "  return run()\n",
+            "end)\n",
+        ]
+    )
 
 
 # A top-level definition of a shared file: a line at the left margin that starts a
@@ -125,11 +194,48 @@ def read_library(directory: Traversable = LUA) -> dict[str, str]:
     }
 
 
-def sources(directory: Traversable = LUA) -> dict[str, str]:
-    """Every script of ``directory``, by name (without ``.lua``), with its includes."""
-    library = read_library(directory)
+def _texts(directory: Traversable) -> dict[str, str]:
     return {
-        file.name.removesuffix(".lua"): assemble(file.name, file.read_text(), library)
+        file.name.removesuffix(".lua"): file.read_text()
         for file in directory.iterdir()
         if file.name.endswith(".lua") and file.is_file()
     }
+
+
+def sources(directory: Traversable = LUA) -> dict[str, str]:
+    """Every script of ``directory``, by name (without ``.lua``), with its includes."""
+    library_files = read_library(directory)
+    return {
+        name: assemble(name + ".lua", text, library_files)
+        for name, text in _texts(directory).items()
+    }
+
+
+@dataclass(frozen=True)
+class Script:
+    """A script in both of the forms Redis runs: ``source`` for EVAL (SHA ``sha``), and
+    the Redis Function ``function`` of the library ``library``."""
+
+    name: str
+    source: str
+    sha: str
+    function: str
+    library: str
+
+
+def load(directory: Traversable = LUA) -> dict[str, Script]:
+    """Every script of ``directory``, by name, in both forms."""
+    library_files = read_library(directory)
+    found = {}
+    for name, text in _texts(directory).items():
+        source = assemble(name + ".lua", text, library_files)
+        function, library_source = library(name + ".lua", text, library_files)
+        sha = hashlib.sha1(source.encode()).hexdigest()
+        found[name] = Script(name, source, sha, function, library_source)
+    return found
+
+
+@cache
+def scripts() -> dict[str, Script]:
+    """The scripts of this app (read once a process)."""
+    return load()

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from django_redisqueue.store.broker import Broker
+from django_redisqueue.store.calls import has_no_functions, is_missing
 
 FAR = 3_600_000  # ms: an hour, longer than any run of a model
 RESULT_TTL = 24 * 3600  # s: the backend's (a cancel goes through the backend)
@@ -39,6 +40,9 @@ INJECTED = {
     "timeout": lambda: redis.exceptions.TimeoutError("Timeout reading from socket"),
 }
 
+# The commands that call a script: as a Redis Function, or by SHA.
+SCRIPT_CALLS = ("FCALL", "EVALSHA")
+
 # Steps (by kind), and distinct model states, over one run; reported at its end.
 RUN: Counter[str] = Counter()
 STATES: set[int] = set()
@@ -51,15 +55,21 @@ class FaultyRedis(redis.Redis):
     fault: Exception | None = None
     lose_reply: Exception | None = None
 
-    def evalsha(self, sha, numkeys, *keys_and_args):  # type: ignore[override]
+    def _script_call(self, call, *args):
         if self.fault is not None:
             exc, self.fault = self.fault, None
             raise exc
-        reply = super().evalsha(sha, numkeys, *keys_and_args)
+        reply = call(*args)
         if self.lose_reply is not None:
             exc, self.lose_reply = self.lose_reply, None
             raise exc
         return reply
+
+    def evalsha(self, sha, numkeys, *keys_and_args):  # type: ignore[override]
+        return self._script_call(super().evalsha, sha, numkeys, *keys_and_args)
+
+    def fcall(self, function, numkeys, *keys_and_args):  # type: ignore[override]
+        return self._script_call(super().fcall, function, numkeys, *keys_and_args)
 
     def pipeline(self, transaction=True, shard_hint=None):  # type: ignore[override]
         pipe = FaultyPipeline(self.connection_pool, self.response_callbacks, transaction, None)
@@ -75,19 +85,27 @@ class FaultyPipeline(redis.client.Pipeline):
 
     def execute(self, raise_on_error=True):  # type: ignore[override]
         owner = self.owner
-        if not any(args[0] == "EVALSHA" for args, _ in self.command_stack):
+        if not any(args[0] in SCRIPT_CALLS for args, _ in self.command_stack):
             return super().execute(raise_on_error)
         if owner.fault is not None:
             exc, owner.fault = owner.fault, None
             self.reset()
             raise exc
         replies = super().execute(raise_on_error)
-        if any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
+        if any(is_missing(reply) or has_no_functions(reply) for reply in replies):
             return replies  # nothing ran: the reply to lose is the next call's, as above
         if owner.lose_reply is not None:
             exc, owner.lose_reply = owner.lose_reply, None
             raise exc
         return replies
+
+
+def forget_scripts(r: redis.Redis) -> None:
+    """What a restart or a failover to a server that never had them does: Redis
+    forgets every script and every Function (calls get NOSCRIPT, Function not found)."""
+    r.script_flush()
+    with contextlib.suppress(redis.ResponseError):  # a server without Functions
+        r.function_flush()
 
 
 def snapshot(r: redis.Redis, skip: tuple[str, ...] = ()) -> dict[str, object]:

@@ -20,7 +20,7 @@ local cancelled = 0
 if first == 0 then
   redis.call('HSET', group, 'cancelled', 1)
   local callback = redis.call('HGET', group, 'callback')
-  if callback and callback ~= '' and cancel_job(callback, GROUP_CANCELLED, now, ttl) == 'CANCELLED' then
+  if callback and callback ~= '' and cancel_job(callback, group_cancelled(), now, ttl) == 'CANCELLED' then
     cancelled = cancelled + 1
   end
 end

@@ -12,7 +12,7 @@ import redis
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
-from tests.model.harness import INJECTED, RUN
+from tests.model.harness import INJECTED, RUN, forget_scripts
 from tests.model.periodic.schedules import POOL, SCHEDULERS, variants
 
 
@@ -30,9 +30,9 @@ class RedisTrouble:
         """A Redis error before the next script call (nothing changes), its reply lost
         after it ran (the model moves, the caller does not learn), a real OOM
         (maxmemory below what is used: a script is refused before its first write, or
-        runs whole), or SCRIPT FLUSH (the broker loads its scripts again)."""
+        runs whole), or SCRIPT FLUSH and FUNCTION FLUSH (the broker loads its scripts again)."""
         if trouble == "script flush":
-            self.r.script_flush()
+            forget_scripts(self.r)
             return
         ops: list[Callable[[], Any]] = [
             lambda: self.op_call(s, name, bool(pick % 2), False, ""),

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
 from django_redisqueue.core.jobs import SUCCESSFUL
-from tests.model.harness import INJECTED, RUN, snapshot
+from tests.model.harness import INJECTED, RUN, forget_scripts, snapshot
 from tests.model.protocol.records import (
     DELAYS,
     LIMITS,
@@ -42,12 +42,12 @@ class RedisTrouble:
         operation=st.tuples(*[PICK] * 5),
     )
     def redis_trouble(self, trouble, operation):
-        """SCRIPT FLUSH (a restart, a failover: the broker loads its scripts again); an
-        error before a script runs (nothing changes, and the model neither); a real
-        OOM (maxmemory below what is used: a script is refused whole, before its first
-        write, or runs whole; never half-way)."""
+        """SCRIPT FLUSH and FUNCTION FLUSH (a restart, a failover: the broker loads its
+        scripts again); an error before a script runs (nothing changes, and the model
+        neither); a real OOM (maxmemory below what is used: a script is refused whole,
+        before its first write, or runs whole; never half-way)."""
         if trouble == "script flush":
-            self.r.script_flush()
+            forget_scripts(self.r)
             return
         before = snapshot(self.r)
         if trouble in INJECTED:

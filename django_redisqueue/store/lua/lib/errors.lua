@@ -38,8 +38,11 @@ local function dependency_error(parent, root)
   })
 end
 
--- The error of a group's callback when the group is cancelled.
-local GROUP_CANCELLED = cjson.encode({
-  exception_class_path = 'django_redisqueue.exceptions.JobCancelled',
-  traceback = 'django_redisqueue.exceptions.JobCancelled: its group was cancelled\n',
-})
+-- The error of a group's callback when the group is cancelled. A function, not a
+-- value: a library's definitions are made at its load, when cjson is not there yet.
+local function group_cancelled()
+  return cjson.encode({
+    exception_class_path = 'django_redisqueue.exceptions.JobCancelled',
+    traceback = 'django_redisqueue.exceptions.JobCancelled: its group was cancelled\n',
+  })
+end

@@ -83,7 +83,7 @@ local function complete_group(gid, now, ttl, pending)
       if redis.pcall('HGET', callback, 'waiting') == '1' then
         redis.call('HSET', callback, 'cancelled', 1)
       end
-      pending[#pending + 1] = {f[4], GROUP_CANCELLED}
+      pending[#pending + 1] = {f[4], group_cancelled()}
     else
       release(f[4], now, pending)
     end
