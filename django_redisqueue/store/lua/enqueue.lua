@@ -31,14 +31,11 @@ for at = 3, #ARGV, 6 do
     local worker = lease and due <= now and not options.limit and valid_queue(queue)
                    and idle_worker_for(queue)
     if worker then
-      local fields = {false, payload, false, false, false, now, false, queue,
-                      number(priority, 0) ~= 0 and priority or false}
-      local written = {'payload', payload, 'queue', queue, 'enqueued_at', now}
-      if fields[9] then
-        written[#written + 1] = 'priority'
-        written[#written + 1] = priority
-      end
-      hand_over(id, fields, next_score(priority), worker, queue, lease, now, written)
+      -- As a claim would read the hash the enqueue writes (READ's order).
+      local read = {false, payload, false, false, false, now, false, queue,
+                    number(priority, 0) ~= 0 and priority or false}
+      local written = new_job_fields(payload, queue, priority, now)
+      hand_over(id, read, next_score(priority), worker, queue, lease, now, written)
     else
       ready = store_job(id, payload, queue, priority, due, now, options)
     end

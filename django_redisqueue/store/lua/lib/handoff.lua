@@ -75,11 +75,16 @@ local function register_idle(worker, queues, now, ttl)
   end
 end
 
+-- The registration of `worker` ends: nothing more is handed to it.
+local function end_registration(worker)
+  redis.call('DEL', IDLE_WORKER .. worker)
+end
+
 -- The first claim after a registration: the registration ends, and the job handed
 -- meanwhile, if any, is the claim's (its reply, JSON), else nil. An entry that names
 -- no job the worker owns (written by hand) is dropped.
 local function take_handed(worker)
-  redis.call('DEL', IDLE_WORKER .. worker)
+  end_registration(worker)
   local handed = redis.pcall('LPOP', HANDOFF .. worker) -- another type: none handed
   if type(handed) ~= 'string' then
     return nil
@@ -150,7 +155,7 @@ end
 -- reads them) to the idle `worker`: started under its lease, its claim's reply on the
 -- worker's hand-off list. The registration ends.
 local function hand_over(id, fields, score, worker, queue, lease, now, extra)
-  redis.call('DEL', IDLE_WORKER .. worker)
+  end_registration(worker)
   redis.call('ZREM', IDLE .. queue, worker)
   local reply = start_job(id, fields, score, worker, lease, now, extra)
   for i, value in ipairs(reply) do

@@ -22,20 +22,28 @@ local function job_options(json)
   return options
 end
 
--- Store a new job's hash and make it READY: on its queue (returns the queue, for the
--- caller to wake once per batch), or in its queue's delayed set until `due` (ms).
--- `options` (job_options) adds the job's limits to its hash, where the claim reads them.
--- A waiting job's hash holds only what its claim needs: no priority when it is the
--- default 0, and no score (its queue holds it; a claim copies it to the hash, where a
--- give-back finds it). Waiting jobs are the many: each field left out is bytes a job.
-local function store_job(id, payload, queue, priority, due, now, options)
-  local job = JOB .. id
-  store_limits(job, options)
-  local fields = {'payload', payload, 'queue', queue, 'enqueued_at', now, 'status', 'READY'}
+-- A new job's hash fields, but its status: only what its claim needs. No priority when
+-- it is the default 0, and no score (its queue holds it; a claim copies it to the hash,
+-- where a give-back finds it). Waiting jobs are the many: each field left out is bytes
+-- a job.
+local function new_job_fields(payload, queue, priority, now)
+  local fields = {'payload', payload, 'queue', queue, 'enqueued_at', now}
   if number(priority, 0) ~= 0 then
     fields[#fields + 1] = 'priority'
     fields[#fields + 1] = priority
   end
+  return fields
+end
+
+-- Store a new job's hash and make it READY: on its queue (returns the queue, for the
+-- caller to wake once per batch), or in its queue's delayed set until `due` (ms).
+-- `options` (job_options) adds the job's limits to its hash, where the claim reads them.
+local function store_job(id, payload, queue, priority, due, now, options)
+  local job = JOB .. id
+  store_limits(job, options)
+  local fields = new_job_fields(payload, queue, priority, now)
+  fields[#fields + 1] = 'status'
+  fields[#fields + 1] = 'READY'
   redis.call('HSET', job, unpack(fields))
   if due > now then
     add_delayed(id, due, queue)
