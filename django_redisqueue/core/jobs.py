@@ -51,16 +51,22 @@ FAILED = "FAILED"
 STATUSES = (READY, RUNNING, SUCCESSFUL, FAILED)
 
 
+# Made once: json.dumps() with options builds an encoder on every call (every enqueue
+# and every job's result pay it).
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def to_json(value: Any) -> str:
     """Compact JSON, UTF-8 where it can be: a string holding a lone surrogate (which no
     UTF-8 text can carry, so Redis could not be sent it) makes the whole text ASCII,
     with escapes."""
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    text = _COMPACT.encode(value)
     if not text.isascii():
         try:
             text.encode()
         except UnicodeEncodeError:
-            text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+            text = _COMPACT_ASCII.encode(value)
     return text
 
 

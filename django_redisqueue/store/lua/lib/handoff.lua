@@ -127,6 +127,9 @@ end
 -- soon the oldest, and is picked only when no live worker stands idle.
 local function idle_worker_for(queue)
   local idle = IDLE .. queue
+  if redis.call('EXISTS', idle) == 0 then -- most enqueues: no worker idle, a cheap look
+    return nil
+  end
   local entries = redis.pcall('ZREVRANGE', idle, 0, IDLE_LOOKS - 1, 'WITHSCORES')
   if failed(entries) or #entries == 0 then
     return nil
