@@ -326,3 +326,38 @@ def test_whatever_the_handoff_keys_hold_the_job_is_in_one_place_and_workers_go_o
         assert broker.abandon("w1") is not None
 
     check()
+
+
+def test_a_handed_unique_job_holds_its_key_through_recovery_failure_and_retry(r, broker, backend):
+    """Where the hand-off meets unique keys, recovery and an operator's retry: the key
+    is the handed job's from the enqueue on, stays with it while it is recovered and
+    queued again, is let go when it fails, and is taken again by the retry."""
+    unique = tasks.noop.using(unique_key="report")
+    stand_idle(broker, "w1")
+    job = unique.enqueue()
+    assert backend.get_result(job.id).status == TaskResultStatus.RUNNING  # handed over
+    assert unique.enqueue().id == job.id  # the key is held while the job is handed
+
+    r.zadd(K.running, {job.id: 0})  # w1 died idle: its lease runs out
+    assert broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}").recovered == 1
+    assert r.exists(K.handoff("w1")) == 0
+    assert unique.enqueue().id == job.id  # back in its queue, still the holder
+
+    stand_idle(broker, "w2", ["low"])  # idle on another queue: nothing is handed to it
+    _, claimed = broker.claim(QUEUES, "w3")
+    assert claimed is not None and claimed.job_id == job.id
+    broker.finish(Outcome(job.id, claimed.owner, "FAILED", error="{}"))
+    assert r.exists(K.unique("report")) == 0  # let go at its end
+
+    stand_idle(broker, "w1")
+    assert broker.operate("retry_failed", "default", [job.id], 0) == 1
+    assert r.get(K.unique("report")) == job.id  # the retry takes the key again
+    assert unique.enqueue().id == job.id
+    # An operator's retry goes through the queue and a token, not the hand-off.
+    assert r.zrange(K.queue("default"), 0, -1) == [job.id]
+    assert broker.wait_for_work(QUEUES, 0.1, "w1") == "default"
+    _, claimed = broker.claim(QUEUES, "w1", take_handed=True)
+    assert claimed is not None and claimed.job_id == job.id
+    broker.finish(Outcome(job.id, claimed.owner, SUCCESSFUL, result="null"))
+    assert r.exists(K.unique("report")) == 0
+    assert unique.enqueue().id != job.id  # a new job: the key was free
