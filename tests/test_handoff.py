@@ -20,6 +20,7 @@ from django_redisqueue.store.wire import Claimed, NewJob, Outcome
 from tests import tasks
 from tests.conftest import private_redis, wait_until
 from tests.keys import DEFAULT_KEYS as K
+from tests.topology import keys_server
 
 QUEUES = ["high", "default", "low"]
 
@@ -149,6 +150,26 @@ def test_a_give_back_returns_a_handed_job_to_its_queue_and_ends_the_registration
     assert r.zrange(K.queue("default"), 0, -1) == [job.id]
     assert r.exists(K.handoff("w1"), K.idle_worker("w1")) == 0
     assert broker.claim(QUEUES, "w2")[1].job_id == job.id
+
+
+def test_a_worker_stopping_while_idle_gives_back_only_its_handed_job_looking_at_no_other(
+    r, broker, backend
+):
+    others = [enqueue(backend) for _ in range(20)]
+    for i, _ in enumerate(others):  # running, under other workers
+        assert broker.claim(QUEUES, f"busy{i}")[1] is not None
+    kept = enqueue(backend)
+    assert broker.claim(QUEUES, "w1")[1].job_id == kept.id  # w1 holds one (by hand)
+    stand_idle(broker, "w1")
+    handed = enqueue(backend)
+    before = keys_server(r).info("commandstats").get("cmdstat_hmget", {}).get("calls", 0)
+    assert broker.abandon("w1", handed_only=True) == [handed.id]
+    looked = keys_server(r).info("commandstats")["cmdstat_hmget"]["calls"] - before
+    assert looked < len(others)  # the handed job's fields: not each of the 22 running
+    assert backend.get_result(handed.id).status == TaskResultStatus.READY
+    assert backend.get_result(kept.id).status == TaskResultStatus.RUNNING
+    assert r.exists(K.handoff("w1"), K.idle_worker("w1")) == 0
+    assert broker.abandon("w1", handed_only=True) == []  # nothing handed: nothing back
 
 
 def test_a_handed_job_whose_lease_runs_out_is_recovered_and_leaves_the_list(r, broker, backend):

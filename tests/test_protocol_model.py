@@ -86,6 +86,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "handed over",
             "handed jobs received",
             "handed jobs claimed",
+            "handed jobs given back",
         )
     )
     report(

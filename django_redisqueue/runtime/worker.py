@@ -251,7 +251,7 @@ class Worker:
         """Stopping while registered as idle: the job handed to it meanwhile, if any,
         goes back to its queue, and the registration ends."""
         try:
-            given_back = self.broker.abandon(self.worker_id)
+            given_back = self.broker.abandon(self.worker_id, handed_only=True)
         except REDIS_ERRORS as exc:  # it comes back when its lease runs out
             logger.warning(
                 "Worker %s: could not give back a job handed to it (%s)", self.worker_id, exc

@@ -1,20 +1,30 @@
--- include: keys, values, running
+-- include: keys, values, running, handoff
 -- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
 --       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key,
 --       LIMIT..key, LIMITS, IDLE_WORKER..wid, HANDOFF..wid
 -- Give back every job a worker owns, uncounted, to its place in its queue. A worker
 -- calls this when the reply to a claim was lost: the claim may have run, and the job
 -- it took would otherwise wait for its lease and count as lost though it never ran.
--- The worker holds no other job then (its last outcome was stored first). A worker
--- that stops while registered as idle calls it too: a job handed to it goes back, and
--- its registration ends (handoff.lua).
--- ARGV[1] worker id, ARGV[2] result TTL (s), ARGV[3] lease (ms), which limits use
+-- The worker holds no other job then (its last outcome was stored first). Its
+-- registration as idle ends (handoff.lua).
+-- ARGV[1] worker id, ARGV[2] result TTL (s), ARGV[3] lease (ms), which limits use,
+-- ARGV[4] '1': only the job handed to the worker that it has not taken, as a worker
+-- stopping while registered as idle, which holds no other job, gives back: one job
+-- looked at instead of every running one.
 -- Returns the ids given back.
-local prefix = ARGV[1] .. '/'
+local worker, prefix = ARGV[1], ARGV[1] .. '/'
 local now, ttl = clock_ms(), tonumber(ARGV[2])
 local given = {}
-redis.call('DEL', IDLE_WORKER .. ARGV[1], HANDOFF .. ARGV[1])
-for _, id in ipairs(redis.call('ZRANGE', typed(RUNNING, 'zset'), 0, -1)) do
+local owned
+if ARGV[4] == '1' then
+  local _, handed = take_handed(worker)
+  owned = {handed}
+else
+  owned = redis.call('ZRANGE', typed(RUNNING, 'zset'), 0, -1)
+end
+end_registration(worker)
+redis.call('DEL', HANDOFF .. worker)
+for _, id in ipairs(owned) do
   local job = JOB .. id
   if is_job(id) then
     local f = redis.call('HMGET', job, 'owner', 'status')

@@ -20,8 +20,9 @@ that finds nothing may register its worker as idle on its queues, in its order; 
 enqueue of a job READY at once, with no limit, into an empty unpaused queue hands it to
 the latest registered idle worker whose claim would take it first (its queues before it empty or
 paused), RUNNING under its lease, the claim's reply on its hand-off list; the worker's
-wait returns it, or its next claim takes it; a give-back, or a recovery of its lease,
-clears the list. After every step each hand-off list holds the job the model handed,
+wait returns it, or its next claim takes it; a give-back (of every job the worker
+owns, or, as a worker stopping while idle, of the handed job only), or a recovery of
+its lease, clears the list. After every step each hand-off list holds the job the model handed,
 each idle key the order it registered, and each queue's registry every standing
 registration on it, in the order they registered. Ticks may run "in grace": their scheduler's
 step a grace ago ran before any lease ran out, so they recover nothing and are due

@@ -266,6 +266,21 @@ class CoreModel:
             self.requeue(job)
         return mine
 
+    def m_give_back_handed(self, worker: str) -> list[Job]:
+        """A worker that stops while registered as idle: its registration ends, and the
+        job handed to it meanwhile, if it has not taken it, goes back (no other job of
+        its is looked at)."""
+        self.idle.pop(worker, None)
+        handed = self.handed.pop(worker, None)
+        if handed is None:
+            return []
+        job = self.jobs[handed]
+        self.leave_running(job)
+        self.m_free_slot(job)
+        self.forget_attempt(job)
+        self.requeue(job)
+        return [job]
+
     # Reading back what a script decided with its own clock.
 
     def settle(self) -> None:

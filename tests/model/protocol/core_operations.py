@@ -384,7 +384,15 @@ class CoreOperations:
                     expected += 1
         assert changed == expected, f"{action} {queue} {ids} {limit}: {changed}, model {expected}"
 
-    def op_abandon(self, worker: str) -> None:
+    def op_abandon(self, worker: str, handed_only: bool = False) -> None:
+        """abandon; ``handed_only``: as a worker stopping while registered as idle,
+        only the job handed to it and not taken goes back (its held jobs stay)."""
+        if handed_only:
+            given = self.broker.abandon(worker, handed_only=True)
+            expected = [j.id for j in self.m_give_back_handed(worker)]
+            assert given == expected, f"give-back gave back {given}, model {expected}"
+            RUN["handed jobs given back"] += len(given)
+            return
         given = self.broker.abandon(worker)
         expected = [j.id for j in self.m_abandon(worker)]  # in the running zset's order
         assert given == expected, f"abandon gave back {given}, model {expected}"

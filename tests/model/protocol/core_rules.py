@@ -265,6 +265,21 @@ class CoreRules:
         self.op_abandon(worker)
 
     @rule(worker=WORKER)
+    def stop_while_idle(self, worker):
+        """A worker stops: the job handed to it, if it has not taken it, goes back; the
+        jobs it holds are its to finish (the real worker holds none when idle)."""
+        self.op_abandon(worker, handed_only=True)
+
+    @rule(worker=WORKER, order=ORDER, status=STATUS, priority=PRIORITY)
+    def a_worker_stops_as_it_is_handed_a_job(self, worker, order, status, priority):
+        """A worker works until it stands idle; a job is enqueued to its first queue,
+        which may hand it over; the worker stops before it takes it."""
+        self.work_until_idle(worker, order, status)
+        if worker in self.idle:
+            self.op_enqueue(self.idle[worker][1][0], priority, None, via_api=False)
+            self.op_abandon(worker, handed_only=True)
+
+    @rule(worker=WORKER)
     def worker_vanishes(self, worker):
         """It stops using its tokens; its jobs come back once their lease passes."""
         self.held[worker].clear()

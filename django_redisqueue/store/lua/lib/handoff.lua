@@ -81,8 +81,8 @@ local function end_registration(worker)
 end
 
 -- The first claim after a registration: the registration ends, and the job handed
--- meanwhile, if any, is the claim's (its reply, JSON), else nil. An entry that names
--- no job the worker owns (written by hand) is dropped.
+-- meanwhile, if any, is the claim's (its reply, JSON, and its id), else nil. An entry
+-- that names no job the worker owns (written by hand) is dropped.
 local function take_handed(worker)
   end_registration(worker)
   local handed = redis.pcall('LPOP', HANDOFF .. worker) -- another type: none handed
@@ -98,7 +98,7 @@ local function take_handed(worker)
   if f.err or f[1] ~= reply[2] or f[2] ~= 'RUNNING' then
     return nil
   end
-  return handed
+  return handed, id
 end
 
 -- Most entries of a queue's idle registry an enqueue looks at.
