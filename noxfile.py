@@ -40,6 +40,7 @@ REDIS_SUITES = [
     "tests/test_faults.py",
     "tests/test_fanout_faults.py",
     "tests/test_fuzz.py",
+    "tests/test_fuzz_dashboard.py",
     "tests/test_replication.py",
     "tests/test_topology_servers.py",
     "tests/test_limits.py",

@@ -166,6 +166,24 @@ def r(request: pytest.FixtureRequest) -> redis.Redis | None:
 
 
 @pytest.fixture
+def raw(redis_server) -> redis.Redis:
+    """A client of the private server that reads and writes bytes, as hostile data
+    (tests/fuzzing.py) may be any."""
+    return redis.Redis.from_url(redis_server.url)
+
+
+@pytest.fixture
+def registered() -> frozenset[str]:
+    """The task paths registered, the fuzzing's safe tasks among them."""
+    from django_redisqueue.core.registry import registry
+    from tests.fuzzing import SAFE_TASKS
+
+    for path in SAFE_TASKS:
+        assert registry.get(path) is not None, path
+    return frozenset(registry.paths())
+
+
+@pytest.fixture
 def backend():
     from django_redisqueue.compat import task_backends
 

@@ -36,8 +36,8 @@ from django_redisqueue.periodic import (
 from django_redisqueue.runtime.scheduler import Scheduler
 from tests import tasks
 from tests.conftest import manage, wait_until
+from tests.fuzzing import TRIED, counted, fuzz
 from tests.keys import PERIODIC_KEYS
-from tests.test_fuzz import TRIED, counted, fuzz
 
 QUEUE = PERIODIC_KEYS.queue("default")
 BERLIN = ZoneInfo("Europe/Berlin")

@@ -22,8 +22,8 @@ from django_redisqueue.management.commands import queuehealth
 from django_redisqueue.store.queries import SCHEDULER_ALIVE_MS, WORKER_ALIVE_MS, Queries
 from tests import tasks
 from tests.conftest import manage, not_on_cluster, private_redis, wait_until
+from tests.fuzzing import FRAGMENTS, TIMES, TRIED, counted, envelopes, fuzz
 from tests.servers import free_port
-from tests.test_fuzz import FRAGMENTS, TIMES, TRIED, counted, envelopes, fuzz
 
 QUEUES = ("high", "default", "low")
 PAUSE_MS = 1000  # a stall: longer than twice the --timeout the probe is given
