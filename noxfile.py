@@ -6,7 +6,7 @@ oldest pair, but for the browser, failover and long tests and with the model-bas
 at a third of their examples; so the oldest pair's session runs the model-based tests at
 their full examples and the browser tests. On the pair between, the suites where
 Django's version shows (its tasks API and the backport, the admin's markup, the checks),
-and the protocol's suites again on a Redis without Functions (as Redis 6.2 is); on the
+and the broker's suites again on a Redis without Functions (as Redis 6.2 is); on the
 newest pair those Django suites again, the suites where Python's version shows
 (processes, signals, threads: the pool, reload, the metrics server, the demo), the
 browser, failover and long tests, and the core suites again on a Redis Cluster. On every pair,
@@ -86,13 +86,9 @@ OLDEST_REST = ["tests/test_protocol_model.py", "tests/test_periodic_model.py", B
 
 # The suites that run a second time on a Redis Cluster.
 # Again on a redis-server without Redis Functions, as Redis 6.2 is: the scripts by
-# EVALSHA (tests/topology.py), the protocol model at a third of its examples.
-NO_FUNCTIONS_TESTS = [
-    "tests/test_script_calls.py",
-    "tests/test_broker.py",
-    "tests/test_handoff.py",
-    "tests/test_protocol_model.py",
-]
+# EVALSHA (tests/topology.py). The calling is what differs: each script's EVALSHA form
+# is the one every suite ran before the scripts became Functions.
+NO_FUNCTIONS_TESTS = ["tests/test_script_calls.py", "tests/test_broker.py"]
 
 CLUSTER_TESTS = [
     "tests/test_broker.py",
@@ -182,6 +178,6 @@ def tests(session: nox.Session) -> None:
             "pytest",
             "--numprocesses=auto",
             *NO_FUNCTIONS_TESTS,
-            env={"REDISQUEUE_TEST_TOPOLOGY": "scripts", "REDISQUEUE_MODEL_EXAMPLES": "100"},
+            env={"REDISQUEUE_TEST_TOPOLOGY": "scripts"},
         )
     session.run("python", "-m", "tests.django_suite")
