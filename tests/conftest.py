@@ -28,6 +28,13 @@ from tests.topology import (
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The suites start hundreds of Python processes (workers, schedulers, manage.py), each of
+# which imports Django: in about 1 s from compiled files, in 3 s from source. An
+# environment that forbids writing compiled files (PYTHONDONTWRITEBYTECODE, as uv also
+# installs without them) would have every process compile Django again.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 
 def wait_until(predicate, timeout: float = 10.0, message: str = "condition"):
     """Poll ``predicate`` until it returns something truthy, or fail after ``timeout``."""
