@@ -342,3 +342,23 @@ def test_before_any_cluster_node_answers_workers_wait_and_enqueue_raises(procs):
         procs.expect(worker, "Backend 'failover': Redis unreachable (RedisClusterException")
         procs.expect(worker, "retry 2 in")  # waiting, not crashed
         assert worker.poll() is None
+
+
+def test_a_long_lived_broker_calls_its_scripts_on_the_new_master_after_one_error():
+    """A scheduler's broker, which called scripts before the master of its slot died,
+    reaches the promoted replica at its next call but one: the failed call has the slot
+    map reloaded. (A cluster client sent an FCALL through the node it asks for command
+    keys, and kept sending it to that node once it was gone.)"""
+    with RedisClusterGroup(replicas_per_master=1) as group:
+        options = {"CLUSTER_NODES": [node.address for node in group.nodes]}
+        with failover_backend(options) as backend:
+            broker = backend.broker
+            job = tasks.add.using(backend="failover").enqueue(1, 2)
+            master = group.master_for_key("{drq:failover}:")
+            assert redis.Redis(port=master.port).wait(1, 10_000) == 1  # the replica has it
+            group.kill(master)
+            group.wait_for_failover(master)
+            with pytest.raises(redis.RedisError):
+                broker.claim(["default"], "w1")
+            _, claimed = broker.claim(["default"], "w1")
+            assert claimed is not None and claimed.job_id == job.id

@@ -68,7 +68,7 @@ class Broker(Gateway):
         self.result_ttl = result_ttl
         self.replica_acks = replica_acks
         self.replica_acks_timeout = replica_acks_timeout
-        self.scripts = ScriptCalls(client, self._script_keys, self._server)
+        self.scripts = ScriptCalls(client, self._script_keys, self._server, self._lost_server)
         # The number of the last broadcast message, as the latest claim saw it.
         self.last_broadcast = 0
         self.unreplicated = UnreplicatedWrites()

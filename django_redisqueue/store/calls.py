@@ -91,26 +91,38 @@ class ScriptCalls:
         client: Client,
         script_keys: Sequence[str],
         server: Callable[[], redis.Redis],
+        lost_server: Callable[[], None],
         *,
         functions: bool = True,
     ) -> None:
         self.client = client
         self.script_keys = list(script_keys)
         self.server = server
+        self.lost_server = lost_server
         self.scripts = scripts.scripts()
         # False once Redis has shown it has no Functions: then EVALSHA, for good.
         self.functions = functions
 
     def call(self, name: str, args: Sequence[Any]) -> Any:
-        """Run script ``name`` with ``args``; return its reply (its error raised)."""
-        for _ in range(3):
+        """Run script ``name`` with ``args`` on ``server()``; return its reply (its
+        error raised). Sent to the server itself, not through a cluster client, which
+        would ask a node of its own for an FCALL's keys first, and keep asking it when
+        that node is gone; after an error, ``lost_server`` has the slot map reloaded."""
+        loads = 0
+        while True:
+            server = self.server()
             try:
-                return self._send(self.client, name, args)
+                return self._send(server, name, args)
             except redis.ResponseError as exc:
-                if not self.retry(exc):
+                if str(exc).startswith("MOVED"):
+                    self.lost_server()
+                if loads == 2 or not self.retry(exc):
                     raise
-                self.load(self.server(), [name])
-        return self._send(self.client, name, args)
+                self.load(server, [name])
+                loads += 1
+            except redis.RedisError:
+                self.lost_server()
+                raise
 
     def queue(self, pipe: Pipeline, name: str, args: Sequence[Any]) -> None:
         """Add a call of script ``name`` to a pipeline (of ``server()``)."""
