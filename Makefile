@@ -11,31 +11,33 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test check demo docs lint redis-server system-packages
+.PHONY: test check demo docs lint test-packages system-packages
 
-# uv installs in seconds what pip takes most of a minute for.
-$(VENV)/.installed: pyproject.toml
+# uv installs in seconds what pip takes most of a minute for. mysqlclient (the outbox's
+# tests on MariaDB) builds against the system's MariaDB client headers.
+$(VENV)/.installed: pyproject.toml | test-packages
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip uv
 	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev,django52,hiredis,docs]'
 	touch $@
 
-# redis-server runs the tests' private Redis; Debian's chromium runs the browser tests
-# (make check; Playwright cannot download its own browser here). As root, install what
-# is missing.
-redis-server:
+# redis-server runs the tests' private Redis; libmariadb-dev builds mysqlclient; Debian's
+# chromium runs the browser tests (make check; Playwright cannot download its own
+# browser here). As root, install what is missing.
+test-packages:
 	@$(MAKE) --no-print-directory system-packages BROWSER=no
 
 BROWSER ?= yes
 system-packages:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	pkg-config --exists libmariadb 2>/dev/null || missing="$$missing libmariadb-dev pkg-config"; \
 	[ "$(BROWSER)" = no ] || [ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
 	  apt-get update -qq && apt-get install -y -qq $$missing; \
 	elif [ -n "$$missing" ]; then \
 	  echo "Missing:$$missing. Install with: sudo apt-get install$$missing"; \
-	  command -v redis-server >/dev/null; \
+	  command -v redis-server >/dev/null && pkg-config --exists libmariadb; \
 	fi
 
 lint: $(VENV)/.installed
@@ -47,7 +49,7 @@ lint: $(VENV)/.installed
 # The model-based tests at a third of their examples; make check runs them whole, in
 # nox's session of the oldest pair, instead.
 MODELS ?= REDISQUEUE_MODEL_EXAMPLES=100 REDISQUEUE_PERIODIC_EXAMPLES=80
-test: $(VENV)/.installed redis-server lint
+test: $(VENV)/.installed lint
 	$(MODELS) $(BIN)/pytest --numprocesses=auto -m "not failover and not long" \
 	  --ignore=tests/test_browser.py $(LEFT_TO_NOX)
 

@@ -14,8 +14,10 @@ import redis
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
+from django.db import DatabaseError, InterfaceError
 from django.utils.module_loading import import_string
 
+from django_redisqueue import outbox
 from django_redisqueue.compat import (
     DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
@@ -170,23 +172,31 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         if task.func is not unregistered_task:
             registry.register(task)
 
-    def push(self, results: Sequence[RedisTaskResult]) -> None:
+    def push(self, results: Sequence[RedisTaskResult], *, relayed: bool = False) -> None:
         """Put prepared jobs in Redis (one round trip), set their ``enqueued_at`` and
         send task_enqueued for each. Jobs that depend on another (``depends_on``) go
-        through the linked enqueue, which holds them until that job succeeded."""
-        after = [getattr(result.task, "depends_on", None) or "" for result in results]
+        through the linked enqueue, which holds them until that job succeeded.
+        ``relayed``: they come from the outbox, and a job whose id is taken is one
+        relayed already."""
+        after = [_after(result) for result in results]
         if any(after):
-            self.push_linked(results, after)
+            self.push_linked(results, after, relayed=relayed)
             return
         self._stored(
             results,
             lambda: self.broker.enqueue(
                 [new_job(result) for result in results], record_queues=not self.queue_names
             ),
+            relayed=relayed,
         )
 
     def push_linked(
-        self, results: Sequence[RedisTaskResult], after: Sequence[str], group_id: str = ""
+        self,
+        results: Sequence[RedisTaskResult],
+        after: Sequence[str],
+        group_id: str = "",
+        *,
+        relayed: bool = False,
     ) -> None:
         """``push`` for jobs that wait for another (``after``: a job id, AFTER_GROUP for
         a group's callback, or '') or belong to group ``group_id``."""
@@ -196,12 +206,59 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
             lambda: self.broker.enqueue_linked(
                 jobs, group_id=group_id, record_queues=not self.queue_names
             ),
+            relayed=relayed,
+        )
+
+    # The outbox (outbox.py)
+
+    def push_to_outbox(self, results: list[RedisTaskResult], database: str) -> None:
+        """Write ``results`` to the outbox in the transaction on ``database``; once it
+        commits, relay them (``relay_committed``)."""
+        outbox.write(database, self.alias, [new_job(result, _after(result)) for result in results])
+        self.push_on_commit(results, database, relay=True)
+
+    def relay_committed(self, results: list[RedisTaskResult], database: str) -> None:
+        """Right after the commit: push the jobs, then delete their rows. If Redis
+        refuses, the rows stay for runscheduler, and the caller, whose transaction has
+        committed, is not told: the jobs are safe."""
+        try:
+            self.push(results, relayed=True)
+        except BrokerUnavailable as exc:
+            logger.warning(
+                "%d job(s) stay in the outbox of database %r until runscheduler relays them: %s",
+                len(results),
+                database,
+                exc,
+            )
+            return
+        except TaskResultDoesNotExist as exc:  # the job they run after is gone
+            logger.error("Outbox: %s They are dropped.", exc)
+        try:
+            outbox.forget(database, [result.id for result in results])
+        except (DatabaseError, InterfaceError) as exc:  # relayed again later, and refused as taken
+            logger.warning("Outbox: relayed jobs' rows not deleted yet: %s", exc)
+
+    def relay_outbox(self, settle: float = outbox.SETTLE_SECONDS) -> int:
+        """Relay the rows left in this backend's outboxes, once ``settle`` seconds old
+        (runscheduler's step): one batch per database; return how many. Redis and
+        database errors propagate."""
+        return sum(
+            outbox.relay(
+                self.broker,
+                self.alias,
+                database,
+                record_queues=not self.queue_names,
+                settle=settle,
+            )
+            for database in self.config.outbox
         )
 
     def _stored(
         self,
         results: Sequence[RedisTaskResult],
         store: Callable[[], Sequence[int | str | None]],
+        *,
+        relayed: bool = False,
     ) -> None:
         """Run ``store`` (a broker enqueue of ``results``), turning Redis errors into
         BrokerUnavailable; then set each result's ``enqueued_at`` and send
@@ -224,7 +281,8 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         holders: dict[str, RedisTaskResult | None] = {}
         for result, enqueued_at in zip(results, enqueued, strict=True):
             if enqueued_at is None:
-                taken.append(result)
+                if not relayed:
+                    taken.append(result)
                 continue
             if isinstance(enqueued_at, str):
                 self._adopt(result, enqueued_at, holders)
@@ -372,11 +430,28 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         return self.broker.cancel_group(group_id, to_json(error_info(error)))
 
     def get_result(self, result_id: str) -> RedisTaskResult:
-        fields = self.queries.get_job(result_id)
+        try:
+            fields = self.queries.get_job(result_id)
+        except REDIS_ERRORS:
+            if (fields := self._outboxed(result_id)) is None:
+                raise
+        if fields is None and (fields := self._outboxed(result_id)) is None:
+            # Relayed between the two reads, or not there at all.
+            fields = self.queries.get_job(result_id)
         if fields is None:
             raise TaskResultDoesNotExist(result_id)
         record = JobRecord.parse(result_id, fields, self.config.max_payload_bytes)
         return make_result(self.alias, self.task_for(record.envelope), record)
+
+    def _outboxed(self, job_id: str) -> dict[str, str] | None:
+        """The fields of a job still in the outbox, as a READY job's hash holds them
+        (no ``enqueued_at`` yet); None if it is in none of this backend's outboxes."""
+        if not self.config.outbox:
+            return None
+        job = outbox.find(self.config.outbox, self.alias, job_id)
+        if job is None:
+            return None
+        return {"payload": job.payload, "queue": job.queue, "priority": str(job.priority)}
 
     def wait(self, result_id: str, timeout: float | None = None) -> None:
         """Block on Redis until the job finishes; raise ResultTimeout if it does not."""
@@ -385,7 +460,9 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         def ended() -> bool:
             nonlocal status
             status = self.broker.watch(result_id) or ""
-            if not status:
+            if not status and self._outboxed(result_id):
+                status = "in the outbox, waiting for the relay"
+            elif not status:
                 raise TaskResultDoesNotExist(result_id)
             return status in FINAL_STATUSES
 
@@ -522,3 +599,8 @@ def our_backends() -> Iterator[tuple[str, dict[str, Any]]]:
 def redisqueue_backends() -> list[RedisQueueBackend]:
     """Every backend of settings.TASKS that is a RedisQueueBackend."""
     return [cast(RedisQueueBackend, task_backends[alias]) for alias, _ in our_backends()]
+
+
+def _after(result: RedisTaskResult) -> str:
+    """The id of the job ``result``'s job runs after ('' for none)."""
+    return getattr(result.task, "depends_on", None) or ""

@@ -15,7 +15,7 @@ from django_redisqueue.compat import Task, TaskError, TaskResultStatus
 from django_redisqueue.core.conf import Options, parse_options
 from django_redisqueue.core.jobs import Envelope, JobRecord, ensure_json_arguments
 from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
-from django_redisqueue.exceptions import UnknownTask
+from django_redisqueue.exceptions import ConfigurationError, UnknownTask
 from django_redisqueue.store.wire import NewJob
 
 
@@ -72,14 +72,53 @@ class JobPreparation:
         raises and none is queued. ``on_commit`` (default: ENQUEUE_ON_COMMIT): once
         the transaction on database ``using`` commits."""
         self.validate_once(task)
+        outbox = self.outbox_database(task, using)
         results = [self.prepare_valid(task, args, kwargs) for args, kwargs in calls]
         if on_commit is None:
             on_commit = self.config.enqueue_on_commit
-        if on_commit:
+        if outbox is not None:
+            self.push_to_outbox(results, outbox)
+        elif on_commit:
             self.push_on_commit(results, using)
         else:
             self.push(results)
         return results
+
+    def outbox_database(self, task: Task, using: str | None) -> str | None:
+        """The database whose transaction ``task``'s jobs join through the outbox:
+        ``using`` (default: the first of OUTBOX) when OUTBOX is on and the task does not
+        say ``outbox=False``; None when there is no outbox or no transaction to join
+        there. Raises ConfigurationError for ``outbox=True`` without OUTBOX, or a
+        database OUTBOX does not name; ValueError for a unique task in a transaction."""
+        databases = self.config.outbox
+        wanted = getattr(task, "outbox", None)
+        if wanted is False or (wanted is None and not databases):
+            return None
+        if not databases:
+            raise ConfigurationError(
+                f"{task.module_path} asks for the outbox, but TASKS[{self.alias!r}] has "
+                "none: set OPTIONS['OUTBOX'] (True, or the databases to keep it in)."
+            )
+        database = using or databases[0]
+        if database not in databases:
+            raise ConfigurationError(
+                f"Database {database!r} has no outbox for TASKS[{self.alias!r}]: its "
+                f"OPTIONS['OUTBOX'] names {', '.join(map(repr, databases))}."
+            )
+        if not transaction.get_connection(database).in_atomic_block:
+            return None  # no transaction to join: the job goes to Redis at once
+        if getattr(task, "unique", False) is not False:
+            raise ValueError(
+                f"{task.module_path} is unique: its key is taken when the job reaches "
+                "Redis, after the commit, so the job cannot go through the outbox. "
+                "Enqueue it with .using(outbox=False)."
+            )
+        return database
+
+    def push_to_outbox(self, results: list[RedisTaskResult], database: str) -> None:
+        """Keep ``results`` in the outbox of ``database``'s transaction until it
+        commits. A backend without a table of its own pushes them at the commit."""
+        self.push_on_commit(results, database)
 
     def enqueue_on_commit(
         self,
@@ -97,10 +136,13 @@ class JobPreparation:
         """
         return self.enqueue_many(task, [(args, kwargs)], on_commit=True, using=using)[0]
 
-    def push_on_commit(self, results: list[RedisTaskResult], using: str | None) -> None:
+    def push_on_commit(
+        self, results: list[RedisTaskResult], using: str | None, *, relay: bool = False
+    ) -> None:
         """Push ``results`` when the transaction commits, together with the jobs
         queued just before them in the same transaction and savepoint: a view that
-        queues ten jobs sends them in one round trip at the commit."""
+        queues ten jobs sends them in one round trip at the commit. ``relay``: they are
+        in the outbox of ``using``; ``relay_committed`` pushes them."""
         connection = transaction.get_connection(using)
         if connection.in_atomic_block and connection.run_on_commit:
             # Django keeps (savepoint ids, callback, robust) per callback. Joining the
@@ -111,11 +153,17 @@ class JobPreparation:
             if (
                 isinstance(last, _CommitBatch)
                 and last.backend is self
+                and last.relay_from == (using if relay else None)
                 and savepoints == set(connection.savepoint_ids)
             ):
                 last.results += results
                 return
-        transaction.on_commit(_CommitBatch(self, results), using=using)
+        batch = _CommitBatch(self, results, using if relay else None)
+        transaction.on_commit(batch, using=using)
+
+    def relay_committed(self, results: list[RedisTaskResult], database: str) -> None:
+        """Move committed jobs from the outbox of ``database`` to where they run."""
+        raise NotImplementedError
 
     def prepare(
         self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
@@ -174,12 +222,18 @@ class JobPreparation:
 class _CommitBatch:
     """The jobs pushed together when a transaction commits (an on_commit callback)."""
 
-    def __init__(self, backend: JobPreparation, results: list[RedisTaskResult]) -> None:
+    def __init__(
+        self, backend: JobPreparation, results: list[RedisTaskResult], relay_from: str | None
+    ) -> None:
         self.backend = backend
         self.results = results
+        self.relay_from = relay_from  # the database whose outbox holds them, if one does
 
     def __call__(self) -> None:
-        self.backend.push(self.results)
+        if self.relay_from is None:
+            self.backend.push(self.results)
+        else:
+            self.backend.relay_committed(self.results, self.relay_from)
 
 
 def make_result(alias: str, task: Task, record: JobRecord) -> RedisTaskResult:

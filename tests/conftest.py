@@ -100,7 +100,8 @@ def use_redis(url: str, *, cluster: bool = False) -> Iterator[None]:
     from django.conf import settings
 
     tasks = {alias: dict(conf) for alias, conf in settings.TASKS.items()}
-    for alias in ("default", "leased", "anyqueue", "periodic"):
+    outboxes = [alias for alias in tasks if alias.startswith("outbox-")]
+    for alias in ("default", "leased", "anyqueue", "periodic", *outboxes):
         options = {k: v for k, v in tasks[alias]["OPTIONS"].items() if k != "CLUSTER"}
         tasks[alias]["OPTIONS"] = {**options, "URL": url, **({"CLUSTER": True} if cluster else {})}
     caches = {"default": {**settings.CACHES["default"], "LOCATION": url}}
@@ -318,10 +319,33 @@ def start_manage(*args: str) -> ManagedProcess:
 
 
 def child_env() -> dict[str, str]:
+    """The environment of the processes the tests start: the test settings, with the
+    SQLite database only unless the test set REDISQUEUE_TEST_SQLITE_ONLY to ''."""
     return {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "PYTHONPATH": str(ROOT),
+        "REDISQUEUE_TEST_SQLITE_ONLY": os.environ.get("REDISQUEUE_TEST_SQLITE_ONLY", "1"),
+    }
+
+
+@pytest.fixture
+def every_database_in_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The processes this test starts have PostgreSQL and MariaDB too (tests/settings.py)."""
+    monkeypatch.setenv("REDISQUEUE_TEST_SQLITE_ONLY", "")
+
+
+@pytest.fixture
+def outbox_backends(settings) -> None:
+    """An outbox backend for every database, "outbox-<alias>", as "outbox-default" is
+    (tests/settings.py)."""
+    base = settings.TASKS["outbox-default"]
+    settings.TASKS = {
+        **settings.TASKS,
+        **{
+            f"outbox-{alias}": {**base, "OPTIONS": {**base["OPTIONS"], "OUTBOX": alias}}
+            for alias in settings.DATABASES
+        },
     }
 
 

@@ -41,6 +41,33 @@ DATABASES = {
     }
 }
 
+# PostgreSQL and MariaDB, as the machine runs them (trust auth, root without a password),
+# for the outbox's tests: one database per pytest-xdist worker, named alike in the
+# workers the tests start. REDISQUEUE_TEST_PG and _MARIADB give other servers' settings.
+# The processes the tests start have them only when a test asks (tests.conftest's
+# child_env): Django's system checks, which every runworker runs, load the driver of
+# every database and ask MariaDB's server for its settings.
+TEST_DB = f"redisqueue_tests_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+OTHER_DATABASES = {
+    "postgresql": {
+        "ENGINE": "django.db.backends.postgresql",
+        "HOST": "127.0.0.1",
+        "PORT": 5432,
+        "USER": "postgres",
+        **json.loads(os.environ.get("REDISQUEUE_TEST_PG", "{}")),
+    },
+    "mariadb": {
+        "ENGINE": "django.db.backends.mysql",
+        "HOST": "127.0.0.1",
+        "PORT": 3306,
+        "USER": "root",
+        **json.loads(os.environ.get("REDISQUEUE_TEST_MARIADB", "{}")),
+    },
+}
+for alias, database in OTHER_DATABASES.items():
+    if not os.environ.get("REDISQUEUE_TEST_SQLITE_ONLY"):
+        DATABASES[alias] = {**database, "NAME": TEST_DB, "TEST": {"NAME": TEST_DB}}
+
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -101,6 +128,17 @@ TASKS = {
         "OPTIONS": {"CONNECTION": "default"},
     },
 }
+# The outbox's backends, "outbox-<database alias>" (tests/test_outbox*.py). In the
+# tests' own processes only "outbox-default", so that the pages and metrics that show
+# every backend read no other database (the outbox's tests add the others: the
+# outbox_backends fixture); in the processes the tests start, one per database they have.
+STARTED_BY_A_TEST = "REDISQUEUE_TEST_SQLITE_ONLY" in os.environ
+for alias in DATABASES if STARTED_BY_A_TEST else ["default"]:
+    TASKS[f"outbox-{alias}"] = {
+        "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {**REDIS, "OUTBOX": alias},
+    }
 
 # Periodic jobs (tests/test_periodic.py): the schedules of the schedulers a test starts
 # travel as JSON; the tests in this process build their own with override_settings.

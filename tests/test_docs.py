@@ -95,17 +95,25 @@ def run_test_cases(module: types.ModuleType, done: set[type]) -> None:
 
 
 RUNNABLE = [p for p in DOC_PAGES if any(b.marker in (RUN, RUN_AFTER_WORKER) for b in blocks(p))]
+# The OPTIONS a page's samples assume of the default backend, beyond the tests'.
+PAGE_OPTIONS = {DOCS / "howto" / "outbox.md": {"OUTBOX": True}}
 
 
 @pytest.mark.skipif(ON_CLUSTER, reason="the samples' tests run one worker")
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("page", RUNNABLE, ids=page_id)
-def test_the_samples_of_a_page_run(page, backend):
+def test_the_samples_of_a_page_run(page, settings):
     """The page's blocks in order, in one module of the page's own (its tasks have a
     module path that the worker can find); a worker and a scheduler run what is queued
     before each ``run after worker`` block."""
+    from django_redisqueue.compat import task_backends
     from django_redisqueue.runtime.scheduler import Scheduler
 
+    if page in PAGE_OPTIONS:
+        default = settings.TASKS["default"]
+        options = {**default["OPTIONS"], **PAGE_OPTIONS[page]}
+        settings.TASKS = {**settings.TASKS, "default": {**default, "OPTIONS": options}}
+    backend = task_backends["default"]
     name = "docs_sample_" + re.sub(r"\W", "_", str(page.relative_to(DOCS).with_suffix("")))
     module = types.ModuleType(name)
     module.__file__ = str(page)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.db import DEFAULT_DB_ALIAS
+
 from django_redisqueue.compat import DEFAULT_TASK_QUEUE_NAME
 from django_redisqueue.core.jobs import QUEUE_NAME_RE, ensure_json_arguments
 from django_redisqueue.exceptions import ConfigurationError
@@ -44,6 +46,9 @@ class Options:
     replica_acks_timeout: float = 1.0  # seconds to wait for them
     periodic: Mapping[str, Mapping[str, Any]] | None = None  # name -> schedule (periodic.py)
     metrics: bool = True  # workers count jobs for the Prometheus metrics (observe/metrics.py)
+    # The databases whose transactions enqueue() writes jobs into (outbox.py); the first
+    # is the one joined when no database is named. Empty: no outbox.
+    outbox: tuple[str, ...] = ()
 
     @property
     def redis_url(self) -> str:
@@ -69,6 +74,7 @@ OPTION_NAMES = {
     "REPLICA_ACKS_TIMEOUT": "replica_acks_timeout",
     "PERIODIC": "periodic",
     "METRICS": "metrics",
+    "OUTBOX": "outbox",
 }
 
 # Whole-number options and their least value.
@@ -194,7 +200,29 @@ def _value_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
     problems += _topology_problems(where, raw)
     if raw.get("PERIODIC") is not None:
         problems += _periodic_problems(f"{where}['PERIODIC']", raw["PERIODIC"])
+    if outbox_databases(raw.get("OUTBOX", False)) is None:
+        wrong(
+            "OUTBOX",
+            "Use True (the 'default' database), a database alias, or a list of them.",
+        )
     return problems
+
+
+def outbox_databases(value: Any) -> tuple[str, ...] | None:
+    """OUTBOX as the databases it names (False: none, True: 'default'); None if it is
+    none of what OUTBOX may be."""
+    if isinstance(value, bool):
+        return (DEFAULT_DB_ALIAS,) if value else ()
+    if isinstance(value, str):
+        value = [value]
+    if (
+        isinstance(value, Sequence)
+        and value
+        and all(isinstance(alias, str) and alias for alias in value)
+        and len(set(value)) == len(value)
+    ):
+        return tuple(value)
+    return None
 
 
 def _topology_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
@@ -478,6 +506,7 @@ def parse_options(alias: str, params: Mapping[str, Any]) -> Options:
     for name in ("sentinels", "cluster_nodes"):
         if name in values:
             values[name] = tuple((host, port) for host, port in values[name])
+    values["outbox"] = outbox_databases(values.get("outbox", False))
     return Options(queues=tuple(_queues(params)), **values)
 
 

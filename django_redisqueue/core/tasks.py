@@ -117,8 +117,13 @@ class RedisTask(Task):
     concurrency_limit: int | None = None
     rate_limit: str | None = None
     limit_key: str | None = None  # default: the task's module path
+    # Whether enqueue() in a transaction writes its jobs to the outbox (outbox.py);
+    # None: as the backend's OUTBOX says.
+    outbox: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.outbox is not None and not isinstance(self.outbox, bool):
+            raise ValueError(f"outbox must be True, False or None, not {self.outbox!r:.80}.")
         if self.depends_on is not None and not (
             isinstance(self.depends_on, str) and JOB_ID_RE.fullmatch(self.depends_on)
         ):
@@ -248,12 +253,14 @@ class RedisTask(Task):
         depends_on: TaskResult | str | None = None,
         unique_key: str | None = None,
         limit_key: str | None = None,
+        outbox: bool | None = None,
     ) -> RedisTask:
         """Create a new task with modified defaults; ``delay`` sets ``run_after``;
         ``depends_on`` (a result or a job id) holds its jobs until that job succeeded
         (if it fails, they fail with ``DependencyFailed``); ``unique_key`` makes its
         jobs unique under that key; ``limit_key`` counts them under that key's limits
-        (the task's ``concurrency_limit`` and ``rate_limit``)."""
+        (the task's ``concurrency_limit`` and ``rate_limit``); ``outbox`` writes its jobs
+        into the transaction's outbox, or not, whatever the backend's OUTBOX says."""
         if delay is not None:
             if run_after is not None:
                 raise TypeError("Pass either delay or run_after, not both.")
@@ -274,6 +281,8 @@ class RedisTask(Task):
             changes["unique"] = unique_key
         if limit_key is not None:
             changes["limit_key"] = limit_key
+        if outbox is not None:
+            changes["outbox"] = outbox
         return replace(task, **changes) if changes else task
 
 
@@ -394,6 +403,7 @@ def task(
     concurrency_limit: int | None = ...,
     rate_limit: str | None = ...,
     limit_key: str | None = ...,
+    outbox: bool | None = ...,
 ) -> Callable[[Callable[..., Any]], RedisTask]: ...
 def task(
     function: Callable[..., Any] | None = None,
@@ -412,6 +422,7 @@ def task(
     concurrency_limit: int | None = None,
     rate_limit: str | None = None,
     limit_key: str | None = None,
+    outbox: bool | None = None,
 ) -> RedisTask | Callable[[Callable[..., Any]], RedisTask]:
     """Make a function a task, bare (``@task``) or with options (``@task(...)``)."""
 
@@ -433,6 +444,7 @@ def task(
             concurrency_limit=concurrency_limit,
             rate_limit=rate_limit,
             limit_key=limit_key,
+            outbox=outbox,
         )
 
     if function is not None:

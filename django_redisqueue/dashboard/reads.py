@@ -9,8 +9,10 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from django.db import DatabaseError, InterfaceError
 from django.utils.timezone import localtime
 
+from django_redisqueue import outbox
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.core.jobs import STATUSES, from_ms
 from django_redisqueue.dashboard.rows import (
@@ -324,7 +326,21 @@ class Dashboard:
                 LimitRow(limit.key, limit.running, limit.parked, from_ms(limit.next_look_ms))
                 for limit in self.queries.limits()
             ],
+            "outbox": self.outbox(),
         }
+
+    def outbox(self) -> dict[str, Any] | None:
+        """The jobs committed and waiting in the outbox for the relay, and how long the
+        oldest has waited (s); None without an outbox. A database that cannot be read
+        leaves ``jobs`` None and says why."""
+        databases = self.backend.config.outbox
+        if not databases:
+            return None
+        try:
+            backlog = outbox.backlog(databases, self.backend.alias)
+        except (DatabaseError, InterfaceError) as exc:
+            return {"jobs": None, "oldest_seconds": None, "error": str(exc)}
+        return {"jobs": backlog.jobs, "oldest_seconds": round(backlog.age(), 3)}
 
 
 def chart(minutes: list[tuple[int, dict[str, int]]], height: int = 60) -> dict[str, object]:

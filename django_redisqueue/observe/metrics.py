@@ -34,6 +34,9 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
 
+from django.db import DatabaseError, InterfaceError, connections
+
+from django_redisqueue import outbox
 from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS
 
 if TYPE_CHECKING:
@@ -182,6 +185,16 @@ class Exposition:
             "Seconds since a scheduler last stepped (absent: none is registered; one "
             "that stops cleanly unregisters).",
         )
+        self.outbox_jobs = Family(
+            "redisqueue_outbox_jobs",
+            "gauge",
+            "Committed jobs waiting in the outbox for the relay to Redis (OUTBOX).",
+        )
+        self.outbox_age = Family(
+            "redisqueue_outbox_oldest_seconds",
+            "gauge",
+            "How long the oldest job in the outbox has waited for the relay (0: none).",
+        )
         self.finished = Family(
             "redisqueue_jobs_total",
             "counter",
@@ -207,6 +220,8 @@ class Exposition:
             self.workers_alive,
             self.schedulers_alive,
             self.scheduler_age,
+            self.outbox_jobs,
+            self.outbox_age,
             self.finished,
             self.duration,
             self.wait,
@@ -218,6 +233,7 @@ class Exposition:
     def add_backend(self, backend: RedisQueueBackend) -> None:
         """The samples of one backend; ``redisqueue_up`` 0 alone when Redis fails."""
         labels = {"backend": backend.alias}
+        self._add_outbox(backend, labels)
         try:
             read = _read(backend)
         except REDIS_ERRORS as exc:
@@ -237,6 +253,19 @@ class Exposition:
         if read.scheduler_age is not None:
             self.scheduler_age.add(labels, read.scheduler_age)
         self._add_counts(labels, read.counters)
+
+    def _add_outbox(self, backend: RedisQueueBackend, labels: dict[str, str]) -> None:
+        """The outbox's gauges, read from the database whatever Redis does; none when
+        the backend has no outbox or its database cannot be read (logged)."""
+        if not backend.config.outbox:
+            return
+        try:
+            backlog = outbox.backlog(backend.config.outbox, backend.alias)
+        except (DatabaseError, InterfaceError) as exc:
+            logger.warning("Outbox of backend %r unread: %s", backend.alias, exc)
+            return
+        self.outbox_jobs.add(labels, float(backlog.jobs))
+        self.outbox_age.add(labels, backlog.age())
 
     def _add_counts(self, labels: dict[str, str], counters: dict[str, float]) -> None:
         histograms: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
@@ -419,6 +448,7 @@ class _MetricsServer(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            connections.close_all()  # this thread's, opened to read the outbox
             self.slots.release()
 
     def hold_requests(self) -> None:

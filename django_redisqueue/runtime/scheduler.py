@@ -21,6 +21,9 @@ import time
 from collections import deque
 from types import FrameType
 
+from django.db import DatabaseError, InterfaceError, close_old_connections, connections
+
+from django_redisqueue import outbox
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.core.jobs import error_info, to_json
 from django_redisqueue.exceptions import WorkerLost
@@ -37,6 +40,8 @@ IDLE_WAIT = 3.0
 LOCAL_SLEEP_BELOW = 0.25
 # Most jobs each kind of move handles per step; a full batch runs the next step at once.
 BATCH = 500
+# How often the outbox is relayed (s) while it holds nothing to relay.
+RELAY_EVERY = 1.0
 # A step that reaches Redis later than expected by this share of the lease was held
 # on its way, and so were the workers' heartbeats: it recovers no lease. Held for
 # less, no live worker's lease can run out, as heartbeats renew it every third of it.
@@ -76,6 +81,7 @@ class Scheduler:
         self.waiting = False
         # Also without schedules: its sync deletes the state of schedules removed.
         self.periodic = PeriodicStep(backend)
+        self.next_relay = 0.0  # when to relay the outbox again (monotonic)
         # After a Redis error, leases are not recovered until a lease has passed since
         # Redis answered again (a monotonic time): workers whose heartbeats failed alike
         # get that long to renew them. Counted from the first reply, not from the error,
@@ -127,6 +133,7 @@ class Scheduler:
                 )
                 self.steps.append((tick.now_ms, time.monotonic()))
                 periodic_in = self._periodic_step(tick.now_ms)
+                relayed = self._relay_step()
                 if tick.held:
                     logger.warning(
                         "Scheduler %s: Redis held a step; no lease is recovered for the "
@@ -151,7 +158,7 @@ class Scheduler:
                     tick.failed,
                 )
             next_in = _sooner(tick.next_in, periodic_in)
-            if next_in == 0:
+            if next_in == 0 or relayed >= outbox.RELAY_BATCH:
                 continue  # a batch was full
             if self.burst and not tick.overdue:
                 break  # (a lease that ran out is recovered first, after its grace)
@@ -166,6 +173,27 @@ class Scheduler:
         if self.periodic.due_for_sync(time.monotonic()):
             self.periodic.sync(now_ms, time.monotonic())
         return self.periodic.step(now_ms)
+
+    def _relay_step(self) -> int:
+        """Relay what the outboxes hold, at most once per RELAY_EVERY; return how many
+        jobs. A database error is logged, and the step is tried again next time."""
+        if not self.backend.config.outbox or time.monotonic() < self.next_relay:
+            return 0
+        self.next_relay = time.monotonic() + RELAY_EVERY
+        close_old_connections()
+        try:
+            relayed = self.backend.relay_outbox()
+        except (DatabaseError, InterfaceError) as exc:
+            logger.warning("Scheduler %s: the outbox cannot be read: %s", self.scheduler_id, exc)
+            for database in self.backend.config.outbox:
+                connections[database].close()  # a new connection at the next step
+            return 0
+        if relayed:
+            logger.info(
+                "Scheduler %s: relayed %d job(s) from the outbox", self.scheduler_id, relayed
+            )
+            self.next_relay = 0.0  # a full batch may leave more
+        return relayed
 
     def _recover_until_ms(self) -> int:
         """The latest time by Redis's clock at which the next step may recover leases:

@@ -72,6 +72,9 @@ TASKS = {
         "QUEUES": ["high", "default", "low"],  # the order is the priority order
         "OPTIONS": {
             "CONNECTION": "default",  # reuse the django-redis cache's connection
+            # Jobs enqueued in a transaction are written to the database with it, and
+            # reach Redis once it commits, whatever Redis does then (the signup view).
+            "OUTBOX": True,
             # Periodic jobs: runscheduler enqueues each run once, however many run.
             "PERIODIC": {
                 "purge-old-logs": {

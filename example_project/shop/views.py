@@ -44,9 +44,12 @@ def signup(request: HttpRequest) -> HttpResponse:
     if not username or User.objects.filter(username=username).exists():
         messages.error(request, "Pick a new, non-empty user name.")
         return redirect("index")
-    user = User.objects.create_user(username, email=f"{username}@example.com")
-    result = send_welcome_email.enqueue(user.pk)  # high queue: runs before anything else
-    send_tips_email.using(delay=20).enqueue(user.pk)  # runscheduler queues it in 20 s
+    # The user and the jobs commit together: the jobs are written to the outbox in this
+    # transaction (OUTBOX), and relayed to Redis once it commits.
+    with transaction.atomic():
+        user = User.objects.create_user(username, email=f"{username}@example.com")
+        result = send_welcome_email.enqueue(user.pk)  # high queue: runs before the rest
+        send_tips_email.using(delay=20).enqueue(user.pk)  # due in 20 s
     messages.success(request, f"Welcome email queued as job {result.id}; tips in 20 s.")
     return redirect("index")
 

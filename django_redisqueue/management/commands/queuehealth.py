@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, InterfaceError
 
+from django_redisqueue import outbox
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.core.jobs import QUEUE_NAME_RE
 from django_redisqueue.management.common import get_backend
@@ -26,6 +28,7 @@ REDIS_UNHEALTHY = 3
 NO_LIVE_WORKER = 4
 NO_SCHEDULER = 5
 WAITED_TOO_LONG = 6
+OUTBOX_STUCK = 7
 
 # Workers read per probe, the most recently seen first: far more than a fleet runs.
 WORKERS_READ_LIMIT = 1000
@@ -35,16 +38,18 @@ HELP = f"""Check one backend's health and exit with a code saying what failed:
 {HEALTHY} healthy; {REDIS_UNHEALTHY} Redis unreachable or refusing writes (out of memory,
 read-only, loading, a timeout); {NO_LIVE_WORKER} a queue without a live worker;
 {NO_SCHEDULER} no live scheduler; {WAITED_TOO_LONG} a queue's next job waited longer than
---max-wait. When several fail, every failure is printed and the lowest code is the
-exit code. 1: the command could not run (an unknown backend or queue); 2: a wrong
-option. A paused queue is reported but never fails."""
+--max-wait; {OUTBOX_STUCK} a committed job waited in the outbox longer than
+--max-outbox-age, or the outbox cannot be read (a backend with OUTBOX). When several
+fail, every failure is printed and the lowest code is the exit code. 1: the command
+could not run (an unknown backend or queue); 2: a wrong option. A paused queue is
+reported but never fails."""
 
 
 @dataclass
 class Check:
     """One check's verdict, as printed and as JSON."""
 
-    name: str  # redis, workers, scheduler, wait
+    name: str  # redis, workers, scheduler, wait, outbox
     ok: bool
     message: str
     queue: str | None = None
@@ -102,6 +107,14 @@ class Command(BaseCommand):
             default=300.0,
             metavar="SECONDS",
             help="fail when a queue's next job has waited longer (default: 300; 0: no check)",
+        )
+        parser.add_argument(
+            "--max-outbox-age",
+            type=seconds_or_zero,
+            default=60.0,
+            metavar="SECONDS",
+            help="with OUTBOX: fail when a committed job has waited longer in the outbox "
+            "for the relay (default: 60; 0: no check)",
         )
         parser.add_argument(
             "--no-scheduler", action="store_true", help="do not check for a live scheduler"
@@ -175,13 +188,50 @@ class Probe:
         self.backend = backend
         self.timeout: float = options["timeout"]
         self.max_wait: float = options["max_wait"]
+        self.max_outbox_age: float = options["max_outbox_age"]
         self.check_workers = not options["no_workers"]
         self.check_scheduler = not options["no_scheduler"]
         self.host = socket.gethostname() if options["this_host"] else None
 
     def run(self, queues: list[str]) -> list[Check]:
-        """Every check; only the Redis one when Redis is unhealthy (nothing else can be
-        read then)."""
+        """Every check; of Redis's, only the Redis one when Redis is unhealthy (nothing
+        else can be read then). The outbox, in the database, is checked either way."""
+        checks = self.redis_checks(queues)
+        if self.max_outbox_age and self.backend.config.outbox:
+            checks.append(self.outbox_check())
+        return checks
+
+    def outbox_check(self) -> Check:
+        try:
+            backlog = outbox.backlog(self.backend.config.outbox, self.backend.alias)
+        except (DatabaseError, InterfaceError) as exc:
+            return Check(
+                "outbox",
+                False,
+                f"cannot be read: {type(exc).__name__}: {exc}",
+                figures={"error": type(exc).__name__, "detail": str(exc)},
+                code=OUTBOX_STUCK,
+            )
+        age = backlog.age()
+        late = age > self.max_outbox_age
+        message = f"{backlog.jobs} committed job(s) waiting for the relay"
+        if backlog.jobs:
+            message += f", the oldest for {age:.1f} s"
+        if late:
+            message += f", over --max-outbox-age {self.max_outbox_age:g} s"
+        return Check(
+            "outbox",
+            not late,
+            message,
+            figures={
+                "jobs": backlog.jobs,
+                "oldest_seconds": round(age, 3),
+                "max_outbox_age": self.max_outbox_age,
+            },
+            code=OUTBOX_STUCK if late else HEALTHY,
+        )
+
+    def redis_checks(self, queues: list[str]) -> list[Check]:
         try:
             # A Redis that stalls after answering the ping, or a cluster client that
             # cannot connect, must not hold the probe, whatever the client's timeouts.

@@ -49,6 +49,7 @@ class Command(BaseCommand):
                             {"key": lim.key, "running": lim.running, "parked": lim.parked}
                             for lim in overview["limits"]
                         ],
+                        **({"outbox": overview["outbox"]} if overview["outbox"] else {}),
                     },
                     indent=2,
                 )
@@ -67,6 +68,13 @@ class Command(BaseCommand):
         for limit in overview["limits"]:
             self.stdout.write(
                 f"limit {limit.name}: {limit.running} running, {limit.parked} parked"
+            )
+        if waiting := overview["outbox"]:
+            self.stdout.write(
+                f"outbox: unreadable ({waiting['error']})"
+                if waiting["jobs"] is None
+                else f"outbox: {waiting['jobs']} job(s) waiting for the relay, the oldest "
+                f"for {waiting['oldest_seconds']:.1f} s"
             )
         if periodic:
             width = max(len(p["name"]) for p in periodic) + 2

@@ -1,0 +1,189 @@
+"""The transactional outbox: jobs enqueued in a transaction are written to a table in
+that transaction, and relayed to Redis once it has committed.
+
+A row commits or rolls back with the data it belongs to (savepoints included), so a
+committed job cannot be lost to Redis being down, failing over or full at the commit.
+Two relays move rows to Redis: the committing process's, right after the commit
+(``backend.py``), and ``runscheduler``'s, for rows left behind (``relay()``). Both
+store the job under its own id, which the enqueue script refuses to store twice, and
+only then delete the row: a row relayed twice makes one job. Where the database can
+``SELECT ... FOR UPDATE SKIP LOCKED``, schedulers relay different rows side by side;
+elsewhere (SQLite) they take turns.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from django_redisqueue.models import OutboxJob
+from django_redisqueue.store.broker import Broker
+from django_redisqueue.store.wire import MissingJob, NewJob
+
+logger = logging.getLogger(__name__)
+
+# Rows runscheduler relays per transaction.
+RELAY_BATCH = 500
+# runscheduler relays a row once it is this old (s): a commit's own relay usually
+# takes it first, and a relay of the same row by both costs a refused enqueue.
+SETTLE_SECONDS = 2.0
+
+
+def write(database: str, backend: str, jobs: Sequence[NewJob]) -> None:
+    """Add ``jobs`` to the outbox, in the current transaction on ``database``."""
+    now = timezone.now()
+    OutboxJob.objects.using(database).bulk_create(
+        [
+            OutboxJob(
+                job_id=job.job_id,
+                backend=backend,
+                queue=job.queue,
+                priority=job.priority,
+                payload=job.payload,
+                due_ms=job.due_ms,
+                after=job.after,
+                options=job.options,
+                created_at=now,
+            )
+            for job in jobs
+        ]
+    )
+
+
+def new_job(row: OutboxJob) -> NewJob:
+    return NewJob(
+        row.job_id, row.queue, row.priority, row.payload, row.due_ms, row.after, row.options
+    )
+
+
+def forget(database: str, job_ids: Iterable[str]) -> None:
+    """Delete the rows of jobs now in Redis."""
+    with transaction.atomic(using=database):
+        _without_waiting_for_disk(database)
+        OutboxJob.objects.using(database).filter(job_id__in=list(job_ids)).delete()
+
+
+def _without_waiting_for_disk(database: str) -> None:
+    """Let the current transaction commit without waiting for its log to reach the disk
+    (PostgreSQL: ``synchronous_commit``, for this transaction only). For deletes of
+    relayed rows: one lost in a crash brings a row back, whose job is then refused as
+    stored, while the wait for the disk is most of what a delete costs."""
+    connection = connections[database]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit TO OFF")
+
+
+def find(databases: Sequence[str], backend: str, job_id: str) -> NewJob | None:
+    """The job ``job_id`` if it is waiting in an outbox of ``databases``, else None."""
+    for database in databases:
+        row = OutboxJob.objects.using(database).filter(backend=backend, job_id=job_id).first()
+        if row is not None:
+            return new_job(row)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """What waits in a backend's outboxes: how many rows, and since when."""
+
+    jobs: int
+    oldest: datetime | None
+
+    def age(self, now: datetime | None = None) -> float:
+        """Seconds the oldest row has waited (0 when none waits)."""
+        if self.oldest is None:
+            return 0.0
+        return max(0.0, ((now or timezone.now()) - self.oldest).total_seconds())
+
+
+def backlog(databases: Sequence[str], backend: str) -> Backlog:
+    jobs, oldest = 0, None
+    for database in databases:
+        rows = OutboxJob.objects.using(database).filter(backend=backend)
+        jobs += rows.count()
+        first = rows.order_by("id").values_list("created_at", flat=True).first()
+        if first is not None and (oldest is None or first < oldest):
+            oldest = first
+    return Backlog(jobs, oldest)
+
+
+def store(broker: Broker, jobs: Sequence[NewJob], *, record_queues: bool) -> list[bool]:
+    """Put ``jobs`` in Redis, as the outbox's relays do: in order, a job waiting for
+    another through the linked enqueue. Returns, per job, whether its row may go: it is
+    in Redis now or was already (its id taken), or it waits for a job that does not
+    exist and never can be stored (logged). Redis errors propagate."""
+    done: list[bool] = []
+    plain: list[NewJob] = []
+
+    def flush() -> None:
+        if plain:
+            broker.enqueue(plain, record_queues=record_queues)
+            done.extend(True for _ in plain)
+            plain.clear()
+
+    for job in jobs:
+        if not job.after:
+            plain.append(job)
+            continue
+        flush()
+        try:
+            broker.enqueue_linked([job], record_queues=record_queues)
+        except MissingJob as exc:
+            logger.error(
+                "Outbox: job %s runs after job %s, which does not exist (or its result "
+                "expired): it is dropped, as enqueue() would have refused it",
+                job.job_id,
+                exc.job_id,
+            )
+        done.append(True)
+    flush()
+    return done
+
+
+def relay(
+    broker: Broker,
+    backend: str,
+    database: str,
+    *,
+    record_queues: bool,
+    batch: int = RELAY_BATCH,
+    settle: float = SETTLE_SECONDS,
+) -> int:
+    """Move up to ``batch`` of ``backend``'s rows of ``database`` that are ``settle``
+    seconds old into Redis, oldest first, and delete them, in one transaction; return
+    how many. Rows another relay holds are skipped where the database can; on a Redis
+    error nothing is deleted and the error propagates."""
+    skip_locked = connections[database].features.has_select_for_update_skip_locked
+    with transaction.atomic(using=database):
+        rows = OutboxJob.objects.using(database).filter(
+            backend=backend, created_at__lte=timezone.now() - timedelta(seconds=settle)
+        )
+        if skip_locked:
+            rows = rows.select_for_update(skip_locked=True)
+        else:
+            # A write that matches nothing takes the database's write lock (SQLite), so
+            # that relays take turns rather than fail to delete what they relayed.
+            OutboxJob.objects.using(database).filter(id=-1).update(due_ms=0)
+        taken = list(rows.order_by("id")[:batch])
+        if not taken:
+            return 0
+        store(broker, [new_job(row) for row in taken], record_queues=record_queues)
+        _without_waiting_for_disk(database)
+        _delete_rows(database, [row.id for row in taken])
+    return len(taken)
+
+
+def _delete_rows(database: str, ids: Sequence[int]) -> None:
+    """Delete rows by id, one primary-key look-up each: one statement over several
+    (``IN (...)``) may scan the table instead (MariaDB does on a small one), and wait
+    for the rows another relay holds."""
+    connection = connections[database]
+    table = connection.ops.quote_name(OutboxJob._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.executemany(f"DELETE FROM {table} WHERE id = %s", [(id_,) for id_ in ids])

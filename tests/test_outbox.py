@@ -1,0 +1,282 @@
+"""The transactional outbox (``OPTIONS["OUTBOX"]``), on SQLite, PostgreSQL and MariaDB:
+a job enqueued in a transaction commits or rolls back with it, reaches Redis once it
+has committed whatever Redis does at the commit, and is stored once however often it
+is relayed. The fault test is in test_outbox_faults.py."""
+
+import io
+import json
+import re
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+import redis
+from django.core.management import call_command
+from django.db import OperationalError, transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from django_redisqueue import outbox
+from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
+from django_redisqueue.core.conf import validate
+from django_redisqueue.dashboard.reads import Dashboard
+from django_redisqueue.exceptions import ConfigurationError
+from django_redisqueue.management.commands.queuehealth import OUTBOX_STUCK
+from django_redisqueue.models import OutboxJob
+from django_redisqueue.observe import metrics
+from tests import tasks
+from tests.conftest import not_on_cluster, private_redis, wait_until
+from tests.outboxes import two_relays_at_once, waiting
+
+DATABASES = ["default", "postgresql", "mariadb"]
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+    pytest.mark.usefixtures("outbox_backends"),
+    not_on_cluster,
+]
+
+
+@pytest.fixture(params=DATABASES)
+def database(request):
+    return request.param
+
+
+@pytest.fixture
+def backend(database, r):
+    return task_backends[f"outbox-{database}"]
+
+
+def rows(database):
+    return list(OutboxJob.objects.using(database).values_list("job_id", flat=True))
+
+
+def queued(r, backend):
+    return r.zrange(backend.keys.queue("default"), 0, -1)
+
+
+def job_exists(backend, job_id):
+    return backend.queries.get_job(job_id) is not None
+
+
+def enqueue(backend, *args, task=tasks.add, **options):
+    return task.using(backend=backend.alias, **options).enqueue(*args)
+
+
+def test_a_job_commits_with_the_transaction_and_reaches_redis_after_it(backend, database):
+    with transaction.atomic(using=database):
+        result = enqueue(backend, 1, 2)
+        assert rows(database) == [result.id]
+        assert not job_exists(backend, result.id)
+        # Known before it reaches Redis: READY, from the outbox.
+        assert backend.get_result(result.id).status == TaskResultStatus.READY
+    assert rows(database) == []
+    assert job_exists(backend, result.id)
+    assert result.enqueued_at is not None
+    assert backend.get_result(result.id).args == [1, 2]
+
+
+def test_a_rolled_back_transaction_or_savepoint_leaves_no_job(backend, database):
+    class Undo(Exception):
+        pass
+
+    with pytest.raises(Undo), transaction.atomic(using=database):
+        dropped = enqueue(backend, 1, 1)
+        raise Undo
+    with transaction.atomic(using=database):
+        kept = enqueue(backend, 2, 2)
+        with pytest.raises(Undo), transaction.atomic(using=database):
+            in_savepoint = enqueue(backend, 3, 3)
+            raise Undo
+        after_savepoint = enqueue(backend, 4, 4)
+    assert rows(database) == []
+    for result in (dropped, in_savepoint):
+        with pytest.raises(TaskResultDoesNotExist):
+            backend.get_result(result.id)
+    assert job_exists(backend, kept.id) and job_exists(backend, after_savepoint.id)
+
+
+def test_outside_a_transaction_the_job_goes_to_redis_at_once(backend, database):
+    result = enqueue(backend, 1, 2)
+    assert job_exists(backend, result.id)
+    assert rows(database) == []
+
+
+def test_a_commit_while_redis_refuses_keeps_the_job_until_the_relay(database, caplog):
+    """The commit succeeds and the caller hears nothing; the job waits, READY, in the
+    outbox; runscheduler's relay stores it once Redis is back."""
+    with private_redis("--appendonly", "yes") as server:
+        backend = task_backends[f"outbox-{database}"]
+        server.kill()
+        with transaction.atomic(using=database):
+            result = enqueue(backend, 5, 6)
+        assert rows(database) == [result.id]
+        assert "stay in the outbox" in caplog.text
+        assert backend.get_result(result.id).status == TaskResultStatus.READY
+        with pytest.raises(redis.ConnectionError):
+            backend.relay_outbox(settle=0)
+        assert rows(database) == [result.id]  # nothing deleted on a failed relay
+        server.start()
+        assert backend.relay_outbox(settle=0) == 1
+        assert rows(database) == []
+        assert backend.get_result(result.id).status == TaskResultStatus.READY
+        assert job_exists(backend, result.id)
+
+
+def test_a_row_relayed_twice_makes_one_job(backend, database, r):
+    with transaction.atomic(using=database):
+        result = enqueue(backend, 1, 2)
+    [stored] = r.keys(f"*{result.id}*")
+    # As if a relay stored the job and died before deleting its row.
+    copy = waiting(result.id, 9)
+    with transaction.atomic(using=database):
+        outbox.write(database, backend.alias, [copy])
+    assert backend.relay_outbox(settle=0) == 1
+    assert rows(database) == []
+    assert r.keys(f"*{result.id}*") == [stored]
+    assert backend.get_result(result.id).args == [1, 2]  # the first one, untouched
+    assert queued(r, backend) == [result.id]
+
+
+def test_relays_at_once_relay_each_row_once(backend, database, r):
+    """Two relays at the same moment, the first holding five rows: where the database
+    skips locked rows, the second relays the fifteen others meanwhile; elsewhere
+    (SQLite) it waits for the first to commit, then relays them."""
+    with transaction.atomic(using=database):
+        outbox.write(database, backend.alias, [waiting(f"{n:026x}", n) for n in range(20)])
+
+    def skipped(relayed):
+        assert relayed == {"second": 15}  # done while the first holds its rows
+
+    assert two_relays_at_once(backend, database, 5, 100, skipping=skipped) == {
+        "first": 5,
+        "second": 15,
+    }
+    assert rows(database) == []
+    assert len(set(queued(r, backend))) == 20
+
+
+def test_a_job_that_runs_after_another_in_the_same_transaction(backend, database, r):
+    with transaction.atomic(using=database):
+        first = enqueue(backend, 1, 1)
+        then = enqueue(backend, 2, 2, depends_on=first)
+    assert rows(database) == []
+    assert backend.get_result(then.id).status == TaskResultStatus.READY
+    assert queued(r, backend) == [first.id]
+
+
+def test_the_relay_drops_a_job_that_runs_after_a_job_that_is_gone(backend, database, caplog):
+    with transaction.atomic(using=database):
+        outbox.write(database, backend.alias, [waiting("a" * 26, 1, after="b" * 26)])
+    assert backend.relay_outbox(settle=0) == 1
+    assert rows(database) == []
+    assert "does not exist" in caplog.text
+
+
+def test_a_unique_job_cannot_go_through_the_outbox_but_may_skip_it(backend, database):
+    with transaction.atomic(using=database):
+        with pytest.raises(ValueError, match="unique"):
+            enqueue(backend, "k", task=tasks.unique_report)
+        result = enqueue(backend, "k", task=tasks.unique_report, outbox=False)
+        assert rows(database) == []
+    assert job_exists(backend, result.id)
+
+
+def test_the_task_may_opt_out_and_an_opt_in_needs_an_outbox(backend, database):
+    with transaction.atomic(using=database):
+        skipped = enqueue(backend, 1, 1, outbox=False)
+        assert rows(database) == []
+        assert job_exists(backend, skipped.id)  # at once, as without the outbox
+    with pytest.raises(ConfigurationError, match="OUTBOX"):
+        tasks.add.using(outbox=True).enqueue(1, 1)
+
+
+def test_a_database_without_an_outbox_is_refused(r):
+    backend = task_backends["outbox-default"]
+    with pytest.raises(ConfigurationError, match="'postgresql' has no outbox"):
+        backend.enqueue_many(tasks.add, [((1, 1), {})], using="postgresql")
+
+
+@pytest.mark.parametrize(
+    "value", [None, 1, "", [], ["default", "default"], ["default", 2], {"default": True}]
+)
+def test_a_wrong_outbox_setting_is_reported(value):
+    problems = validate("x", {"OPTIONS": {"OUTBOX": value}})
+    assert [p.code for p in problems] == ["E006"], problems
+    assert "OUTBOX" in problems[0].msg
+
+
+def test_the_backlog_counts_the_rows_and_the_oldest_age(backend, database):
+    assert outbox.backlog([database], backend.alias) == outbox.Backlog(0, None)
+    with transaction.atomic(using=database):
+        outbox.write(database, backend.alias, [waiting("c" * 26, 1)])
+    backlog = outbox.backlog([database], backend.alias)
+    assert backlog.jobs == 1 and backlog.age() >= 0
+    assert outbox.backlog([database], "another").jobs == 0
+
+
+def test_wait_blocks_on_a_job_in_the_outbox_until_it_runs(
+    database, procs, every_database_in_children
+):
+    with private_redis() as server:
+        backend = task_backends[f"outbox-{database}"]
+        server.kill()
+        with transaction.atomic(using=database):
+            result = enqueue(backend, 20, 22)
+        server.start()
+        procs.start("runscheduler", "--backend", backend.alias)
+        procs.start("runworker", "--backend", backend.alias)
+        assert result.wait(timeout=30) == 42
+        wait_until(lambda: rows(database) == [], 10, "the row to go")
+
+
+def an_old_row(database, backend, seconds):
+    """A committed row the relays left behind ``seconds`` ago."""
+    with transaction.atomic(using=database):
+        outbox.write(database, backend.alias, [waiting("d" * 26, 1)])
+    OutboxJob.objects.using(database).update(
+        created_at=timezone.now() - timedelta(seconds=seconds)
+    )
+
+
+def test_the_overview_queuestats_metrics_and_probe_show_a_stuck_relay(r, viewer):
+    backend = task_backends["outbox-default"]
+    an_old_row("default", backend, 120)
+
+    page = viewer.get(reverse("admin:redisqueue_overview", args=[backend.alias])).text
+    assert re.search(r"<strong>1</strong> committed job waiting for the relay to Redis, "
+                     r"the oldest for 1[2-9]\d\.\d s", page), page  # fmt: skip
+    out = io.StringIO()
+    call_command("queuestats", "--backend", backend.alias, "--json", stdout=out)
+    assert json.loads(out.getvalue())["outbox"]["jobs"] == 1
+    exposition = metrics.render([backend])
+    assert 'redisqueue_outbox_jobs{backend="outbox-default"} 1' in exposition
+    age = re.search(r'redisqueue_outbox_oldest_seconds\{backend="outbox-default"\} (\S+)',
+                    exposition)  # fmt: skip
+    assert age and float(age[1]) >= 120
+
+    probe = ["queuehealth", "--backend", backend.alias, "--no-workers", "--no-scheduler"]
+    with pytest.raises(SystemExit) as stuck:
+        call_command(*probe, stdout=io.StringIO())
+    assert stuck.value.code == OUTBOX_STUCK
+    call_command(*probe, "--max-outbox-age", "300", stdout=io.StringIO())  # exits 0
+    call_command(*probe, "--max-outbox-age", "0", stdout=io.StringIO())  # no check
+
+    # Gone once relayed.
+    assert backend.relay_outbox() == 1
+    assert Dashboard(backend).overview()["outbox"] == {"jobs": 0, "oldest_seconds": 0.0}
+
+
+def test_an_outbox_that_cannot_be_read_fails_the_probe_and_spares_the_overview(r):
+    backend = task_backends["outbox-default"]
+    broken = mock.patch.object(outbox, "backlog", side_effect=OperationalError("no such table"))
+    with broken:
+        assert Dashboard(backend).overview()["outbox"]["error"] == "no such table"
+        out = io.StringIO()
+        with pytest.raises(SystemExit) as failed:
+            call_command("queuehealth", "--backend", backend.alias, "--no-workers",
+                         "--no-scheduler", stdout=out)  # fmt: skip
+        assert "outbox: cannot be read: OperationalError" in out.getvalue()
+        samples = [line for line in metrics.render([backend]).splitlines() if line[:1] != "#"]
+        assert samples and not [line for line in samples if "redisqueue_outbox" in line]
+    assert failed.value.code == OUTBOX_STUCK
