@@ -14,10 +14,8 @@ import redis
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
-from django.db import DatabaseError, InterfaceError
 from django.utils.module_loading import import_string
 
-from django_redisqueue import outbox
 from django_redisqueue.compat import (
     DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
@@ -48,12 +46,12 @@ from django_redisqueue.exceptions import (
     ResultTimeout,
 )
 from django_redisqueue.preparation import (
-    JobPreparation,
     make_result,
     new_job,
     new_job_id,
     unregistered_task,
 )
+from django_redisqueue.relaying import OutboxRelay, job_after
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.calls import NotReplicated
 from django_redisqueue.store.connection import Client, make_client
@@ -70,7 +68,7 @@ FINAL_STATUSES = frozenset({SUCCESSFUL, FAILED})
 WAIT_SLICE = 1.0
 
 
-class RedisQueueBackend(JobPreparation, BaseTaskBackend):
+class RedisQueueBackend(OutboxRelay, BaseTaskBackend):
     task_class = RedisTask
 
     supports_defer = True
@@ -178,7 +176,7 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         through the linked enqueue, which holds them until that job succeeded.
         ``relayed``: they come from the outbox, and a job whose id is taken is one
         relayed already."""
-        after = [_after(result) for result in results]
+        after = [job_after(result) for result in results]
         if any(after):
             self.push_linked(results, after, relayed=relayed)
             return
@@ -207,50 +205,6 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
                 jobs, group_id=group_id, record_queues=not self.queue_names
             ),
             relayed=relayed,
-        )
-
-    # The outbox (outbox.py)
-
-    def push_to_outbox(self, results: list[RedisTaskResult], database: str) -> None:
-        """Write ``results`` to the outbox in the transaction on ``database``; once it
-        commits, relay them (``relay_committed``)."""
-        outbox.write(database, self.alias, [new_job(result, _after(result)) for result in results])
-        self.push_on_commit(results, database, relay=True)
-
-    def relay_committed(self, results: list[RedisTaskResult], database: str) -> None:
-        """Right after the commit: push the jobs, then delete their rows. If Redis
-        refuses, the rows stay for runscheduler, and the caller, whose transaction has
-        committed, is not told: the jobs are safe."""
-        try:
-            self.push(results, relayed=True)
-        except BrokerUnavailable as exc:
-            logger.warning(
-                "%d job(s) stay in the outbox of database %r until runscheduler relays them: %s",
-                len(results),
-                database,
-                exc,
-            )
-            return
-        except TaskResultDoesNotExist as exc:  # the job they run after is gone
-            logger.error("Outbox: %s They are dropped.", exc)
-        try:
-            outbox.forget(database, [result.id for result in results])
-        except (DatabaseError, InterfaceError) as exc:  # relayed again later, and refused as taken
-            logger.warning("Outbox: relayed jobs' rows not deleted yet: %s", exc)
-
-    def relay_outbox(self, settle: float = outbox.SETTLE_SECONDS) -> int:
-        """Relay the rows left in this backend's outboxes, once ``settle`` seconds old
-        (runscheduler's step): one batch per database; return how many. Redis and
-        database errors propagate."""
-        return sum(
-            outbox.relay(
-                self.broker,
-                self.alias,
-                database,
-                record_queues=not self.queue_names,
-                settle=settle,
-            )
-            for database in self.config.outbox
         )
 
     def _stored(
@@ -433,25 +387,15 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         try:
             fields = self.queries.get_job(result_id)
         except REDIS_ERRORS:
-            if (fields := self._outboxed(result_id)) is None:
+            if (fields := self.outboxed(result_id)) is None:
                 raise
-        if fields is None and (fields := self._outboxed(result_id)) is None:
+        if fields is None and (fields := self.outboxed(result_id)) is None:
             # Relayed between the two reads, or not there at all.
             fields = self.queries.get_job(result_id)
         if fields is None:
             raise TaskResultDoesNotExist(result_id)
         record = JobRecord.parse(result_id, fields, self.config.max_payload_bytes)
         return make_result(self.alias, self.task_for(record.envelope), record)
-
-    def _outboxed(self, job_id: str) -> dict[str, str] | None:
-        """The fields of a job still in the outbox, as a READY job's hash holds them
-        (no ``enqueued_at`` yet); None if it is in none of this backend's outboxes."""
-        if not self.config.outbox:
-            return None
-        job = outbox.find(self.config.outbox, self.alias, job_id)
-        if job is None:
-            return None
-        return {"payload": job.payload, "queue": job.queue, "priority": str(job.priority)}
 
     def wait(self, result_id: str, timeout: float | None = None) -> None:
         """Block on Redis until the job finishes; raise ResultTimeout if it does not."""
@@ -460,7 +404,7 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         def ended() -> bool:
             nonlocal status
             status = self.broker.watch(result_id) or ""
-            if not status and self._outboxed(result_id):
+            if not status and self.outboxed(result_id):
                 status = "in the outbox, waiting for the relay"
             elif not status:
                 raise TaskResultDoesNotExist(result_id)
@@ -510,6 +454,11 @@ class RedisQueueBackend(JobPreparation, BaseTaskBackend):
         """Cancel a job that has not started; raise NotCancellable if it has."""
         error = JobCancelled(f"Job {result_id} was cancelled before it started.")
         status = self.broker.cancel(result_id, to_json(error_info(error)))
+        if status is None and self.outboxed(result_id):
+            raise NotCancellable(
+                f"Job {result_id} is in the outbox, waiting for the relay to Redis: it can "
+                "be cancelled once it is there."
+            )
         if status is None:
             raise TaskResultDoesNotExist(result_id)
         if status != CANCELLED:
@@ -599,8 +548,3 @@ def our_backends() -> Iterator[tuple[str, dict[str, Any]]]:
 def redisqueue_backends() -> list[RedisQueueBackend]:
     """Every backend of settings.TASKS that is a RedisQueueBackend."""
     return [cast(RedisQueueBackend, task_backends[alias]) for alias, _ in our_backends()]
-
-
-def _after(result: RedisTaskResult) -> str:
-    """The id of the job ``result``'s job runs after ('' for none)."""
-    return getattr(result.task, "depends_on", None) or ""

@@ -7,8 +7,9 @@ Two relays move rows to Redis: the committing process's, right after the commit
 (``backend.py``), and ``runscheduler``'s, for rows left behind (``relay()``). Both
 store the job under its own id, which the enqueue script refuses to store twice, and
 only then delete the row: a row relayed twice makes one job. Where the database can
-``SELECT ... FOR UPDATE SKIP LOCKED``, schedulers relay different rows side by side;
-elsewhere (SQLite) they take turns.
+``SELECT ... FOR UPDATE SKIP LOCKED``, a scheduler skips a step while another relays
+older rows; elsewhere (SQLite) they take turns. Either way no row is relayed twice at
+once and a backend's rows reach Redis oldest first.
 """
 
 from __future__ import annotations
@@ -62,21 +63,8 @@ def new_job(row: OutboxJob) -> NewJob:
 
 
 def forget(database: str, job_ids: Iterable[str]) -> None:
-    """Delete the rows of jobs now in Redis."""
-    with transaction.atomic(using=database):
-        _without_waiting_for_disk(database)
-        OutboxJob.objects.using(database).filter(job_id__in=list(job_ids)).delete()
-
-
-def _without_waiting_for_disk(database: str) -> None:
-    """Let the current transaction commit without waiting for its log to reach the disk
-    (PostgreSQL: ``synchronous_commit``, for this transaction only). For deletes of
-    relayed rows: one lost in a crash brings a row back, whose job is then refused as
-    stored, while the wait for the disk is most of what a delete costs."""
-    connection = connections[database]
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL synchronous_commit TO OFF")
+    """Delete the rows of jobs now in Redis: one statement, one round trip."""
+    OutboxJob.objects.using(database).filter(job_id__in=list(job_ids)).delete()
 
 
 def find(databases: Sequence[str], backend: str, job_id: str) -> NewJob | None:
@@ -113,18 +101,37 @@ def backlog(databases: Sequence[str], backend: str) -> Backlog:
     return Backlog(jobs, oldest)
 
 
-def store(broker: Broker, jobs: Sequence[NewJob], *, record_queues: bool) -> list[bool]:
+def present(database: str, job_ids: Iterable[str]) -> set[str]:
+    """Which of ``job_ids`` have a row: the jobs a transaction committed, less those a
+    savepoint rolled back (which Django's ``savepoint_rollback()`` leaves among the
+    transaction's ``on_commit`` callbacks)."""
+    return set(
+        OutboxJob.objects.using(database)
+        .filter(job_id__in=list(job_ids))
+        .values_list("job_id", flat=True)
+    )
+
+
+def store(
+    broker: Broker,
+    jobs: Sequence[NewJob],
+    *,
+    record_queues: bool,
+    backend: str,
+    databases: Sequence[str],
+) -> set[str]:
     """Put ``jobs`` in Redis, as the outbox's relays do: in order, a job waiting for
-    another through the linked enqueue. Returns, per job, whether its row may go: it is
-    in Redis now or was already (its id taken), or it waits for a job that does not
-    exist and never can be stored (logged). Redis errors propagate."""
-    done: list[bool] = []
+    another through the linked enqueue. Return the jobs whose rows must stay: those that
+    wait for a job still in an outbox of ``databases`` (relayed later, once that one
+    is). The others are in Redis now or were already (the id taken), or wait for a job
+    that exists nowhere and are dropped, logged, as enqueue() would have refused them.
+    Redis errors propagate."""
     plain: list[NewJob] = []
+    kept: set[str] = set()
 
     def flush() -> None:
         if plain:
             broker.enqueue(plain, record_queues=record_queues)
-            done.extend(True for _ in plain)
             plain.clear()
 
     for job in jobs:
@@ -135,15 +142,17 @@ def store(broker: Broker, jobs: Sequence[NewJob], *, record_queues: bool) -> lis
         try:
             broker.enqueue_linked([job], record_queues=record_queues)
         except MissingJob as exc:
+            if find(databases, backend, exc.job_id) is not None:
+                kept.add(job.job_id)
+                continue
             logger.error(
                 "Outbox: job %s runs after job %s, which does not exist (or its result "
                 "expired): it is dropped, as enqueue() would have refused it",
                 job.job_id,
                 exc.job_id,
             )
-        done.append(True)
     flush()
-    return done
+    return kept
 
 
 def relay(
@@ -152,31 +161,44 @@ def relay(
     database: str,
     *,
     record_queues: bool,
+    databases: Sequence[str] = (),
     batch: int = RELAY_BATCH,
     settle: float = SETTLE_SECONDS,
 ) -> int:
     """Move up to ``batch`` of ``backend``'s rows of ``database`` that are ``settle``
     seconds old into Redis, oldest first, and delete them, in one transaction; return
-    how many. Rows another relay holds are skipped where the database can; on a Redis
-    error nothing is deleted and the error propagates."""
+    how many. ``databases``: every outbox of the backend (a job may wait for one in
+    another). Where the database skips locked rows, a relay that finds older rows held
+    by another relay leaves the step to it: relaying newer ones now would put them ahead
+    in their queues. On a Redis error nothing is deleted and the error propagates."""
+    eligible = OutboxJob.objects.using(database).filter(
+        backend=backend, created_at__lte=timezone.now() - timedelta(seconds=settle)
+    )
+    if not eligible.exists():  # the usual answer: no lock, no transaction
+        return 0
     skip_locked = connections[database].features.has_select_for_update_skip_locked
     with transaction.atomic(using=database):
-        rows = OutboxJob.objects.using(database).filter(
-            backend=backend, created_at__lte=timezone.now() - timedelta(seconds=settle)
-        )
         if skip_locked:
-            rows = rows.select_for_update(skip_locked=True)
+            taken = list(eligible.select_for_update(skip_locked=True).order_by("id")[:batch])
+            oldest = eligible.order_by("id").values_list("id", flat=True).first()
+            if not taken or oldest != taken[0].id:
+                return 0
         else:
             # A write that matches nothing takes the database's write lock (SQLite), so
             # that relays take turns rather than fail to delete what they relayed.
             OutboxJob.objects.using(database).filter(id=-1).update(due_ms=0)
-        taken = list(rows.order_by("id")[:batch])
-        if not taken:
-            return 0
-        store(broker, [new_job(row) for row in taken], record_queues=record_queues)
-        _without_waiting_for_disk(database)
-        _delete_rows(database, [row.id for row in taken])
-    return len(taken)
+            taken = list(eligible.order_by("id")[:batch])
+            if not taken:
+                return 0
+        kept = store(
+            broker,
+            [new_job(row) for row in taken],
+            record_queues=record_queues,
+            backend=backend,
+            databases=databases or [database],
+        )
+        _delete_rows(database, [row.id for row in taken if row.job_id not in kept])
+    return len(taken) - len(kept)
 
 
 def _delete_rows(database: str, ids: Sequence[int]) -> None:

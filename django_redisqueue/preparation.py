@@ -87,9 +87,9 @@ class JobPreparation:
     def outbox_database(self, task: Task, using: str | None) -> str | None:
         """The database whose transaction ``task``'s jobs join through the outbox:
         ``using`` (default: the first of OUTBOX) when OUTBOX is on and the task does not
-        say ``outbox=False``; None when there is no outbox or no transaction to join
-        there. Raises ConfigurationError for ``outbox=True`` without OUTBOX, or a
-        database OUTBOX does not name; ValueError for a unique task in a transaction."""
+        say ``outbox=False``; None when there is no outbox there (the jobs go as without
+        one) or no transaction to join. Raises ConfigurationError for ``outbox=True``
+        where there is no outbox; ValueError for a unique task in a transaction."""
         databases = self.config.outbox
         wanted = getattr(task, "outbox", None)
         if wanted is False or (wanted is None and not databases):
@@ -101,6 +101,8 @@ class JobPreparation:
             )
         database = using or databases[0]
         if database not in databases:
+            if not wanted:
+                return None
             raise ConfigurationError(
                 f"Database {database!r} has no outbox for TASKS[{self.alias!r}]: its "
                 f"OPTIONS['OUTBOX'] names {', '.join(map(repr, databases))}."

@@ -12,7 +12,7 @@ from unittest import mock
 import pytest
 import redis
 from django.core.management import call_command
-from django.db import OperationalError, transaction
+from django.db import OperationalError, connections, transaction
 from django.urls import reverse
 from django.utils import timezone
 
@@ -20,7 +20,7 @@ from django_redisqueue import outbox
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
 from django_redisqueue.core.conf import validate
 from django_redisqueue.dashboard.reads import Dashboard
-from django_redisqueue.exceptions import ConfigurationError
+from django_redisqueue.exceptions import ConfigurationError, NotCancellable
 from django_redisqueue.management.commands.queuehealth import OUTBOX_STUCK
 from django_redisqueue.models import OutboxJob
 from django_redisqueue.observe import metrics
@@ -138,22 +138,26 @@ def test_a_row_relayed_twice_makes_one_job(backend, database, r):
     assert queued(r, backend) == [result.id]
 
 
-def test_relays_at_once_relay_each_row_once(backend, database, r):
-    """Two relays at the same moment, the first holding five rows: where the database
-    skips locked rows, the second relays the fifteen others meanwhile; elsewhere
-    (SQLite) it waits for the first to commit, then relays them."""
+def test_relays_at_once_relay_each_row_once_and_in_order(backend, database, r):
+    """Two relays at the same moment, the first holding the five oldest rows: where the
+    database skips locked rows, the second leaves it the step (relaying the fifteen
+    others now would put them ahead in the queue); elsewhere (SQLite) it waits for the
+    first to commit, then relays them."""
+    ids = [f"{n:026x}" for n in range(20)]
     with transaction.atomic(using=database):
-        outbox.write(database, backend.alias, [waiting(f"{n:026x}", n) for n in range(20)])
+        outbox.write(database, backend.alias, [waiting(job_id, n) for n, job_id in enumerate(ids)])
 
     def skipped(relayed):
-        assert relayed == {"second": 15}  # done while the first holds its rows
+        assert relayed == {"second": 0}  # done while the first holds its rows
 
-    assert two_relays_at_once(backend, database, 5, 100, skipping=skipped) == {
-        "first": 5,
-        "second": 15,
-    }
+    relayed = two_relays_at_once(backend, database, 5, 100, skipping=skipped)
+    if connections[database].features.has_select_for_update_skip_locked:
+        assert relayed == {"first": 5, "second": 0}
+        assert backend.relay_outbox(settle=0) == 15
+    else:
+        assert relayed == {"first": 5, "second": 15}
     assert rows(database) == []
-    assert len(set(queued(r, backend))) == 20
+    assert queued(r, backend) == ids
 
 
 def test_a_job_that_runs_after_another_in_the_same_transaction(backend, database, r):
@@ -191,10 +195,62 @@ def test_the_task_may_opt_out_and_an_opt_in_needs_an_outbox(backend, database):
         tasks.add.using(outbox=True).enqueue(1, 1)
 
 
-def test_a_database_without_an_outbox_is_refused(r):
+def test_a_database_without_an_outbox_sends_as_without_one_unless_asked(r):
     backend = task_backends["outbox-default"]
+    with transaction.atomic(using="postgresql"):
+        [result] = backend.enqueue_many(tasks.add, [((1, 1), {})], using="postgresql")
+        assert job_exists(backend, result.id)  # at once: ENQUEUE_ON_COMMIT is off
+    assert rows("default") == rows("postgresql") == []
     with pytest.raises(ConfigurationError, match="'postgresql' has no outbox"):
-        backend.enqueue_many(tasks.add, [((1, 1), {})], using="postgresql")
+        backend.enqueue_many(tasks.add.using(outbox=True), [((1, 1), {})], using="postgresql")
+
+
+def test_a_manually_rolled_back_savepoint_takes_its_jobs(backend, database):
+    """Django keeps the on_commit callbacks of a savepoint that savepoint_rollback()
+    undid; the relay sends only the jobs whose rows committed."""
+    with transaction.atomic(using=database):
+        kept = enqueue(backend, 1, 1)
+        savepoint = transaction.savepoint(using=database)
+        undone = enqueue(backend, 2, 2)
+        transaction.savepoint_rollback(savepoint, using=database)
+    assert job_exists(backend, kept.id)
+    assert not job_exists(backend, undone.id)
+    with pytest.raises(TaskResultDoesNotExist):
+        backend.get_result(undone.id)
+
+
+def test_a_job_whose_dependency_is_gone_drops_alone(backend, database, caplog):
+    with transaction.atomic(using=database):
+        welcome = enqueue(backend, 1, 1)
+        orphan = enqueue(backend, 2, 2, depends_on="0" * 26)  # a result expired, say
+    assert job_exists(backend, welcome.id)
+    assert not job_exists(backend, orphan.id)
+    assert rows(database) == []
+    assert "does not exist" in caplog.text
+
+
+def test_a_job_waiting_for_a_job_still_in_the_outbox_is_relayed_after_it(backend, database):
+    with (
+        mock.patch.object(backend.broker, "enqueue", side_effect=redis.ConnectionError("down")),
+        transaction.atomic(using=database),
+    ):
+        first = enqueue(backend, 1, 1)  # left behind: Redis refused its relay
+    with transaction.atomic(using=database):
+        then = enqueue(backend, 2, 2, depends_on=first)
+    assert rows(database) == [first.id, then.id]  # it waits for the one it runs after
+    assert backend.relay_outbox(settle=0) == 2
+    assert rows(database) == []
+    assert backend.get_result(then.id).status == TaskResultStatus.READY
+
+
+def test_a_job_in_the_outbox_cannot_be_cancelled_yet_and_has_its_page(backend, database, viewer):
+    with mock.patch.object(type(backend), "relay_committed"), transaction.atomic(using=database):
+        result = enqueue(backend, 1, 1)  # the committing process died before its relay
+    with pytest.raises(NotCancellable, match="in the outbox"):
+        result.cancel()
+    page = viewer.get(reverse("admin:redisqueue_job", args=[backend.alias, result.id]))
+    assert page.status_code == 200
+    assert "in the outbox: committed, waiting for the relay" in page.text
 
 
 @pytest.mark.parametrize(

@@ -260,7 +260,12 @@ class Dashboard:
         return self._rows(self.queries.running(), fields)
 
     def job(self, job_id: str) -> JobRow:
-        return self._rows([(job_id, 0.0)])[0]
+        """The job, from Redis, or else from the outbox, where it waits for the relay."""
+        row = self._rows([(job_id, 0.0)])[0]
+        if not row.exists and (fields := self.backend.outboxed(job_id)) is not None:
+            max_bytes = self.backend.config.max_payload_bytes
+            return replace(JobRow.build(job_id, fields, 0.0, max_bytes), in_outbox=True)
+        return row
 
     def overview(self, queues: Sequence[str] | None = None) -> dict[str, Any]:
         """What the overview shows, with the counts of ``queues`` (a page of them; by

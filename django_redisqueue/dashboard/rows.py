@@ -96,6 +96,7 @@ class JobRow:
 
     record: JobRecord
     score: float = 0.0
+    in_outbox: bool = False  # committed, waiting for the relay to Redis (outbox.py)
 
     @classmethod
     def build(cls, job_id: str, fields: dict[str, str], score: float, max_bytes: int) -> JobRow:
