@@ -1,9 +1,9 @@
-# make test: the loop, about 5 minutes on 2 cores from a fresh clone: set up .venv, then
+# make test: the loop, about 8 minutes on 2 cores from a fresh clone: set up .venv, then
 #   ruff, the import layers, mypy and the test suite in .venv (Python 3.11, Django 5.2 +
 #   backport), one process per core, but for the browser, failover and long tests, and
 #   with the model-based tests at a third of their examples.
 # make check: everything CI runs: make test, the documentation site, then with nox the
-#   rest on every supported (Python, Django) pair (see noxfile.py). About 16 minutes.
+#   rest on every supported (Python, Django) pair (see noxfile.py). About 20 minutes.
 # make demo: set up .venv-demo (the package and the newest Django, nothing of the dev
 #   toolchain) and run the example project (web server, worker, scheduler, Redis).
 # make docs: build the documentation site into docs/_build/html, warnings as errors.

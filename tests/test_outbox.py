@@ -48,7 +48,9 @@ def backend(database, r):
 
 
 def rows(database):
-    return list(OutboxJob.objects.using(database).values_list("job_id", flat=True))
+    """The outbox's rows, oldest first."""
+    rows = OutboxJob.objects.using(database).order_by("id")
+    return list(rows.values_list("job_id", flat=True))
 
 
 def queued(r, backend):
