@@ -4,7 +4,7 @@ that transaction, and relayed to Redis once it has committed.
 A row commits or rolls back with the data it belongs to (savepoints included), so a
 committed job cannot be lost to Redis being down, failing over or full at the commit.
 Two relays move rows to Redis: the committing process's, right after the commit
-(``backend.py``), and ``runscheduler``'s, for rows left behind (``relay()``). Both
+(``relaying.py``), and ``runscheduler``'s, for rows left behind (``relay()``). Both
 store the job under its own id, which the enqueue script refuses to store twice, and
 only then delete the row: a row relayed twice makes one job. Where the database can
 ``SELECT ... FOR UPDATE SKIP LOCKED``, a scheduler skips a step while another relays
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connections, transaction
+from django.db.models import Count, Min
 from django.utils import timezone
 
 from django_redisqueue.models import OutboxJob
@@ -56,7 +57,8 @@ def write(database: str, backend: str, jobs: Sequence[NewJob]) -> None:
     )
 
 
-def new_job(row: OutboxJob) -> NewJob:
+def row_job(row: OutboxJob) -> NewJob:
+    """The job a row holds, as the enqueue script takes it."""
     return NewJob(
         row.job_id, row.queue, row.priority, row.payload, row.due_ms, row.after, row.options
     )
@@ -72,7 +74,7 @@ def find(databases: Sequence[str], backend: str, job_id: str) -> NewJob | None:
     for database in databases:
         row = OutboxJob.objects.using(database).filter(backend=backend, job_id=job_id).first()
         if row is not None:
-            return new_job(row)
+            return row_job(row)
     return None
 
 
@@ -91,13 +93,17 @@ class Backlog:
 
 
 def backlog(databases: Sequence[str], backend: str) -> Backlog:
+    """One query per database: how many rows, and the oldest's time."""
     jobs, oldest = 0, None
     for database in databases:
-        rows = OutboxJob.objects.using(database).filter(backend=backend)
-        jobs += rows.count()
-        first = rows.order_by("id").values_list("created_at", flat=True).first()
-        if first is not None and (oldest is None or first < oldest):
-            oldest = first
+        found = (
+            OutboxJob.objects.using(database)
+            .filter(backend=backend)
+            .aggregate(jobs=Count("id"), oldest=Min("created_at"))
+        )
+        jobs += found["jobs"]
+        if found["oldest"] is not None and (oldest is None or found["oldest"] < oldest):
+            oldest = found["oldest"]
     return Backlog(jobs, oldest)
 
 
@@ -192,7 +198,7 @@ def relay(
                 return 0
         kept = store(
             broker,
-            [new_job(row) for row in taken],
+            [row_job(row) for row in taken],
             record_queues=record_queues,
             backend=backend,
             databases=databases or [database],

@@ -3,6 +3,7 @@ a job enqueued in a transaction commits or rolls back with it, reaches Redis onc
 has committed whatever Redis does at the commit, and is stored once however often it
 is relayed. The fault test is in test_outbox_faults.py."""
 
+import contextlib
 import io
 import json
 import re
@@ -177,6 +178,25 @@ def test_the_relay_drops_a_job_that_runs_after_a_job_that_is_gone(backend, datab
     assert backend.relay_outbox(settle=0) == 1
     assert rows(database) == []
     assert "does not exist" in caplog.text
+
+
+@pytest.mark.parametrize("relayed_by", ["the commit", "runscheduler"])
+def test_a_delayed_limited_job_keeps_its_time_and_limit_through_the_outbox(
+    backend, database, relayed_by
+):
+    died = relayed_by == "runscheduler"  # the committing process, before its relay
+    left_behind = mock.patch.object(type(backend), "relay_committed")
+    with left_behind if died else contextlib.nullcontext(), transaction.atomic(using=database):
+        result = enqueue(
+            backend, "a", 0, task=tasks.limited_two, limit_key="partner:7", delay=3600
+        )
+    if died:
+        assert rows(database) == [result.id]
+        assert backend.relay_outbox(settle=0) == 1
+    assert rows(database) == []
+    assert backend.queries.delayed_count(["default"]) == 1  # due in an hour, not ready
+    assert backend.queries.queue_length("default") == 0
+    assert "partner:7" in Dashboard(backend).job(result.id).limits
 
 
 def test_a_unique_job_cannot_go_through_the_outbox_but_may_skip_it(backend, database):
