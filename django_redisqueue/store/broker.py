@@ -269,15 +269,20 @@ class Broker(Gateway):
         return key.removeprefix(self.keys.wake_prefix)
 
     def heartbeat(
-        self, worker_id: str, info: Mapping[str, str | int], owned: Mapping[str, str]
+        self,
+        worker_id: str,
+        info: Mapping[str, str | int],
+        owned: Mapping[str, str],
+        traces: Mapping[str, str] | None = None,
     ) -> list[str]:
         """Record the worker as alive (for the dashboard) and extend the leases of the
-        jobs it still owns; return the ids it no longer owns."""
+        jobs it still owns (id: owner token), storing their running attempts' trace
+        records (``traces``, id: record); return the ids it no longer owns."""
         args: list[Any] = [self.lease_ms, worker_id, WORKER_TTL, len(info)]
         for name, value in info.items():
             args += [name, value]
         for job_id, owner in owned.items():
-            args += [job_id, owner]
+            args += [job_id, owner, (traces or {}).get(job_id, "")]
         return [text(job_id) or "" for job_id in self._run("heartbeat", *args)]
 
     # Schedulers

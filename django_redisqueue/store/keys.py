@@ -33,8 +33,10 @@ key                           type    contents (written by)
                                       RUNNING), ``started_at``,
                                       ``last_attempted_at``, ``finished_at`` (ms,
                                       Redis's clock), ``result`` and ``errors``
-                                      (JSON), ``cancelled``; ``waiters`` while a
-                                      client waits. TTL once finished.
+                                      (JSON), ``cancelled``, ``trace`` (where its
+                                      last attempt was traced: tracing.py);
+                                      ``waiters`` while a client waits. TTL once
+                                      finished.
 ``{P}:job:<id>:done``         list    one token pushed on finish when a client
                                       waits; 60 s TTL
 ``{P}:job:<id>:then``         list    ids of the jobs waiting for this one (chains,

@@ -85,9 +85,20 @@ class Outcome:
     result: str = ""  # JSON return value
     error: str = ""  # JSON {"exception_class_path": ..., "traceback": ...}
     retry_in_ms: int = 0  # for RETRY
+    # '' or where the attempt was traced (tracing.py), kept in the job's hash for the
+    # next attempt or a group's callback to link to.
+    trace: str = ""
 
     def as_args(self) -> list[Any]:
-        return [self.job_id, self.owner, self.status, self.result, self.error, self.retry_in_ms]
+        return [
+            self.job_id,
+            self.owner,
+            self.status,
+            self.result,
+            self.error,
+            self.retry_in_ms,
+            self.trace,
+        ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,8 @@
 -- ARGV[7] how long (ms) the worker stands idle when it finds no job, or '' for not
 --   at all (it will not wait: burst, stopping),
 -- ARGV[8] F, the number of outcomes to store first,
--- then F groups of 6: job id, owner token, status, result JSON or '', error JSON or '',
---   retry delay (ms, for RETRY)
+-- then F groups of 7: job id, owner token, status, result JSON or '', error JSON or '',
+--   retry delay (ms, for RETRY), the attempt's trace record or '' (running.lua)
 -- then the names of the queues to try, in order (none: only store the outcomes, and
 --   neither take a handed job nor register)
 -- A job over its limits (max_running, rate) is parked instead (limits.lua).
@@ -33,11 +33,12 @@ local now = clock_ms()
 
 local stored = {}
 for i = 0, outcomes - 1 do
-  local at = 9 + i * 6
+  local at = 9 + i * 7
   stored[#stored + 1] = finish_job(ARGV[at], ARGV[at + 1], ARGV[at + 2], now,
-                                   ARGV[at + 3], ARGV[at + 4], ttl, ARGV[at + 5], lease)
+                                   ARGV[at + 3], ARGV[at + 4], ttl, ARGV[at + 5], lease,
+                                   ARGV[at + 6])
 end
-local first_queue = 9 + outcomes * 6
+local first_queue = 9 + outcomes * 7
 local queues = {unpack(ARGV, first_queue)}
 
 -- Most jobs one claim parks over their limits: past it, the claim ends without a job
@@ -86,7 +87,7 @@ for _, name in ipairs(queues) do
       discard_malformed(id, name, 'a job whose key is not a hash', now, ttl)
     elseif not final(fields[1]) then
       -- A job over its limit is parked, and the jobs behind it go on.
-      local limit = limits_of(fields[11], fields[12], fields[13])
+      local limit = limits_of(fields[12], fields[13], fields[14])
       if not limit or limit_room(limit, now) > 0 then
         claimed = start_job(id, fields, popped[2], worker, lease, now)
         if limit then

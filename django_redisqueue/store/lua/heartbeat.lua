@@ -5,7 +5,8 @@
 -- ARGV[1] lease (ms), ARGV[2] worker id,
 -- ARGV[3] how long the worker's record lives without a heartbeat (s),
 -- ARGV[4] P, the number of worker fields, then P name/value pairs,
--- then pairs of job id and owner token
+-- then triples of job id, owner token and the running attempt's trace record or ''
+-- (kept in the job's `trace` field: a recovery's attempt links to the lost one)
 -- Returns the ids the worker no longer owns (their lease ran out and the job moved on).
 local now, worker = clock_ms(), ARGV[2]
 local pairs_at = 5 + tonumber(ARGV[4]) * 2
@@ -26,11 +27,14 @@ if not redis.call('ZSCORE', cursors, worker) then
 end
 
 local lost = {}
-for i = pairs_at, #ARGV, 2 do
-  local id, owner = ARGV[i], ARGV[i + 1]
+for i = pairs_at, #ARGV, 3 do
+  local id, owner, trace = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if is_job(id) and owned_by(redis.call('HMGET', JOB .. id, 'owner', 'status'), owner) then
     -- Its own, so it is RUNNING: a running set replaced (written by hand) learns it back.
     zadd(RUNNING, now + tonumber(ARGV[1]), id)
+    if trace ~= '' then
+      redis.call('HSET', JOB .. id, 'trace', trace)
+    end
   else
     table.insert(lost, id)
   end

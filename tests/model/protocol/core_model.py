@@ -168,6 +168,8 @@ class CoreModel:
             return False
         self.leave_running(job)
         self.m_free_slot(job)
+        if outcome.trace:
+            job.trace = outcome.trace
         t0, t1 = window
         if outcome.status == RETRY:
             job.errors.append(Err(VALUE_ERROR))

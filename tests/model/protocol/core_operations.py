@@ -141,6 +141,7 @@ class CoreOperations:
         assert fields["queue"] == job.queue and int(fields.get("priority", 0)) == job.priority
         assert int(fields.get("lost", 0)) == job.lost
         assert fields.get("after") == job.after
+        assert fields.get("trace") == job.trace, "the claim's reply names the last trace"
         assert fields["payload"]
         if handed is None:
             assert t0 <= int(fields["last_attempted_at"]) <= t1
@@ -178,10 +179,12 @@ class CoreOperations:
         self.drop_held(worker, outcome)
         assert stored is expected, f"finish stored {stored}, model {expected}"
 
-    def op_heartbeat(self, worker: str, extra: dict[str, str]) -> None:
+    def op_heartbeat(self, worker: str, extra: dict[str, str], traced: bool = False) -> None:
+        """``traced``: the worker sends a trace record for every job it names."""
         owned = {**self.held[worker], **extra}
+        traces = {job_id: f"{token} RUNNING" for job_id, token in owned.items()} if traced else {}
         t0 = self.clock()
-        lost = self.broker.heartbeat(worker, {}, owned)
+        lost = self.broker.heartbeat(worker, {}, owned, traces)
         t1 = self.clock()
         expected = []
         for job_id, token in owned.items():
@@ -189,6 +192,7 @@ class CoreOperations:
             if job is not None and job.place == RUNNING and job.owner == token:
                 job.deadline = None
                 job.deadline_window = (t0 + self.lease_ms, t1 + self.lease_ms)
+                job.trace = traces.get(job_id, job.trace)
             else:
                 expected.append(job_id)
         assert lost == expected, f"heartbeat lost {lost}, model {expected}"

@@ -54,14 +54,18 @@ class CoreRules:
         held = [(w, i, t) for w in WORKERS for i, t in sorted(self.held[w].items())]
         return self.pick(held, index)
 
-    def outcome(self, job_id: str, token: str, status: str, retry_in: int) -> Outcome:
+    def outcome(
+        self, job_id: str, token: str, status: str, retry_in: int, traced: bool = False
+    ) -> Outcome:
+        """``traced``: with a trace record, as a traced worker's outcomes carry."""
+        trace = f"{token} {status}" if traced else ""
         if status == SUCCESSFUL:
-            return Outcome(job_id, token, status, result='{"n": 42}')
+            return Outcome(job_id, token, status, result='{"n": 42}', trace=trace)
         if status == FAILED:
-            return Outcome(job_id, token, status, error=ERROR)
+            return Outcome(job_id, token, status, error=ERROR, trace=trace)
         if status == RETRY:
-            return Outcome(job_id, token, status, error=ERROR, retry_in_ms=retry_in)
-        return Outcome(job_id, token, status)
+            return Outcome(job_id, token, status, error=ERROR, retry_in_ms=retry_in, trace=trace)
+        return Outcome(job_id, token, status, trace=trace)
 
     def wrong_token(self, job: Job, kind: str, index: int) -> str:
         """A token that is not the job's owner's."""
@@ -206,21 +210,21 @@ class CoreRules:
         if worker is not None:
             self.op_wait(worker, order)
 
-    @rule(pick=PICK, order=ORDER, status=STATUS, retry_in=RETRY_DELAY)
-    def finish_and_claim(self, pick, order, status, retry_in):
+    @rule(pick=PICK, order=ORDER, status=STATUS, retry_in=RETRY_DELAY, traced=st.booleans())
+    def finish_and_claim(self, pick, order, status, retry_in, traced):
         held = self.held_job(pick)
         if held is None:
             return
         worker, job_id, token = held
-        self.op_claim(worker, order, self.outcome(job_id, token, status, retry_in))
+        self.op_claim(worker, order, self.outcome(job_id, token, status, retry_in, traced))
 
-    @rule(pick=PICK, status=STATUS, retry_in=RETRY_DELAY)
-    def finish(self, pick, status, retry_in):
+    @rule(pick=PICK, status=STATUS, retry_in=RETRY_DELAY, traced=st.booleans())
+    def finish(self, pick, status, retry_in, traced):
         held = self.held_job(pick)
         if held is None:
             return
         worker, job_id, token = held
-        self.op_finish(worker, self.outcome(job_id, token, status, retry_in))
+        self.op_finish(worker, self.outcome(job_id, token, status, retry_in, traced))
 
     @rule(
         pick=PICK,
@@ -239,7 +243,7 @@ class CoreRules:
             return
         token = self.wrong_token(job, kind, index)
         assert token != job.owner
-        outcome = self.outcome(job.id, token, status, retry_in)
+        outcome = self.outcome(job.id, token, status, retry_in, traced=True)
         if order is not None:
             self.op_claim(worker, order, outcome)
             return
@@ -247,9 +251,10 @@ class CoreRules:
         assert self.broker.finish(outcome) is False
         assert snapshot(self.r) == before, f"a finish by {token!r} changed Redis"
 
-    @rule(worker=WORKER, wrong=st.none() | WRONG, pick=PICK, index=PICK)
-    def heartbeat(self, worker, wrong, pick, index):
-        """Renews what the worker still owns; with a wrong token too, reported lost."""
+    @rule(worker=WORKER, wrong=st.none() | WRONG, pick=PICK, index=PICK, traced=st.booleans())
+    def heartbeat(self, worker, wrong, pick, index, traced):
+        """Renews what the worker still owns; with a wrong token too, reported lost.
+        ``traced``: with the running attempts' trace records, stored for those it owns."""
         extra = {}
         if wrong is not None:
             others = [j for j in self.jobs.values() if j.id not in self.held[worker]]
@@ -258,7 +263,7 @@ class CoreRules:
                 extra[job.id] = self.wrong_token(job, wrong, index)
             else:
                 extra["no-such-job"] = f"{worker}/1"
-        self.op_heartbeat(worker, extra)
+        self.op_heartbeat(worker, extra, traced)
 
     @rule(worker=WORKER)
     def abandon(self, worker):

@@ -148,6 +148,7 @@ class Job:
     token: str | None = None
     attempts: int = 0
     lost: int = 0
+    trace: str | None = None  # the trace record of its last attempt that sent one
     workers: list[str] = field(default_factory=list)
     errors: list[Err] = field(default_factory=list)
     result: str | None = None

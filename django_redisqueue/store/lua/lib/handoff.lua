@@ -19,10 +19,12 @@
 
 -- The fields a claim reads: the status first (a job that has ended is skipped), then
 -- what the worker needs to run the job.
+-- ('trace': where the job's last attempt was traced, for the next one to link to.)
 local READ = {'status', 'payload', 'attempts', 'workers', 'lost', 'enqueued_at',
-              'started_at', 'queue', 'priority', 'after', 'limit', 'max_running', 'rate'}
+              'started_at', 'queue', 'priority', 'after', 'trace', 'limit', 'max_running',
+              'rate'}
 -- The fields past this one are the job's limits, which the reply leaves out.
-local REPLIED = 10
+local REPLIED = 11
 
 -- Start the job `id` (its READ fields as read: `fields`) for `worker`: RUNNING under a
 -- lease, its attempt counted, and `score`, its place in its queue, kept in its hash

@@ -115,14 +115,19 @@ end
 -- status is SUCCESSFUL or FAILED; RETRY (to the delayed set, due `retry_in` ms from
 -- now); or RELEASE (back to its queue, unfinished, its attempt forgotten: the worker
 -- was stopped in the middle). Returns 1 when stored, 0 when the caller is not the owner.
--- `lease` (ms) is the workers' lease, which the job's limit uses (free_slot).
-local function finish_job(id, owner, status, now, result, error, ttl, retry_in, lease)
+-- `lease` (ms) is the workers' lease, which the job's limit uses (free_slot). `trace`:
+-- '' or the attempt's trace record, kept in the job's `trace` field for its next
+-- attempt (a retry, an operator's retry) or a group's callback to link to.
+local function finish_job(id, owner, status, now, result, error, ttl, retry_in, lease, trace)
   local job = JOB .. id
   -- pcall: a key of another type answers an error, which is no owner. The fields the
   -- outcome reads come in the same call (one command less a job).
   local f = redis.pcall('HMGET', job, 'owner', 'status', 'limit', unpack(OUTCOME_FIELDS))
   if not owned_by(f, owner) then
     return 0
+  end
+  if trace and trace ~= '' then
+    redis.call('HSET', job, 'trace', trace)
   end
   redis.pcall('ZREM', RUNNING, id) -- of another type: the job is in none
   free_slot(id, f[3], now, lease, ttl)
