@@ -5,7 +5,8 @@
 # make check: everything CI runs: make test, the documentation site, then with nox the
 #   rest on every supported (Python, Django) pair (see noxfile.py). About 20 minutes.
 # make demo: set up .venv-demo (the package and the newest Django, nothing of the dev
-#   toolchain) and run the example project (web server, worker, scheduler, Redis).
+#   toolchain, and OpenTelemetry's SDK) and run the example project (web server,
+#   worker, scheduler, Redis), which prints the traces of its requests and jobs.
 # make docs: build the documentation site into docs/_build/html, warnings as errors.
 PYTHON ?= python3
 VENV := .venv
@@ -71,6 +72,8 @@ docs: $(VENV)/.installed
 # global` says), else python3.13 or python3.12 on the PATH. Without one, Django 5.2 and
 # the backport on $(PYTHON), and a message that says so.
 DEMO_VENV := .venv-demo
+# The demo prints the traces of each request and its jobs (docs/howto/tracing.md).
+DEMO_TRACING := opentelemetry-sdk opentelemetry-instrumentation-django
 PYENV_ROOT ?= $(HOME)/.pyenv
 
 $(DEMO_VENV)/.installed: pyproject.toml
@@ -84,9 +87,9 @@ $(DEMO_VENV)/.installed: pyproject.toml
 	  done; \
 	done; \
 	if [ -n "$$python" ]; then \
-	  django="django>=6.0"; extras="cron,hiredis"; \
+	  django="django>=6.0"; extras="cron,hiredis,otel"; \
 	else \
-	  python=$(PYTHON); django="django>=5.2,<6"; extras="cron,hiredis,django52"; \
+	  python=$(PYTHON); django="django>=5.2,<6"; extras="cron,hiredis,otel,django52"; \
 	  echo "demo: no Python 3.12 or newer found (pyenv's 3.13 or 3.12, python3.13, python3.12)"; \
 	  echo "demo: Django 6 needs one; running on $$($$python --version) with Django 5.2 and the backport"; \
 	fi; \
@@ -94,7 +97,8 @@ $(DEMO_VENV)/.installed: pyproject.toml
 	rm -rf $(DEMO_VENV) && \
 	$$python -m venv $(DEMO_VENV) && \
 	$(DEMO_VENV)/bin/pip install --quiet uv && \
-	$(DEMO_VENV)/bin/uv pip install --quiet --python $(DEMO_VENV)/bin/python -e ".[$$extras]" "$$django"
+	$(DEMO_VENV)/bin/uv pip install --quiet --python $(DEMO_VENV)/bin/python -e ".[$$extras]" "$$django" \
+	  $(DEMO_TRACING)
 	touch $@
 
 demo: $(DEMO_VENV)/.installed

@@ -25,6 +25,7 @@ from django_redisqueue.compat import (
     task_backends,
     task_enqueued,
 )
+from django_redisqueue.core import tracing
 from django_redisqueue.core.fanout import GroupResult, GroupState
 from django_redisqueue.core.jobs import (
     FAILED,
@@ -276,14 +277,17 @@ class RedisQueueBackend(OutboxRelay, BaseTaskBackend):
     def enqueue_group(self, members: Sequence[Job], callback: Job | None) -> GroupResult:
         """Queue a group's members and its callback (held until every member ended):
         one atomic call per 1,000 jobs, every call in one round trip."""
-        _refuse([*members, *([callback] if callback else [])], "a group's jobs", UNIQUE)
-        results = [self.prepare(job.task, job.args, job.kwargs) for job in members]
-        after = [""] * len(results)
-        if callback is not None:
-            results.append(self.prepare(callback.task, callback.args, callback.kwargs))
-            after.append(AFTER_GROUP)
-        group_id = new_job_id()
-        self.push_linked(results, after, group_id)
+        jobs = [*members, *([callback] if callback else [])]
+        _refuse(jobs, "a group's jobs", UNIQUE)
+        with tracing.sending("enqueue_group", _common_queue(jobs)) as sending:
+            results = [self.prepare(job.task, job.args, job.kwargs) for job in members]
+            after = [""] * len(results)
+            if callback is not None:
+                results.append(self.prepare(callback.task, callback.args, callback.kwargs))
+                after.append(AFTER_GROUP)
+            sending.sent([result.id for result in results])
+            group_id = new_job_id()
+            self.push_linked(results, after, group_id)
         return GroupResult(
             id=group_id,
             backend=self.alias,
@@ -295,9 +299,11 @@ class RedisQueueBackend(OutboxRelay, BaseTaskBackend):
         """Queue jobs that run one after the other, in one atomic call per batch."""
         _refuse(jobs[1:], "a chain's later steps (they run after the one before)")
         _refuse(jobs, "a chain's steps", ("unique",))
-        results = [self.prepare(job.task, job.args, job.kwargs) for job in jobs]
-        after = [jobs[0].task.depends_on or ""] + [result.id for result in results[:-1]]
-        self.push_linked(results, after)
+        with tracing.sending("enqueue_chain", _common_queue(jobs)) as sending:
+            results = [self.prepare(job.task, job.args, job.kwargs) for job in jobs]
+            sending.sent([result.id for result in results])
+            after = [jobs[0].task.depends_on or ""] + [result.id for result in results[:-1]]
+            self.push_linked(results, after)
         return results
 
     def _unavailable(self, what: str, exc: Exception) -> BrokerUnavailable:
@@ -349,15 +355,19 @@ class RedisQueueBackend(OutboxRelay, BaseTaskBackend):
             raise TaskResultDoesNotExist(f"No group {group_id} (or it expired).")
         return state
 
-    def group_results(self, group_id: str) -> list[Any]:
+    def group_results(self, group_id: str, traces: list[str] | None = None) -> list[Any]:
         """The members' return values, in order; None for a member that failed, has
-        not ended, or whose result expired."""
+        not ended, or whose result expired. ``traces``: a list to add the members'
+        trace records to (core/tracing.py; '' for a member that has none)."""
         values: list[Any] = []
         members = self.queries.group_members(group_id)
+        read = ("status", "result", "trace") if traces is not None else ("status", "result")
         for start in range(0, len(members), 1000):
-            for fields in self.queries.jobs(members[start : start + 1000], "status", "result"):
+            for fields in self.queries.jobs(members[start : start + 1000], *read):
                 succeeded = fields.get("status") == SUCCESSFUL
                 values.append(stored_value(fields.get("result"))[1] if succeeded else None)
+                if traces is not None:
+                    traces.append(fields.get("trace", ""))
         return values
 
     def wait_group(self, group_id: str, timeout: float | None = None) -> None:
@@ -491,6 +501,12 @@ def _refuse(jobs: Sequence[Job], what: str, options: Sequence[str] = ("depends_o
         for name in options:
             if getattr(job.task, name, None):
                 raise ValueError(f"{name} cannot be used for {what}: {job.task.module_path}.")
+
+
+def _common_queue(jobs: Sequence[Job]) -> str:
+    """The queue of every job in ``jobs``, or '' when they go to several."""
+    queues = {job.task.queue_name for job in jobs}
+    return queues.pop() if len(queues) == 1 else ""
 
 
 def _names(results: Sequence[RedisTaskResult]) -> str:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from django_redisqueue.compat import Task, TaskError, TaskResultStatus
+from django_redisqueue.core import tracing
 from django_redisqueue.core.conf import Options, parse_options
 from django_redisqueue.core.jobs import Envelope, JobRecord, ensure_json_arguments
 from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
@@ -73,15 +74,23 @@ class JobPreparation:
         the transaction on database ``using`` commits."""
         self.validate_once(task)
         outbox = self.outbox_database(task, using)
-        results = [self.prepare_valid(task, args, kwargs) for args, kwargs in calls]
         if on_commit is None:
             on_commit = self.config.enqueue_on_commit
-        if outbox is not None:
-            self.push_to_outbox(results, outbox)
-        elif on_commit:
-            self.push_on_commit(results, using)
-        else:
-            self.push(results)
+        with tracing.sending("enqueue", task.queue_name) as sending:
+            results = [
+                self.prepare_valid(task, args, kwargs, sending.carrier) for args, kwargs in calls
+            ]
+            if isinstance(sending, tracing.Sending):
+                deferred = outbox is not None or (
+                    on_commit and transaction.get_connection(using).in_atomic_block
+                )
+                sending.sent([result.id for result in results], deferred=deferred)
+            if outbox is not None:
+                self.push_to_outbox(results, outbox)
+            elif on_commit:
+                self.push_on_commit(results, using)
+            else:
+                self.push(results)
         return results
 
     def outbox_database(self, task: Task, using: str | None) -> str | None:
@@ -176,7 +185,7 @@ class JobPreparation:
         survive JSON, ValueError for a job over MAX_PAYLOAD_BYTES.
         """
         self.validate_once(task)
-        return self.prepare_valid(task, args, kwargs)
+        return self.prepare_valid(task, args, kwargs, tracing.carrier())
 
     def validate_once(self, task: Task) -> None:
         """``validate_task``, remembered: a task (a frozen value) that passed once
@@ -194,9 +203,14 @@ class JobPreparation:
         validated.add(task)
 
     def prepare_valid(
-        self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
+        self,
+        task: Task,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        trace: Mapping[str, str] | None = None,
     ) -> RedisTaskResult:
-        """``prepare`` for a task already validated."""
+        """``prepare`` for a task already validated; ``trace``: the trace context the
+        job carries (core/tracing.py), if any."""
         ensure_json_arguments(task.module_path, args, kwargs)
         envelope = Envelope(
             task_path=task.module_path,
@@ -205,6 +219,7 @@ class JobPreparation:
             queue_name=task.queue_name,
             priority=task.priority,
             run_after=task.run_after.timestamp() if task.run_after else None,
+            trace=trace,
         )
         payload = envelope.dumps()
         size = len(payload.encode())

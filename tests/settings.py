@@ -159,3 +159,10 @@ if os.environ.get("REDISQUEUE_TEST_FAILOVER"):
 
 # Tests log users in often; a slow hasher only slows them down.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# The traces' tests (tests/test_tracing.py): the processes they start write their
+# spans to this file.
+if os.environ.get("REDISQUEUE_TEST_SPANS"):
+    from tests.traces import export_spans_to
+
+    export_spans_to(os.environ["REDISQUEUE_TEST_SPANS"])

@@ -17,10 +17,12 @@ from django_redisqueue.compat import (
     TaskContext,
     TaskResultStatus,
     django_task,
+    task_backends,
     task_enqueued,
     task_finished,
     task_started,
 )
+from django_redisqueue.exceptions import WorkerShutdown
 from tests.topology import make_client
 
 LOG = "test:log"
@@ -536,3 +538,26 @@ def fanout_busy(context, timeout):
 def fanout_pid(label):
     """A broadcast: write ``<label>:<pid>`` to the broadcasts' ledger."""
     client().rpush(FANOUT_BROADCASTS, f"{label}:{os.getpid()}")
+
+
+@task(takes_context=True)
+def crash_once_traced(context):
+    """On the first attempt, wait until its worker's heartbeat has stored the running
+    attempt's trace record, then kill the worker: a recovery must link to that attempt."""
+    if context.attempt == 1:
+        result = context.task_result
+        key = task_backends[result.backend].keys.job(result.id)
+        deadline = time.monotonic() + 30
+        while not client().hget(key, "trace") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return f"attempt {context.attempt}"
+
+
+@task(takes_context=True)
+def given_back_once(context):
+    """The first run is stopped as a worker's second SIGTERM stops it: given back (its
+    attempt is forgotten, so the runs are counted here)."""
+    if client().incr(f"test:given_back:{context.task_result.id}") == 1:
+        raise WorkerShutdown
+    return context.attempt

@@ -54,6 +54,7 @@ def test_demo_runs_a_job_enqueued_from_the_page():
             **_env(),
             "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
             "DEMO_ADDRESS": f"127.0.0.1:{web_port}",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",  # spans printed within 0.1 s of their end
         },
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -72,6 +73,7 @@ def test_demo_runs_a_job_enqueued_from_the_page():
 
         status = wait_until(job_done, 30, "the welcome email job")
         assert status["return_value"] == f"{username}@example.com"
+        welcome_id = job_id
 
         # A report is enqueued on commit; the page links its job by the id handed back.
         page = browser.post("/reports/", page, limit="1000")
@@ -88,6 +90,16 @@ def test_demo_runs_a_job_enqueued_from_the_page():
     assert "Welcome!" in output  # the console email backend printed the email
     assert "stopped after" in output  # the worker stopped gracefully
     assert re.search(r"Scheduler \S+ stopped", output)  # so did the scheduler
+
+    # The traces (the SDK is installed): the signup's request, its enqueue and the
+    # welcome job's attempt in the worker are one trace.
+    spans = re.findall(r"span trace=(\w+) id=(\w+) parent=(\S+) (\w+) '([^']*)' ?(.*)", output)
+    (ran,) = [s for s in spans if s[3] == "CONSUMER" and f"message.id={welcome_id}," in s[5]]
+    (sent,) = [s for s in spans if s[1] == ran[2]]
+    assert sent[3] == "PRODUCER" and sent[4] == "create high"  # through the outbox
+    (request,) = [s for s in spans if s[1] == sent[2]]
+    assert request[3] == "SERVER" and "signup" in request[4]
+    assert ran[0] == sent[0] == request[0]
 
 
 def test_a_log_is_analysed_by_a_group_of_chunk_jobs_and_summarised_by_its_callback(tmp_path):

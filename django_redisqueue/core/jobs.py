@@ -194,6 +194,8 @@ class Envelope:
     queue_name: str  # stored in the job's hash, beside the envelope
     priority: int = 0
     run_after: float | None = None  # seconds since the epoch
+    # The W3C trace context of the enqueue (core/tracing.py), as headers; None: none.
+    trace: Mapping[str, str] | None = None
 
     def dumps(self) -> str:
         """The payload: compact JSON without the queue and without default fields."""
@@ -206,6 +208,8 @@ class Envelope:
             data["priority"] = self.priority
         if self.run_after is not None:
             data["run_after"] = self.run_after
+        if self.trace:
+            data["trace"] = self.trace
         return to_json(data)
 
     @classmethod
@@ -249,6 +253,7 @@ class Envelope:
             queue_name=_queue_field(data, queue),
             priority=_priority_field(data),
             run_after=_time_field(data, "run_after"),
+            trace=_trace_field(data.get("trace")),
         )
 
 
@@ -293,6 +298,23 @@ def _time_field(data: dict[str, Any], name: str) -> float | None:
     return float(value)
 
 
+# The most headers, and the longest, an envelope's trace context keeps (W3C's
+# tracestate holds at most 32 entries of 256 characters; baggage is held to 8 KiB).
+MAX_TRACE_HEADERS = 8
+MAX_TRACE_HEADER_CHARS = 8192
+
+
+def _trace_field(value: Any) -> dict[str, str] | None:
+    """The envelope's trace context: a few short strings by name. Anything else is
+    ignored, not refused: a bad trace context never stops a job."""
+    if not isinstance(value, dict) or not 0 < len(value) <= MAX_TRACE_HEADERS:
+        return None
+    for name, text in value.items():
+        if not isinstance(text, str) or len(name) > 64 or len(text) > MAX_TRACE_HEADER_CHARS:
+            return None
+    return value
+
+
 def cut_traceback(text: str, limit: int = MAX_TRACEBACK_CHARS) -> str:
     """Keep the head and the tail of a long traceback (the tail names the error)."""
     if len(text) <= limit:
@@ -327,6 +349,18 @@ def from_seconds(value: float | None) -> datetime | None:
     if not value:
         return None
     return datetime.fromtimestamp(value, tz=UTC)
+
+
+def first_wait(fields: Mapping[str, str], run_after: float | None) -> float | None:
+    """Seconds from when a job could first run (enqueued, or due) to its first start,
+    by Redis's clock, from the fields of its first attempt; None when they do not tell."""
+    started = whole_number(fields.get("last_attempted_at"))
+    ready = whole_number(fields.get("enqueued_at"))
+    if run_after and math.isfinite(run_after):
+        ready = max(ready, int(run_after * 1000))
+    if not started or not ready:
+        return None
+    return max(0.0, (started - ready) / 1000)
 
 
 def whole_number(value: Any) -> int:

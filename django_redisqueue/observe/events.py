@@ -3,11 +3,9 @@ a ``JobEvent`` once the outcome is stored, and hands it to both."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from django_redisqueue.core.jobs import Envelope, whole_number
+from django_redisqueue.core.jobs import Envelope, first_wait, whole_number
 from django_redisqueue.store.wire import Claimed
 
 
@@ -32,19 +30,6 @@ class JobEvent:
         attempt = whole_number(fields.get("attempts")) or 1
         wait = None
         if attempt == 1:
-            run_after = envelope.run_after if envelope and envelope.run_after else 0.0
-            wait = _first_wait(fields, run_after)
+            wait = first_wait(fields, envelope.run_after if envelope else None)
         task = envelope.task_path if envelope else ""
         return cls(claimed.job_id, task, fields.get("queue", ""), status, duration, attempt, wait)
-
-
-def _first_wait(fields: Mapping[str, str], run_after: float) -> float | None:
-    """Seconds from when a job could first run (enqueued, or due) to its first start,
-    by Redis's clock; None when the fields do not tell."""
-    started = whole_number(fields.get("last_attempted_at"))
-    ready = whole_number(fields.get("enqueued_at"))
-    if math.isfinite(run_after):
-        ready = max(ready, int(run_after * 1000))
-    if not started or not ready:
-        return None
-    return max(0.0, (started - ready) / 1000)

@@ -247,3 +247,22 @@ def _is_json_object(line: str) -> bool:
         return isinstance(json.loads(line), dict)
     except ValueError:
         return False
+
+
+def log_end(logger: logging.Logger, event: JobEvent, raised: BaseException | None,
+            retry_in_ms: int) -> None:  # fmt: skip
+    """Log how an attempt ended: a line per job, its fields for ``--log-format json``
+    (made only for a log that shows it: a busy worker logs thousands a second, or none)."""
+    elapsed = event.duration * 1000
+    if raised is None:
+        if logger.isEnabledFor(logging.INFO):
+            logger.info("Job %s %s %s in %.1f ms", event.job_id, event.task, event.status,
+                        elapsed, extra=job_fields(event))  # fmt: skip
+    elif event.status == "RETRY":
+        logger.warning("Job %s %s raised %s: %s in %.1f ms; again in %.1f s", event.job_id,
+                       event.task, type(raised).__name__, raised, elapsed, retry_in_ms / 1000,
+                       extra=job_fields(event))  # fmt: skip
+    else:
+        logger.error("Job %s %s FAILED in %.1f ms: %s: %s", event.job_id, event.task, elapsed,
+                     type(raised).__name__, raised, exc_info=raised,
+                     extra=job_fields(event))  # fmt: skip

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Mapping
 from typing import Protocol
 
+from django_redisqueue.core.tracing import Attempt, NotTraced
 from django_redisqueue.runtime import WORKER_LOGGER
 from django_redisqueue.store.gateway import REDIS_ERRORS
 from django_redisqueue.store.wire import Claimed
@@ -23,11 +24,14 @@ class Beating(Protocol):
 
     worker_id: str
     current: Claimed | None
+    attempt: Attempt | NotTraced  # the running attempt's span
 
     @property
     def lease(self) -> float: ...
 
-    def register(self, owned: Mapping[str, str] | None = None) -> list[str]: ...
+    def register(
+        self, owned: Mapping[str, str] | None = None, traces: Mapping[str, str] | None = None
+    ) -> list[str]: ...
 
     def lease_lost(self, job: Claimed) -> None: ...
 
@@ -52,8 +56,11 @@ class Heartbeat(threading.Thread):
         while not self.stopped.wait(delay):
             job = self.worker.current
             owned = {job.job_id: job.owner} if job else {}
+            # The running attempt's trace record: a recovery's attempt links to it.
+            record = self.worker.attempt.record
+            traces = {job.job_id: record} if job and record else None
             try:
-                lost = self.worker.register(owned)
+                lost = self.worker.register(owned, traces)
             except REDIS_ERRORS as exc:
                 if failures % 20 == 0:
                     logger.warning(

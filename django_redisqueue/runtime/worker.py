@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from types import FrameType
 
@@ -33,6 +33,7 @@ from django_redisqueue.compat import (
     task_finished,
     task_started,
 )
+from django_redisqueue.core import tracing
 from django_redisqueue.core.jobs import (
     FAILED,
     SUCCESSFUL,
@@ -50,7 +51,7 @@ from django_redisqueue.exceptions import (
     WorkerShutdown,
 )
 from django_redisqueue.observe.events import JobEvent
-from django_redisqueue.observe.logformat import job_fields, start_fields, worker_signals
+from django_redisqueue.observe.logformat import job_fields, log_end, start_fields, worker_signals
 from django_redisqueue.observe.metrics import JobMetrics, MetricsRefused
 from django_redisqueue.preparation import make_result
 from django_redisqueue.runtime import WORKER_LOGGER
@@ -130,6 +131,7 @@ class Worker:
         self.stopping = False
         self.in_task = False
         self.current: Claimed | None = None  # the job running now
+        self.attempt: tracing.Attempt | tracing.NotTraced = tracing.NOT_TRACED  # its span
         self._lost: Claimed | None = None  # the job the heartbeat found taken from us
         self.woken_by = ""  # the queue whose wake-up token this worker took, to pass on
         # Registered as idle by its last claim that named queues: its next such claim
@@ -227,6 +229,7 @@ class Worker:
         finally:
             heartbeat.stopped.set()
             self.send_metrics()
+            tracing.flush()  # a pool's worker process exits without Python's clean-up
             if self.idle_registered:
                 self._give_back_handed()
             with contextlib.suppress(*REDIS_ERRORS):  # else its record expires by itself
@@ -285,9 +288,12 @@ class Worker:
         """Seconds a claimed job stays this worker's without a heartbeat."""
         return self.backend.config.lease
 
-    def register(self, owned: Mapping[str, str] | None = None) -> list[str]:
+    def register(
+        self, owned: Mapping[str, str] | None = None, traces: Mapping[str, str] | None = None
+    ) -> list[str]:
         """Tell the dashboard this worker is alive and what it serves, and extend the
-        leases of the jobs it ``owned``; return the ids it no longer owns."""
+        leases of the jobs it ``owned`` (storing their attempts' trace records,
+        ``traces``); return the ids it no longer owns."""
         info: dict[str, str | int] = {
             "queues": ",".join(self.queues),
             "pid": os.getpid(),
@@ -295,7 +301,7 @@ class Worker:
             "started_at": self.started_at,
             "jobs_done": self.jobs_done,
         }
-        return self.backend.broker.heartbeat(self.worker_id, info, owned or {})
+        return self.backend.broker.heartbeat(self.worker_id, info, owned or {}, traces)
 
     def send_metrics(self) -> None:
         """Add the jobs counted since the last call to Redis's metrics (kept on failure)."""
@@ -412,18 +418,25 @@ class Worker:
     def execute(self, claimed: Claimed) -> Finished:
         """Run one claimed job; never raises for anything the job or its payload does."""
         self.current = claimed
+        config = self.backend.config
+        record = JobRecord.parse(claimed.job_id, claimed.fields, config.max_payload_bytes)
         try:
-            return self._execute(claimed)
+            with tracing.attempt(record, self.worker_id) as self.attempt:
+                finished = self._execute(claimed, record)
+                outcome = finished.outcome
+                trace = self.attempt.ended(outcome.status, finished.error, outcome.error)
+            if trace:  # kept with the outcome, for the next attempt to link to
+                finished = replace(finished, outcome=replace(outcome, trace=trace))
+            return finished
         except LeaseLost:
             return self._abandoned(claimed)
         finally:
             self.current = None
             self._lost = None
 
-    def _execute(self, claimed: Claimed) -> Finished:
+    def _execute(self, claimed: Claimed, record: JobRecord) -> Finished:
         started = time.perf_counter()
         config = self.backend.config
-        record = JobRecord.parse(claimed.job_id, claimed.fields, config.max_payload_bytes)
         envelope = record.envelope
         try:
             if envelope is None:
@@ -444,13 +457,16 @@ class Worker:
         args = envelope.args
         after = claimed.fields.get("after", "")
         if after.startswith(AFTER_GROUP_PREFIX):  # a callback: the members' results first
+            traces: list[str] | None = [] if self.attempt.record else None
+            group_id = after.removeprefix(AFTER_GROUP_PREFIX)
             try:
-                results = self.backend.group_results(after.removeprefix(AFTER_GROUP_PREFIX))
+                results = self.backend.group_results(group_id, traces)
             except REDIS_ERRORS as exc:  # not the task's failure: give it back, unrun
                 logger.warning(
                     "Job %s: its group's results unread (%s); given back", claimed.job_id, exc
                 )
                 return Finished(Outcome(claimed.job_id, claimed.owner, RELEASE))
+            self.attempt.link_members(traces or ())
             args = [results, *args]
         task = self.backend.task_for(envelope)
         result = make_result(self.backend.alias, task, record)
@@ -501,42 +517,8 @@ class Worker:
         )
         if not retrying:
             object.__setattr__(result, "finished_at", datetime.now(tz=UTC))
-        elapsed = (time.perf_counter() - started) * 1000
-        event = JobEvent.of(claimed, envelope, outcome.status, elapsed / 1000)
-        if raised is None:
-            if logger.isEnabledFor(logging.INFO):
-                logger.info(
-                    "Job %s %s %s in %.1f ms",
-                    claimed.job_id,
-                    envelope.task_path,
-                    outcome.status,
-                    elapsed,
-                    extra=job_fields(event),  # for --log-format json
-                )
-            return Finished(outcome, result, raised, event)
-        fields = job_fields(event)
-        if outcome.status == RETRY:
-            logger.warning(
-                "Job %s %s raised %s: %s in %.1f ms; again in %.1f s",
-                claimed.job_id,
-                envelope.task_path,
-                type(raised).__name__,
-                raised,
-                elapsed,
-                outcome.retry_in_ms / 1000,
-                extra=fields,
-            )
-        else:
-            logger.error(
-                "Job %s %s FAILED in %.1f ms: %s: %s",
-                claimed.job_id,
-                envelope.task_path,
-                elapsed,
-                type(raised).__name__,
-                raised,
-                exc_info=raised,
-                extra=fields,
-            )
+        event = JobEvent.of(claimed, envelope, outcome.status, time.perf_counter() - started)
+        log_end(logger, event, raised, outcome.retry_in_ms)
         return Finished(outcome, result, raised, event)
 
     def _failure(

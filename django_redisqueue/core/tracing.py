@@ -1,0 +1,301 @@
+"""OpenTelemetry traces of jobs (docs/howto/tracing.md).
+
+An enqueue records a producer span and puts its W3C trace context in each job's
+envelope; the worker continues that trace with a consumer span per attempt, linked to
+the attempt before it (a retry, a recovery, an operator's retry) and, for a group's
+callback, to its members' attempts. Attributes follow OpenTelemetry's messaging
+conventions. With opentelemetry-api missing (the ``[otel]`` extra not installed),
+nothing here imports it and every call is a no-op; with no SDK configured, spans are
+not recorded and jobs carry no context.
+
+Where an attempt was traced travels as a *trace record*, ``<attempt> <how it ended>
+<traceparent>``, kept in the job's hash (docs/protocol.md, "Traces").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from importlib import metadata
+from types import TracebackType
+from typing import Any
+
+from django_redisqueue.core.jobs import JobRecord, first_wait, from_json
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import propagate, trace
+except ImportError:  # the [otel] extra is not installed: tracing is off
+    trace = None  # type: ignore[assignment]
+
+ON = trace is not None
+
+SYSTEM = "django_redisqueue"
+# Span attributes: OpenTelemetry's messaging conventions, then this app's own.
+MESSAGING_SYSTEM = "messaging.system"
+OPERATION_TYPE = "messaging.operation.type"
+OPERATION_NAME = "messaging.operation.name"
+DESTINATION = "messaging.destination.name"
+MESSAGE_ID = "messaging.message.id"
+BATCH_COUNT = "messaging.batch.message_count"
+CLIENT_ID = "messaging.client.id"
+ERROR_TYPE = "error.type"
+TASK = "redisqueue.task"
+ATTEMPT = "redisqueue.job.attempt"
+RECOVERIES = "redisqueue.job.recoveries"
+OUTCOME = "redisqueue.job.outcome"
+WAIT_MS = "redisqueue.job.wait_ms"
+# How an attempt the next one links to ended when its record says RUNNING: it was lost.
+LOST = "LOST"
+# Most links a group's callback makes to its members (the SDK keeps 128 by default).
+MAX_MEMBER_LINKS = 128
+
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_tracer: Any = None
+
+
+def tracer() -> Any:
+    """This app's tracer (the API's proxy until an SDK is set up, then the SDK's)."""
+    global _tracer
+    if _tracer is None:
+        try:
+            version = metadata.version("django-redisqueue")
+        except metadata.PackageNotFoundError:  # run from a source tree
+            version = ""
+        _tracer = trace.get_tracer("django_redisqueue", version)
+    return _tracer
+
+
+def carrier() -> dict[str, str] | None:
+    """The current trace context as W3C headers, for a job's envelope; None without
+    a span (nothing to continue)."""
+    if trace is None or not trace.get_current_span().get_span_context().is_valid:
+        return None
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    return headers or None
+
+
+def flush() -> None:
+    """Export the spans a process still holds (a worker about to exit)."""
+    if trace is not None:
+        force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+        if force_flush is not None:
+            force_flush()
+
+
+def _traceparent(span: Any) -> str:
+    context = span.get_span_context()
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+
+def _link(record: str) -> Any:
+    """A link to the attempt a trace record names, or None if it names none."""
+    parts = record.split(" ")
+    if len(parts) != 3 or not parts[0].isdigit() or not _TRACEPARENT.fullmatch(parts[2]):
+        return None
+    trace_id, span_id, flags = _TRACEPARENT.fullmatch(parts[2]).groups()  # type: ignore[union-attr]
+    linked = trace.SpanContext(
+        int(trace_id, 16), int(span_id, 16), True, trace.TraceFlags(int(flags, 16))
+    )
+    if not linked.is_valid:
+        return None
+    how = LOST if parts[1] == "RUNNING" else parts[1][:16]
+    return trace.Link(linked, {ATTEMPT: int(parts[0][:9]), OUTCOME: how})
+
+
+class NotTraced:
+    """What ``sending`` and ``attempt`` give without OpenTelemetry: nothing done."""
+
+    carrier: dict[str, str] | None = None
+    record = ""
+
+    def __enter__(self) -> NotTraced:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def sent(self, job_ids: Sequence[str], *, deferred: bool = False) -> None:
+        """See Sending.sent."""
+
+    def link_members(self, records: Iterable[str]) -> None:
+        """See Attempt.link_members."""
+
+    def ended(self, status: str, error: BaseException | None, error_json: str = "") -> str:
+        """See Attempt.ended."""
+        return ""
+
+
+NOT_TRACED = NotTraced()
+
+
+class _Current:
+    """A span made current for the length of a ``with`` block (``_start`` in
+    ``__enter__``); an exception out of the block is recorded on it."""
+
+    def _start(self, name: str, **options: Any) -> Any:
+        self._current = tracer().start_as_current_span(name, **options)
+        self.span = self._current.__enter__()
+        return self.span
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return self._current.__exit__(kind, error, tb)
+
+
+class Sending(_Current):
+    """The producer span of one enqueue call: current while its jobs are prepared
+    (each envelope carries its context, ``carrier``) and pushed."""
+
+    def __init__(self, operation: str, queue: str) -> None:
+        self.operation, self.queue = operation, queue
+        self.carrier: dict[str, str] | None = None
+
+    def __enter__(self) -> Sending:
+        attributes = {
+            MESSAGING_SYSTEM: SYSTEM,
+            OPERATION_TYPE: "send",
+            OPERATION_NAME: self.operation,
+        }
+        if self.queue:
+            attributes[DESTINATION] = self.queue
+        self._start(
+            f"send {self.queue}" if self.queue else self.operation,
+            kind=trace.SpanKind.PRODUCER,
+            attributes=attributes,
+        )
+        self.carrier = carrier()
+        return self
+
+    def sent(self, job_ids: Sequence[str], *, deferred: bool = False) -> None:
+        """Name the jobs sent; ``deferred``: they go to Redis when the transaction
+        commits, so this span creates them and another moment sends them."""
+        if not self.span.is_recording():
+            return
+        if len(job_ids) == 1:
+            self.span.set_attribute(MESSAGE_ID, job_ids[0])
+        else:
+            self.span.set_attribute(BATCH_COUNT, len(job_ids))
+        if deferred:
+            self.span.set_attribute(OPERATION_TYPE, "create")
+            self.span.update_name(f"create {self.queue}" if self.queue else self.operation)
+
+
+def set_up() -> bool:
+    """Whether a tracer provider (an SDK) is set up: until one is, every span would be
+    the API's no-op span, and nothing is done (the cost of an installed API is nil).
+    Once set, a provider stays: that answer is kept."""
+    global _provider_set
+    if not _provider_set and trace is not None:
+        _provider_set = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    return _provider_set
+
+
+_provider_set = False
+
+
+def sending(operation: str, queue: str = "") -> Sending | NotTraced:
+    """The producer span of one enqueue call (``operation``: enqueue, enqueue_group...)
+    to ``queue`` ('' for jobs to several queues)."""
+    return Sending(operation, queue) if set_up() else NOT_TRACED
+
+
+class Attempt(_Current):
+    """The consumer span of one attempt at a job, in the worker: a child of the
+    enqueue's span (from the envelope), linked to the attempt before it."""
+
+    def __init__(self, record: JobRecord, worker_id: str) -> None:
+        self.job, self.worker_id = record, worker_id
+        self.record = ""  # this attempt's trace record while it runs (for the heartbeat)
+
+    def __enter__(self) -> Attempt:
+        job, envelope = self.job, self.job.envelope
+        headers = envelope.trace if envelope is not None else None
+        # Without context in the envelope, a new trace: never the worker's own context.
+        parent = propagate.extract(headers) if headers else otel_context.Context()
+        attributes: dict[str, Any] = {
+            MESSAGING_SYSTEM: SYSTEM,
+            OPERATION_TYPE: "process",
+            OPERATION_NAME: "run",
+            DESTINATION: job.queue,
+            MESSAGE_ID: job.id,
+            CLIENT_ID: self.worker_id,
+            ATTEMPT: job.attempts or 1,
+        }
+        if envelope is not None:
+            attributes[TASK] = envelope.task_path
+            wait = first_wait(job.fields, envelope.run_after) if job.attempts <= 1 else None
+            if wait is not None:
+                attributes[WAIT_MS] = round(wait * 1000, 3)
+        if job.lost:
+            attributes[RECOVERIES] = job.lost
+        before = _link(job.fields.get("trace", ""))
+        span = self._start(
+            f"process {job.queue}",
+            context=parent,
+            kind=trace.SpanKind.CONSUMER,
+            attributes=attributes,
+            links=[before] if before is not None else None,
+        )
+        if span.is_recording():
+            self.record = f"{job.attempts or 1} RUNNING {_traceparent(span)}"
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self.record = ""  # ended: the heartbeat no longer records it
+        return super().__exit__(kind, error, tb)
+
+    def link_members(self, records: Iterable[str]) -> None:
+        """A group's callback: link to its members' last attempts."""
+        if not self.span.is_recording():
+            return
+        links = 0
+        for record in records:
+            link = _link(record) if record else None
+            if link is not None and links < MAX_MEMBER_LINKS:
+                self.span.add_link(link.context, link.attributes)
+                links += 1
+
+    def ended(self, status: str, error: BaseException | None, error_json: str = "") -> str:
+        """Record how the attempt ended (``error``: what the task raised; or only
+        ``error_json``, the outcome's error, for a job that never reached its task);
+        return the trace record to store with the outcome ('' when the span is not
+        recorded)."""
+        span = self.span
+        if not span.is_recording():
+            return ""
+        span.set_attribute(OUTCOME, status)
+        error_type = ""
+        if error is not None:
+            span.record_exception(error)
+            error_type = f"{type(error).__module__}.{type(error).__qualname__}"
+        elif error_json:
+            error_type = error_class(error_json)
+        if error_type:
+            span.set_attribute(ERROR_TYPE, error_type)
+            span.set_status(trace.StatusCode.ERROR, error_type)
+        return f"{self.job.attempts or 1} {status} {_traceparent(span)}"
+
+
+def attempt(record: JobRecord, worker_id: str) -> Attempt | NotTraced:
+    """The consumer span of the attempt at ``record``'s job that is about to run."""
+    return Attempt(record, worker_id) if set_up() else NOT_TRACED
+
+
+def error_class(error_json: str) -> str:
+    """The exception class path an outcome's error JSON names ('' if none)."""
+    try:
+        error = from_json(error_json)
+    except (ValueError, RecursionError):
+        return ""
+    return str(error.get("exception_class_path", "")) if isinstance(error, dict) else ""
