@@ -332,11 +332,12 @@ class RedisQueueBackend(OutboxRelay, BaseTaskBackend):
                 f"{job.task.module_path} takes a context, which a broadcast has not: a "
                 "broadcast is no job, it has no result."
             )
-        result = self.prepare(job.task, job.args, job.kwargs)
-        try:
-            return self.broker.broadcast(result._payload, queue)
-        except REDIS_ERRORS as exc:
-            raise self._unavailable(f"broadcast {_names([result])}", exc) from exc
+        with tracing.sending("broadcast", queue):
+            result = self.prepare(job.task, job.args, job.kwargs)
+            try:
+                return self.broker.broadcast(result._payload, queue)
+            except REDIS_ERRORS as exc:
+                raise self._unavailable(f"broadcast {_names([result])}", exc) from exc
 
     def get_group(self, group_id: str) -> GroupResult:
         """The handle of a group queued earlier (from any process)."""

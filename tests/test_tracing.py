@@ -20,7 +20,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from django_redisqueue import group
+from django_redisqueue import chain, group
+from django_redisqueue.core.fanout import broadcast
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.core import tracing
 from django_redisqueue.core.jobs import Envelope, JobRecord
@@ -259,6 +260,21 @@ def test_a_job_given_back_links_its_next_attempt_to_the_one_stopped(spans, backe
     assert stopped["status"]["status_code"] == "UNSET"  # not the job's failure
     assert links_to(again, stopped, "RELEASE")
     assert not is_child_of(again, stopped)
+
+
+def test_a_broadcast_and_a_chain_have_their_producer_spans(spans, backend):
+    with spans.tracer.start_as_current_span("view"):
+        broadcast(tasks.record.job("everyone"), queue="high")
+        steps = chain(tasks.add.job(1, 1), tasks.urgent.job("then")).enqueue()
+    by_operation = {s["attributes"]["messaging.operation.name"]: s for s in spans.all()
+                    if kind(s) == "PRODUCER"}  # fmt: skip
+    sent = by_operation["broadcast"]
+    assert sent["name"] == "send high"
+    assert sent["attributes"]["messaging.destination.name"] == "high"
+    chained = by_operation["enqueue_chain"]
+    assert chained["name"] == "enqueue_chain"  # its jobs go to two queues
+    assert "messaging.destination.name" not in chained["attributes"]
+    assert chained["attributes"]["messaging.batch.message_count"] == len(steps) == 2
 
 
 def test_a_payload_that_cannot_be_read_fails_its_span(spans, backend, r):
