@@ -21,9 +21,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from django_redisqueue import chain, group
-from django_redisqueue.core.fanout import broadcast
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.core import tracing
+from django_redisqueue.core.fanout import broadcast
 from django_redisqueue.core.jobs import Envelope, JobRecord
 from tests import tasks
 from tests.conftest import ROOT, child_env, run_worker_here, wait_until
