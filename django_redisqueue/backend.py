@@ -285,9 +285,9 @@ class RedisQueueBackend(OutboxRelay, BaseTaskBackend):
             if callback is not None:
                 results.append(self.prepare(callback.task, callback.args, callback.kwargs))
                 after.append(AFTER_GROUP)
-            sending.sent([result.id for result in results])
             group_id = new_job_id()
             self.push_linked(results, after, group_id)
+            sending.sent([result.id for result in results])
         return GroupResult(
             id=group_id,
             backend=self.alias,
@@ -301,9 +301,9 @@ class RedisQueueBackend(OutboxRelay, BaseTaskBackend):
         _refuse(jobs, "a chain's steps", ("unique",))
         with tracing.sending("enqueue_chain", _common_queue(jobs)) as sending:
             results = [self.prepare(job.task, job.args, job.kwargs) for job in jobs]
-            sending.sent([result.id for result in results])
             after = [jobs[0].task.depends_on or ""] + [result.id for result in results[:-1]]
             self.push_linked(results, after)
+            sending.sent([result.id for result in results])
         return results
 
     def _unavailable(self, what: str, exc: Exception) -> BrokerUnavailable:

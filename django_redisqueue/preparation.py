@@ -80,17 +80,17 @@ class JobPreparation:
             results = [
                 self.prepare_valid(task, args, kwargs, sending.carrier) for args, kwargs in calls
             ]
-            if isinstance(sending, tracing.Sending):
-                deferred = outbox is not None or (
-                    on_commit and transaction.get_connection(using).in_atomic_block
-                )
-                sending.sent([result.id for result in results], deferred=deferred)
             if outbox is not None:
                 self.push_to_outbox(results, outbox)
             elif on_commit:
                 self.push_on_commit(results, using)
             else:
                 self.push(results)
+            if isinstance(sending, tracing.Sending):
+                at_commit = outbox is not None or (
+                    on_commit and transaction.get_connection(using).in_atomic_block
+                )
+                sending.sent([result.id for result in results], at_commit=at_commit)
         return results
 
     def outbox_database(self, task: Task, using: str | None) -> str | None:

@@ -561,3 +561,13 @@ def given_back_once(context):
     if client().incr(f"test:given_back:{context.task_result.id}") == 1:
         raise WorkerShutdown
     return context.attempt
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no str for you")
+
+
+@task
+def raises_unprintable():
+    raise Unprintable

@@ -96,7 +96,7 @@ def test_demo_runs_a_job_enqueued_from_the_page():
     spans = re.findall(r"span trace=(\w+) id=(\w+) parent=(\S+) (\w+) '([^']*)' ?(.*)", output)
     (ran,) = [s for s in spans if s[3] == "CONSUMER" and f"message.id={welcome_id}," in s[5]]
     (sent,) = [s for s in spans if s[1] == ran[2]]
-    assert sent[3] == "PRODUCER" and sent[4] == "create high"  # through the outbox
+    assert sent[3] == "PRODUCER" and sent[4] == "send high"  # through the outbox
     (request,) = [s for s in spans if s[1] == sent[2]]
     assert request[3] == "SERVER" and "signup" in request[4]
     assert ran[0] == sent[0] == request[0]

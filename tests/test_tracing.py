@@ -16,9 +16,12 @@ import pytest
 from django.db import transaction
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from opentelemetry import baggage
+from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
 
 from django_redisqueue import chain, group
 from django_redisqueue.compat import TaskResultStatus, task_backends
@@ -132,7 +135,8 @@ def test_a_views_trace_goes_on_in_a_worker_process_through_retries_and_a_group(
     assert enqueue["attributes"] == {
         "messaging.system": "django_redisqueue",
         "messaging.operation.type": "send",
-        "messaging.operation.name": "enqueue",
+        "messaging.operation.name": "send",
+        "redisqueue.operation": "enqueue",
         "messaging.destination.name": "default",
         "messaging.message.id": plain.id,
     }
@@ -168,7 +172,7 @@ def test_a_views_trace_goes_on_in_a_worker_process_through_retries_and_a_group(
     # The group: one producer span for its members and callback; the callback's
     # attempt links to each member's.
     (group_send,) = [
-        s for s in here if s["attributes"].get("messaging.operation.name") == "enqueue_group"
+        s for s in here if s["attributes"].get("redisqueue.operation") == "enqueue_group"
     ]
     assert group_send["attributes"]["messaging.batch.message_count"] == 4
     members = [attempts_of(there, member_id)[0] for member_id in fanned.member_ids]
@@ -212,15 +216,15 @@ def test_after_a_sigkill_the_recovered_attempt_links_to_the_lost_one(
 # In this process: where tracing meets the rest
 
 
-def test_a_job_enqueued_on_commit_is_created_by_its_span_and_sent_at_the_commit(spans, backend):
+def test_a_job_enqueued_on_commit_is_sent_by_its_span_at_the_commit(spans, backend):
     with transaction.atomic():
         later = backend.enqueue_on_commit(tasks.add, (2, 2), {})
     run_worker_here(backend)
     recorded = spans.all()
     (created,) = [s for s in recorded if s["attributes"].get("messaging.message.id") == later.id
                   and kind(s) == "PRODUCER"]  # fmt: skip
-    assert created["name"] == "create default"
-    assert created["attributes"]["messaging.operation.type"] == "create"
+    assert created["name"] == "send default"
+    assert created["attributes"]["redisqueue.at_commit"] is True
     (ran,) = attempts_of(recorded, later.id)
     assert is_child_of(ran, created)
     assert backend.get_result(later.id).status == TaskResultStatus.SUCCESSFUL
@@ -233,7 +237,8 @@ def test_a_job_through_the_outbox_keeps_the_context_of_its_enqueue(spans):
     run_worker_here(outboxed)
     recorded = spans.all()
     (created,) = [s for s in recorded if kind(s) == "PRODUCER"]
-    assert created["name"] == "create default"
+    assert created["name"] == "send default"
+    assert created["attributes"]["redisqueue.at_commit"] is True
     (ran,) = attempts_of(recorded, job.id)
     assert is_child_of(ran, created)
 
@@ -266,13 +271,13 @@ def test_a_broadcast_and_a_chain_have_their_producer_spans(spans, backend):
     with spans.tracer.start_as_current_span("view"):
         broadcast(tasks.record.job("everyone"), queue="high")
         steps = chain(tasks.add.job(1, 1), tasks.urgent.job("then")).enqueue()
-    by_operation = {s["attributes"]["messaging.operation.name"]: s for s in spans.all()
+    by_operation = {s["attributes"]["redisqueue.operation"]: s for s in spans.all()
                     if kind(s) == "PRODUCER"}  # fmt: skip
     sent = by_operation["broadcast"]
     assert sent["name"] == "send high"
     assert sent["attributes"]["messaging.destination.name"] == "high"
     chained = by_operation["enqueue_chain"]
-    assert chained["name"] == "enqueue_chain"  # its jobs go to two queues
+    assert chained["name"] == "send"  # its jobs go to two queues
     assert "messaging.destination.name" not in chained["attributes"]
     assert chained["attributes"]["messaging.batch.message_count"] == len(steps) == 2
 
@@ -285,6 +290,68 @@ def test_a_payload_that_cannot_be_read_fails_its_span(spans, backend, r):
     assert ran["status"]["status_code"] == "ERROR"
     assert ran["attributes"]["error.type"].endswith("InvalidPayload")
     assert "redisqueue.task" not in ran["attributes"]
+
+
+def test_a_unique_jobs_enqueue_names_the_job_that_holds_the_key(spans, backend):
+    first = tasks.unique_report.enqueue("monday")
+    again = tasks.unique_report.enqueue("monday")
+    assert again.id == first.id
+    sent = [s["attributes"]["messaging.message.id"] for s in spans.all() if kind(s) == "PRODUCER"]
+    assert sent == [first.id, first.id]  # no span names a job that was never stored
+
+
+def test_an_exception_that_cannot_be_printed_fails_its_job_not_the_worker(spans, backend):
+    job = tasks.raises_unprintable.enqueue()
+    run_worker_here(backend)
+    assert backend.get_result(job.id).status == TaskResultStatus.FAILED
+    (ran,) = attempts_of(spans.all(), job.id)
+    assert ran["status"]["status_code"] == "ERROR"
+    assert ran["attributes"]["error.type"] == "tests.tasks.Unprintable"
+    assert [event["name"] for event in ran["events"]] == ["exception"]
+
+
+GARBAGE_RECORDS = [
+    "\u00b2 RETRY 00-" + "1" * 32 + "-" + "2" * 16 + "-01",  # a digit, but not ASCII
+    "1 RETRY",
+    "\x00",
+    "9" * 40 + " RUNNING 00-" + "1" * 32 + "-" + "2" * 16 + "-01",
+]
+
+
+@pytest.mark.parametrize("record", GARBAGE_RECORDS)
+def test_a_job_whose_trace_record_is_garbage_runs_traced(spans, backend, r, record):
+    job = tasks.add.enqueue(1, 2)
+    r.hset(backend.keys.job(job.id), "trace", record)
+    run_worker_here(backend)
+    assert backend.get_result(job.id).return_value == 3
+    (ran,) = attempts_of(spans.all(), job.id)
+    assert ran["links"] == []
+
+
+def test_a_job_carries_its_trace_not_the_requests_baggage(spans, backend, r):
+    with spans.tracer.start_as_current_span("view"):
+        token = otel_context.attach(baggage.set_baggage("user", "x" * 4000))
+        try:
+            job = tasks.add.enqueue(1, 1)
+        finally:
+            otel_context.detach(token)
+    envelope = json.loads(r.hget(backend.keys.job(job.id), "payload"))
+    assert list(envelope["trace"]) == ["traceparent"]
+
+
+def test_without_an_sdk_no_job_carries_a_context_even_inside_a_remote_one(backend, r):
+    """No SDK set up, in a context a request brought (a remote span): groups, chains
+    and single jobs alike carry nothing."""
+    remote = SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(1))
+    token = otel_context.attach(set_span_in_context(NonRecordingSpan(remote)))
+    try:
+        single = tasks.add.enqueue(1, 1)
+        grouped = group([tasks.add.job(2, 2)]).enqueue()
+        chained = chain(tasks.add.job(3, 3), tasks.add.job(4, 4)).enqueue()
+    finally:
+        otel_context.detach(token)
+    for job_id in [single.id, *grouped.member_ids, *(step.id for step in chained)]:
+        assert "trace" not in json.loads(r.hget(backend.keys.job(job_id), "payload"))
 
 
 def test_without_a_recording_span_nothing_is_carried_nor_stored(backend, r):
@@ -353,14 +420,18 @@ def test_an_envelopes_trace_is_read_leniently(trace):
 TRACEPARENT = st.from_regex(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]", fullmatch=True)
 RECORD = st.builds(
     lambda n, how, tp: f"{n} {how} {tp}",
-    st.integers(0, 10**12),
-    st.sampled_from(["RETRY", "RUNNING", "FAILED", "x"]),
+    st.integers(0, 12),
+    st.sampled_from(["RETRY", "RUNNING", "FAILED", "RELEASE", "x"]),
     TRACEPARENT,
 ) | st.text(max_size=80)
 
 
 @settings(max_examples=200, deadline=None)
-@given(record=RECORD, headers=st.none() | HEADERS, attempts=st.text(max_size=5))
+@given(
+    record=RECORD,
+    headers=st.none() | HEADERS,
+    attempts=st.text(max_size=5) | st.integers(0, 12).map(str),
+)
 def test_an_attempt_traces_whatever_its_hash_holds(record, headers, attempts):
     recorded = Spans()
     payload = json.dumps(
@@ -378,4 +449,8 @@ def test_an_attempt_traces_whatever_its_hash_holds(record, headers, attempts):
     assert stored.split(" ")[1] == "SUCCESSFUL"
     for trace_id, span_id, attributes in linked(span):
         assert f"{int(trace_id, 16):032x}-{int(span_id, 16):016x}" in record
-        assert attributes["redisqueue.job.outcome"] in ("RETRY", "LOST", "FAILED", "x")
+        assert attributes["redisqueue.job.outcome"] in ("RETRY", "LOST", "FAILED", "RELEASE")
+        # Only the attempt just before (the same number after a give-back).
+        this = int(span["attributes"]["redisqueue.job.attempt"])
+        linked_number = attributes["redisqueue.job.attempt"]
+        assert linked_number == (this if "RELEASE" in record else this - 1)

@@ -14,6 +14,7 @@ Where an attempt was traced travels as a *trace record*, ``<attempt> <how it end
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Sequence
 from importlib import metadata
@@ -24,11 +25,13 @@ from django_redisqueue.core.jobs import JobRecord, first_wait, from_json
 
 try:
     from opentelemetry import context as otel_context
-    from opentelemetry import propagate, trace
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # the [otel] extra is not installed: tracing is off
     trace = None  # type: ignore[assignment]
 
 ON = trace is not None
+logger = logging.getLogger(__name__)
 
 SYSTEM = "django_redisqueue"
 # Span attributes: OpenTelemetry's messaging conventions, then this app's own.
@@ -41,6 +44,8 @@ BATCH_COUNT = "messaging.batch.message_count"
 CLIENT_ID = "messaging.client.id"
 ERROR_TYPE = "error.type"
 TASK = "redisqueue.task"
+REDISQUEUE_OPERATION = "redisqueue.operation"  # enqueue, enqueue_group, ...
+AT_COMMIT = "redisqueue.at_commit"  # sent when the transaction commits
 ATTEMPT = "redisqueue.job.attempt"
 RECOVERIES = "redisqueue.job.recoveries"
 OUTCOME = "redisqueue.job.outcome"
@@ -50,8 +55,12 @@ LOST = "LOST"
 # Most links a group's callback makes to its members (the SDK keeps 128 by default).
 MAX_MEMBER_LINKS = 128
 
-_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+# A trace record: the attempt's number, how it ended, its span as a W3C traceparent.
+_RECORD = re.compile(r"([0-9]{1,9}) ([A-Z]{1,16}) 00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _tracer: Any = None
+# W3C Trace Context only (traceparent, tracestate): a job carries its trace, not the
+# baggage a request brought in (which anyone calling the site can fill).
+_PROPAGATOR = TraceContextTextMapPropagator() if trace is not None else None
 
 
 def tracer() -> Any:
@@ -68,20 +77,25 @@ def tracer() -> Any:
 
 def carrier() -> dict[str, str] | None:
     """The current trace context as W3C headers, for a job's envelope; None without
-    a span (nothing to continue)."""
-    if trace is None or not trace.get_current_span().get_span_context().is_valid:
+    an SDK set up or without a span (nothing to continue)."""
+    if not set_up() or not trace.get_current_span().get_span_context().is_valid:
         return None
     headers: dict[str, str] = {}
-    propagate.inject(headers)
+    _PROPAGATOR.inject(headers)
     return headers or None
 
 
+# Longest a stopping worker waits for its spans' export (ms).
+FLUSH_TIMEOUT_MS = 5000
+
+
 def flush() -> None:
-    """Export the spans a process still holds (a worker about to exit)."""
-    if trace is not None:
+    """Export the spans a process still holds (a worker about to exit), waiting at most
+    FLUSH_TIMEOUT_MS."""
+    if set_up():
         force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
         if force_flush is not None:
-            force_flush()
+            force_flush(FLUSH_TIMEOUT_MS)
 
 
 def _traceparent(span: Any) -> str:
@@ -89,19 +103,23 @@ def _traceparent(span: Any) -> str:
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
 
 
-def _link(record: str) -> Any:
-    """A link to the attempt a trace record names, or None if it names none."""
-    parts = record.split(" ")
-    if len(parts) != 3 or not parts[0].isdigit() or not _TRACEPARENT.fullmatch(parts[2]):
+def _link(record: str, before: int | None = None) -> Any:
+    """A link to the attempt a trace record names, or None if it names none.
+    ``before``: the number of the attempt about to run; the record must be of the
+    attempt just before it (the same number after a give-back, which forgets its
+    attempt), else one in between was lost unrecorded and nothing is linked."""
+    found = _RECORD.fullmatch(record)
+    if found is None:
         return None
-    trace_id, span_id, flags = _TRACEPARENT.fullmatch(parts[2]).groups()  # type: ignore[union-attr]
+    number, how, trace_id, span_id, flags = found.groups()
+    if before is not None and int(number) != (before if how == "RELEASE" else before - 1):
+        return None
     linked = trace.SpanContext(
         int(trace_id, 16), int(span_id, 16), True, trace.TraceFlags(int(flags, 16))
     )
     if not linked.is_valid:
         return None
-    how = LOST if parts[1] == "RUNNING" else parts[1][:16]
-    return trace.Link(linked, {ATTEMPT: int(parts[0][:9]), OUTCOME: how})
+    return trace.Link(linked, {ATTEMPT: int(number), OUTCOME: LOST if how == "RUNNING" else how})
 
 
 class NotTraced:
@@ -116,7 +134,7 @@ class NotTraced:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def sent(self, job_ids: Sequence[str], *, deferred: bool = False) -> None:
+    def sent(self, job_ids: Sequence[str], *, at_commit: bool = False) -> None:
         """See Sending.sent."""
 
     def link_members(self, records: Iterable[str]) -> None:
@@ -160,30 +178,30 @@ class Sending(_Current):
         attributes = {
             MESSAGING_SYSTEM: SYSTEM,
             OPERATION_TYPE: "send",
-            OPERATION_NAME: self.operation,
+            OPERATION_NAME: "send",
+            REDISQUEUE_OPERATION: self.operation,
         }
         if self.queue:
             attributes[DESTINATION] = self.queue
         self._start(
-            f"send {self.queue}" if self.queue else self.operation,
+            f"send {self.queue}" if self.queue else "send",
             kind=trace.SpanKind.PRODUCER,
             attributes=attributes,
         )
         self.carrier = carrier()
         return self
 
-    def sent(self, job_ids: Sequence[str], *, deferred: bool = False) -> None:
-        """Name the jobs sent; ``deferred``: they go to Redis when the transaction
-        commits, so this span creates them and another moment sends them."""
+    def sent(self, job_ids: Sequence[str], *, at_commit: bool = False) -> None:
+        """Name the jobs sent (their ids as stored: a unique job's is its holder's);
+        ``at_commit``: they go to Redis when the transaction commits."""
         if not self.span.is_recording():
             return
         if len(job_ids) == 1:
             self.span.set_attribute(MESSAGE_ID, job_ids[0])
         else:
             self.span.set_attribute(BATCH_COUNT, len(job_ids))
-        if deferred:
-            self.span.set_attribute(OPERATION_TYPE, "create")
-            self.span.update_name(f"create {self.queue}" if self.queue else self.operation)
+        if at_commit:
+            self.span.set_attribute(AT_COMMIT, True)
 
 
 def set_up() -> bool:
@@ -217,11 +235,18 @@ class Attempt(_Current):
         job, envelope = self.job, self.job.envelope
         headers = envelope.trace if envelope is not None else None
         # Without context in the envelope, a new trace: never the worker's own context.
-        parent = propagate.extract(headers) if headers else otel_context.Context()
+        parent = otel_context.Context()
+        before = None
+        try:  # whatever the job holds, it runs: a context that cannot be read is none
+            if headers:
+                parent = _PROPAGATOR.extract(headers)
+            before = _link(job.fields.get("trace", ""), job.attempts or 1)
+        except Exception:  # the propagator's own parsing, whatever it raises
+            logger.debug("Job %s: its trace context is unreadable", job.id, exc_info=True)
         attributes: dict[str, Any] = {
             MESSAGING_SYSTEM: SYSTEM,
             OPERATION_TYPE: "process",
-            OPERATION_NAME: "run",
+            OPERATION_NAME: "process",
             DESTINATION: job.queue,
             MESSAGE_ID: job.id,
             CLIENT_ID: self.worker_id,
@@ -229,12 +254,14 @@ class Attempt(_Current):
         }
         if envelope is not None:
             attributes[TASK] = envelope.task_path
-            wait = first_wait(job.fields, envelope.run_after) if job.attempts <= 1 else None
+            # The first attempt's wait (not a give-back's second start, which keeps
+            # the number 1 and has a record of the first).
+            first = job.attempts <= 1 and "trace" not in job.fields
+            wait = first_wait(job.fields, envelope.run_after) if first else None
             if wait is not None:
                 attributes[WAIT_MS] = round(wait * 1000, 3)
         if job.lost:
             attributes[RECOVERIES] = job.lost
-        before = _link(job.fields.get("trace", ""))
         span = self._start(
             f"process {job.queue}",
             context=parent,
@@ -277,8 +304,11 @@ class Attempt(_Current):
         span.set_attribute(OUTCOME, status)
         error_type = ""
         if error is not None:
-            span.record_exception(error)
             error_type = f"{type(error).__module__}.{type(error).__qualname__}"
+            try:
+                span.record_exception(error)
+            except Exception:  # an exception whose str() raises
+                span.add_event("exception", {"exception.type": error_type})
         elif error_json:
             error_type = error_class(error_json)
         if error_type:

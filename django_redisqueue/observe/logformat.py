@@ -254,15 +254,24 @@ def log_end(logger: logging.Logger, event: JobEvent, raised: BaseException | Non
     """Log how an attempt ended: a line per job, its fields for ``--log-format json``
     (made only for a log that shows it: a busy worker logs thousands a second, or none)."""
     elapsed = event.duration * 1000
+    said = _said(raised)
     if raised is None:
         if logger.isEnabledFor(logging.INFO):
             logger.info("Job %s %s %s in %.1f ms", event.job_id, event.task, event.status,
                         elapsed, extra=job_fields(event))  # fmt: skip
     elif event.status == "RETRY":
         logger.warning("Job %s %s raised %s: %s in %.1f ms; again in %.1f s", event.job_id,
-                       event.task, type(raised).__name__, raised, elapsed, retry_in_ms / 1000,
+                       event.task, type(raised).__name__, said, elapsed, retry_in_ms / 1000,
                        extra=job_fields(event))  # fmt: skip
     else:
         logger.error("Job %s %s FAILED in %.1f ms: %s: %s", event.job_id, event.task, elapsed,
-                     type(raised).__name__, raised, exc_info=raised,
+                     type(raised).__name__, said, exc_info=raised,
                      extra=job_fields(event))  # fmt: skip
+
+
+def _said(error: BaseException | None) -> str:
+    """What an exception says, or that it cannot say it (its ``__str__`` raised)."""
+    try:
+        return str(error)
+    except Exception:  # a task's own exception class: anything may go wrong in it
+        return f"<{type(error).__name__} whose message raised>"

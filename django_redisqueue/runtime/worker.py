@@ -229,12 +229,12 @@ class Worker:
         finally:
             heartbeat.stopped.set()
             self.send_metrics()
-            tracing.flush()  # a pool's worker process exits without Python's clean-up
             if self.idle_registered:
                 self._give_back_handed()
             with contextlib.suppress(*REDIS_ERRORS):  # else its record expires by itself
                 self.broker.unregister_worker(self.worker_id)
             self.broker.close()
+            tracing.flush()  # last: a pool's worker process exits without Python's clean-up
         logger.info("Worker %s stopped after %d job(s)", self.worker_id, self.jobs_done)
 
     def _give_up(self, wanted: bool, backoff: Reconnector, exc: Exception) -> bool:
