@@ -90,7 +90,9 @@ class JobPreparation:
                 at_commit = outbox is not None or (
                     on_commit and transaction.get_connection(using).in_atomic_block
                 )
-                sending.sent([result.id for result in results], at_commit=at_commit)
+                # A unique job's id is known once it reaches Redis (the holder's).
+                unique = at_commit and getattr(task, "unique", False) is not False
+                sending.sent([] if unique else [r.id for r in results], at_commit=at_commit)
         return results
 
     def outbox_database(self, task: Task, using: str | None) -> str | None:

@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,13 +22,20 @@ from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    TraceFlags,
+    TraceState,
+    set_span_in_context,
+)
 
 from django_redisqueue import chain, group
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.core import tracing
 from django_redisqueue.core.fanout import broadcast
 from django_redisqueue.core.jobs import Envelope, JobRecord
+from django_redisqueue.exceptions import LeaseLost
 from tests import tasks
 from tests.conftest import ROOT, child_env, run_worker_here, wait_until
 from tests.traces import read_spans, span_dict
@@ -282,6 +290,59 @@ def test_a_broadcast_and_a_chain_have_their_producer_spans(spans, backend):
     assert chained["attributes"]["messaging.batch.message_count"] == len(steps) == 2
 
 
+def test_a_unique_job_sent_at_the_commit_names_no_job_before_it_is_stored(spans, backend):
+    with transaction.atomic():
+        backend.enqueue_on_commit(tasks.unique_report, ("tuesday",), {})
+    (sent,) = [s for s in spans.all() if kind(s) == "PRODUCER"]
+    assert "messaging.message.id" not in sent["attributes"]
+
+
+def test_a_chains_later_step_has_no_wait_of_its_own(spans, backend):
+    """It waited for the step before, not in its queue: no wait is made up for it."""
+    first, second = chain(tasks.add.job(1, 1), tasks.add.job(2, 2)).enqueue()
+    run_worker_here(backend)
+    recorded = spans.all()
+    assert "redisqueue.job.wait_ms" in attempts_of(recorded, first.id)[0]["attributes"]
+    assert "redisqueue.job.wait_ms" not in attempts_of(recorded, second.id)[0]["attributes"]
+
+
+def test_an_attempt_stopped_by_a_lost_lease_ends_lost(spans):
+    job = JobRecord.parse(
+        "j", {"payload": '{"v":1,"task":"t"}', "queue": "q", "attempts": "1"}, 1000
+    )
+    with pytest.raises(LeaseLost), tracing.attempt(job, "w"):
+        raise LeaseLost("the lease of job j was lost")
+    (span,) = spans.all()
+    assert span["attributes"]["redisqueue.job.outcome"] == "LOST"
+    assert span["status"]["status_code"] == "ERROR"
+    assert span["attributes"]["error.type"] == "django_redisqueue.exceptions.LeaseLost"
+
+
+def test_a_stopping_worker_waits_for_an_exporter_that_hangs_a_bounded_time(monkeypatch):
+    never = threading.Event()
+
+    class Hanging:
+        def force_flush(self, timeout_millis):
+            never.wait()  # an exporter that ignores its timeout (a collector down)
+
+    monkeypatch.setattr(tracing.trace, "get_tracer_provider", lambda: Hanging())
+    monkeypatch.setattr(tracing, "set_up", lambda: True)
+    monkeypatch.setattr(tracing, "FLUSH_TIMEOUT_MS", 50)
+    flushing = threading.Thread(target=tracing.flush, daemon=True)
+    flushing.start()
+    flushing.join(30)
+    assert not flushing.is_alive()
+    never.set()
+
+
+def test_an_sdk_turned_off_is_no_sdk(monkeypatch):
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    monkeypatch.setattr(tracing.trace, "get_tracer_provider", TracerProvider)
+    monkeypatch.setattr(tracing, "_provider_set", False)
+    monkeypatch.setattr(tracing, "_tracer", None)
+    assert tracing.set_up() is False and tracing.carrier() is None
+
+
 def test_a_payload_that_cannot_be_read_fails_its_span(spans, backend, r):
     r.hset(backend.keys.job("unreadable"), mapping={"payload": "{", "queue": "default"})
     r.zadd(backend.keys.queue("default"), {"unreadable": 1})
@@ -328,15 +389,24 @@ def test_a_job_whose_trace_record_is_garbage_runs_traced(spans, backend, r, reco
     assert ran["links"] == []
 
 
-def test_a_job_carries_its_trace_not_the_requests_baggage(spans, backend, r):
-    with spans.tracer.start_as_current_span("view"):
-        token = otel_context.attach(baggage.set_baggage("user", "x" * 4000))
-        try:
-            job = tasks.add.enqueue(1, 1)
-        finally:
-            otel_context.detach(token)
+@pytest.mark.parametrize(("state", "carried"), [("a=1", True), ("a=" + "x" * 600, False)])
+def test_a_job_carries_its_trace_not_the_requests_baggage(spans, backend, r, state, carried):
+    """A request's baggage, and a tracestate over W3C's 512 characters, come from whoever
+    calls the site: not carried."""
+    remote = SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(1),
+                         trace_state=TraceState.from_header([state]))  # fmt: skip
+    token = otel_context.attach(
+        baggage.set_baggage("user", "x" * 4000, set_span_in_context(NonRecordingSpan(remote)))
+    )
+    try:
+        job = tasks.add.enqueue(1, 1)
+    finally:
+        otel_context.detach(token)
     envelope = json.loads(r.hget(backend.keys.job(job.id), "payload"))
-    assert list(envelope["trace"]) == ["traceparent"]
+    assert sorted(envelope["trace"]) == (
+        ["traceparent", "tracestate"] if carried else ["traceparent"]
+    )
+    assert envelope["trace"]["traceparent"].startswith("00-" + f"{0x1234:032x}")
 
 
 def test_without_an_sdk_no_job_carries_a_context_even_inside_a_remote_one(backend, r):

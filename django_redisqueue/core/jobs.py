@@ -353,7 +353,10 @@ def from_seconds(value: float | None) -> datetime | None:
 
 def first_wait(fields: Mapping[str, str], run_after: float | None) -> float | None:
     """Seconds from when a job could first run (enqueued, or due) to its first start,
-    by Redis's clock, from the fields of its first attempt; None when they do not tell."""
+    by Redis's clock, from the fields of its first attempt; None when they do not tell
+    (a job that waited for another: its hash does not say when that one let it go)."""
+    if fields.get("after"):
+        return None
     started = whole_number(fields.get("last_attempted_at"))
     ready = whole_number(fields.get("enqueued_at"))
     if run_after and math.isfinite(run_after):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Iterable, Sequence
 from importlib import metadata
 from types import TracebackType
@@ -52,8 +53,9 @@ OUTCOME = "redisqueue.job.outcome"
 WAIT_MS = "redisqueue.job.wait_ms"
 # How an attempt the next one links to ended when its record says RUNNING: it was lost.
 LOST = "LOST"
-# Most links a group's callback makes to its members (the SDK keeps 128 by default).
-MAX_MEMBER_LINKS = 128
+# Most links a group's callback makes to its members (the SDK keeps 128 by default,
+# one of them for the callback's attempt before).
+MAX_MEMBER_LINKS = 127
 
 # A trace record: the attempt's number, how it ended, its span as a W3C traceparent.
 _RECORD = re.compile(r"([0-9]{1,9}) ([A-Z]{1,16}) 00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
@@ -82,7 +84,14 @@ def carrier() -> dict[str, str] | None:
         return None
     headers: dict[str, str] = {}
     _PROPAGATOR.inject(headers)
+    # W3C lets a tracestate over 512 characters be cut; it comes from whoever called
+    # the site, and would ride in every job.
+    if len(headers.get("tracestate", "")) > MAX_TRACESTATE:
+        del headers["tracestate"]
     return headers or None
+
+
+MAX_TRACESTATE = 512
 
 
 # Longest a stopping worker waits for its spans' export (ms).
@@ -91,11 +100,14 @@ FLUSH_TIMEOUT_MS = 5000
 
 def flush() -> None:
     """Export the spans a process still holds (a worker about to exit), waiting at most
-    FLUSH_TIMEOUT_MS."""
+    FLUSH_TIMEOUT_MS: in a thread, as an exporter may not keep to the timeout it is
+    given (a collector that is down)."""
     if set_up():
         force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
         if force_flush is not None:
-            force_flush(FLUSH_TIMEOUT_MS)
+            exporting = threading.Thread(target=force_flush, args=(FLUSH_TIMEOUT_MS,), daemon=True)
+            exporting.start()
+            exporting.join(FLUSH_TIMEOUT_MS / 1000)
 
 
 def _traceparent(span: Any) -> str:
@@ -198,7 +210,7 @@ class Sending(_Current):
             return
         if len(job_ids) == 1:
             self.span.set_attribute(MESSAGE_ID, job_ids[0])
-        else:
+        elif job_ids:
             self.span.set_attribute(BATCH_COUNT, len(job_ids))
         if at_commit:
             self.span.set_attribute(AT_COMMIT, True)
@@ -210,7 +222,11 @@ def set_up() -> bool:
     Once set, a provider stays: that answer is kept."""
     global _provider_set
     if not _provider_set and trace is not None:
-        _provider_set = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+        provider = trace.get_tracer_provider()
+        # (An SDK turned off, OTEL_SDK_DISABLED, hands out no-op tracers.)
+        _provider_set = not isinstance(provider, trace.ProxyTracerProvider) and not isinstance(
+            tracer(), trace.NoOpTracer
+        )
     return _provider_set
 
 
@@ -280,6 +296,10 @@ class Attempt(_Current):
         tb: TracebackType | None,
     ) -> bool | None:
         self.record = ""  # ended: the heartbeat no longer records it
+        if error is not None and not isinstance(error, Exception):
+            # Stopped from outside (its lease lost: LeaseLost), which the API's span
+            # does not record, as it records only an Exception.
+            self.ended(LOST, error)
         return super().__exit__(kind, error, tb)
 
     def link_members(self, records: Iterable[str]) -> None:
