@@ -54,7 +54,6 @@ def test_demo_runs_a_job_enqueued_from_the_page():
             **_env(),
             "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
             "DEMO_ADDRESS": f"127.0.0.1:{web_port}",
-            "OTEL_BSP_SCHEDULE_DELAY": "100",  # spans printed within 0.1 s of their end
         },
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

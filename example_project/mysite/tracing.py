@@ -29,12 +29,14 @@ def set_up_tracing(service: str = "mysite") -> None:
         from opentelemetry import trace
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
     except ImportError:
         return
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(formatter=one_line)))
+    # Each span printed as it ends, so that Ctrl-C loses none: a demo's choice. A site
+    # exports in batches (BatchSpanProcessor), off its requests' path.
+    provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(formatter=one_line)))
     trace.set_tracer_provider(provider)
     try:
         from opentelemetry.instrumentation.django import DjangoInstrumentor
