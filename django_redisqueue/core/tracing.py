@@ -169,12 +169,16 @@ class _Current:
         self.span = self._current.__enter__()
         return self.span
 
+    def _ending(self, error: BaseException | None) -> None:
+        """Called as the block ends, before the span does (``error``: what left it)."""
+
     def __exit__(
         self,
         kind: type[BaseException] | None,
         error: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        self._ending(error)
         return self._current.__exit__(kind, error, tb)
 
 
@@ -245,6 +249,7 @@ class Attempt(_Current):
 
     def __init__(self, record: JobRecord, worker_id: str) -> None:
         self.job, self.worker_id = record, worker_id
+        self.number = record.attempts or 1  # this attempt's
         self.record = ""  # this attempt's trace record while it runs (for the heartbeat)
 
     def __enter__(self) -> Attempt:
@@ -256,7 +261,7 @@ class Attempt(_Current):
         try:  # whatever the job holds, it runs: a context that cannot be read is none
             if headers:
                 parent = _PROPAGATOR.extract(headers)
-            before = _link(job.fields.get("trace", ""), job.attempts or 1)
+            before = _link(job.fields.get("trace", ""), self.number)
         except Exception:  # the propagator's own parsing, whatever it raises
             logger.debug("Job %s: its trace context is unreadable", job.id, exc_info=True)
         attributes: dict[str, Any] = {
@@ -266,7 +271,7 @@ class Attempt(_Current):
             DESTINATION: job.queue,
             MESSAGE_ID: job.id,
             CLIENT_ID: self.worker_id,
-            ATTEMPT: job.attempts or 1,
+            ATTEMPT: self.number,
         }
         if envelope is not None:
             attributes[TASK] = envelope.task_path
@@ -286,21 +291,19 @@ class Attempt(_Current):
             links=[before] if before is not None else None,
         )
         if span.is_recording():
-            self.record = f"{job.attempts or 1} RUNNING {_traceparent(span)}"
+            self.record = self._record("RUNNING")
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
+    def _record(self, how: str) -> str:
+        """This attempt's trace record, saying how it ended (or RUNNING)."""
+        return f"{self.number} {how} {_traceparent(self.span)}"
+
+    def _ending(self, error: BaseException | None) -> None:
         self.record = ""  # ended: the heartbeat no longer records it
         if error is not None and not isinstance(error, Exception):
             # Stopped from outside (its lease lost: LeaseLost), which the API's span
             # does not record, as it records only an Exception.
             self.ended(LOST, error)
-        return super().__exit__(kind, error, tb)
 
     def link_members(self, records: Iterable[str]) -> None:
         """A group's callback: link to its members' last attempts."""
@@ -308,7 +311,7 @@ class Attempt(_Current):
             return
         links = 0
         for record in records:
-            link = _link(record) if record else None
+            link = _link(record)
             if link is not None and links < MAX_MEMBER_LINKS:
                 self.span.add_link(link.context, link.attributes)
                 links += 1
@@ -334,7 +337,7 @@ class Attempt(_Current):
         if error_type:
             span.set_attribute(ERROR_TYPE, error_type)
             span.set_status(trace.StatusCode.ERROR, error_type)
-        return f"{self.job.attempts or 1} {status} {_traceparent(span)}"
+        return self._record(status)
 
 
 def attempt(record: JobRecord, worker_id: str) -> Attempt | NotTraced:
