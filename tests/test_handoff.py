@@ -1,7 +1,9 @@
 """The hand-off (docs/protocol.md, "The hand-off"): a job enqueued while a worker stands
 idle on its queue is claimed for that worker by the enqueue and reaches it with the
-wake-up. Against the real server: who is handed what, when a job is not handed, and
-that a give-back, a recovery and a worker killed while idle lose nothing."""
+wake-up; the worker takes it before it starts it. Against the real server: who is
+handed what, when a job is not handed, and that a give-back, a job never taken, a
+worker killed or frozen while idle and a lost reply lose nothing, run nothing twice,
+and keep no job waiting for a lease."""
 
 import json
 import os
@@ -18,7 +20,7 @@ from django_redisqueue.core.jobs import SUCCESSFUL
 from django_redisqueue.runtime.worker import IDLE_MS
 from django_redisqueue.store.wire import Claimed, NewJob, Outcome
 from tests import tasks
-from tests.conftest import private_redis, wait_until
+from tests.conftest import blocked_clients, private_redis, wait_until
 from tests.keys import DEFAULT_KEYS as K
 from tests.topology import keys_server
 
@@ -44,12 +46,16 @@ def test_a_job_for_an_idle_worker_reaches_it_running_with_the_wake_up(r, broker,
     assert r.get(K.idle_worker("w1")).endswith("|high,default,low")
     job = enqueue(backend)
 
-    # Claimed for w1 by the enqueue: RUNNING under its lease, in no queue, no token.
+    # Claimed for w1 by the enqueue: RUNNING, handed under the hand-off's short lease
+    # until w1 takes it, in no queue, no token.
     assert backend.get_result(job.id).status == TaskResultStatus.RUNNING
-    assert r.zscore(K.running, job.id) is not None
+    now = broker.clock_ms()
+    assert now < r.zscore(K.handed, job.id) <= now + broker.handed_ms
+    assert r.zscore(K.running, job.id) is None
     assert r.zcard(K.queue("default")) == 0 and r.llen(K.wake("default")) == 0
     assert r.exists(K.idle_worker("w1")) == 0  # the hand-off ends the registration
-    assert 0 < r.pttl(K.handoff("w1")) <= broker.lease_ms
+    assert 0 < r.pttl(K.handoff("w1")) <= broker.handed_ms
+    assert r.llen(K.scheduler_wake) == 1  # the scheduler learns of the deadline
 
     woken = broker.wait_for_work(QUEUES, 0.1, "w1")
     assert isinstance(woken, Claimed)
@@ -58,6 +64,11 @@ def test_a_job_for_an_idle_worker_reaches_it_running_with_the_wake_up(r, broker,
     assert woken.fields["workers"] == "w1" and woken.fields["queue"] == "default"
     assert json.loads(woken.payload)["task"] == "tests.tasks.noop"
     assert r.exists(K.handoff("w1")) == 0
+
+    # Taken: RUNNING under w1's lease from now on.
+    assert broker.heartbeat("w1", {}, {job.id: "w1/1"}) == []
+    assert r.zscore(K.handed, job.id) is None
+    assert r.zscore(K.running, job.id) > broker.clock_ms() + broker.lease_ms - 1000
 
     stored, _ = broker.claim(QUEUES, "w1", Outcome(job.id, "w1/1", SUCCESSFUL, result="null"))
     assert stored is True
@@ -72,6 +83,8 @@ def test_the_next_claim_takes_the_handed_job_if_the_wait_did_not(r, broker, back
     _, claimed = broker.claim(QUEUES, "w1", take_handed=True)
     assert claimed is not None and claimed.job_id == job.id
     assert r.exists(K.handoff("w1")) == 0
+    # Taken by the claim: under w1's lease.
+    assert r.zscore(K.handed, job.id) is None and r.zscore(K.running, job.id) is not None
 
 
 @pytest.mark.parametrize(
@@ -139,6 +152,53 @@ def test_a_batch_hands_one_job_per_idle_worker_in_order(r, broker, backend):
     assert r.zrange(K.queue("default"), 0, -1) == [p.id for p in prepared[1:]]
 
 
+@pytest.mark.parametrize(
+    ("order", "calls"),
+    [
+        (["high", "low"], [("low", 0), ("high", 0)]),  # the queue first in its order
+        (["default"], [("default", 0), ("default", 10)]),  # the higher priority
+        (["high", "low"], [("low", 100), ("high", -100), ("low", 0)]),
+    ],
+)
+def test_one_call_never_hands_a_job_past_one_of_higher_priority_it_brings(
+    r, broker, backend, order, calls
+):
+    """The jobs of one call (a batch, or a transaction's at its commit) are all in
+    place before any is handed: the idle worker gets the job its own claim would take."""
+    stand_idle(broker, "w1", order)
+    prepared = [backend.prepare(tasks.noop, (), {}) for _ in calls]
+    broker.enqueue(
+        [NewJob(p.id, q, n, p._payload) for p, (q, n) in zip(prepared, calls, strict=True)]
+    )
+    first = min(range(len(calls)), key=lambda i: (order.index(calls[i][0]), -calls[i][1], i))
+    assert json.loads(r.lindex(K.handoff("w1"), 0))[0] == prepared[first].id
+    waiting = {job for queue in order for job in r.zrange(K.queue(queue), 0, -1)}
+    assert waiting == {p.id for i, p in enumerate(prepared) if i != first}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transaction_sending_a_low_then_a_high_job_runs_the_high_one_first(r, backend):
+    """The jobs of one transaction go in one call at its commit; one worker stands idle
+    on [high, low]: the high job is handed to it, and runs first."""
+    from django.db import transaction
+
+    from django_redisqueue.runtime.worker import Worker
+
+    worker = Worker(backend, ["high", "low"], close_connections=False)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: r.exists(K.idle_worker(worker.worker_id)), 10, "it to stand idle")
+        with transaction.atomic():
+            tasks.record.using(queue_name="low").enqueue_on_commit("low")
+            tasks.record.using(queue_name="high").enqueue_on_commit("high")
+        wait_until(lambda: r.llen(tasks.LOG) == 2, 10, "both jobs to run")
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert r.lrange(tasks.LOG, 0, -1) == ["high", "low"]
+
+
 def test_a_give_back_returns_a_handed_job_to_its_queue_and_ends_the_registration(
     r, broker, backend
 ):
@@ -172,14 +232,34 @@ def test_a_worker_stopping_while_idle_gives_back_only_its_handed_job_looking_at_
     assert broker.abandon("w1", handed_only=True) == []  # nothing handed: nothing back
 
 
-def test_a_handed_job_whose_lease_runs_out_is_recovered_and_leaves_the_list(r, broker, backend):
+@pytest.mark.parametrize("recover", [True, False])
+def test_a_handed_job_not_taken_in_time_goes_back_uncounted_and_is_not_started_late(
+    r, broker, backend, recover
+):
     stand_idle(broker, "w1")
     job = enqueue(backend)
-    r.zadd(K.running, {job.id: 0})  # its lease ran out: w1 never took it
-    tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
-    assert tick.recovered == 1
+    r.zadd(K.handed, {job.id: 0})  # the hand-off's deadline passed: w1 never took it
+    # Whatever the recovery's flags (a scheduler that just saw Redis fail, or held):
+    # the job never ran, and w1 cannot start it now.
+    tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}", recover=recover)
+    assert (tick.handed_back, tick.recovered) == (1, 0)
+    stored = backend.get_result(job.id)
+    assert stored.status == TaskResultStatus.READY
+    assert stored.attempts == 0 and r.hget(K.job(job.id), "lost") is None
     assert r.exists(K.handoff("w1")) == 0  # w1 must not start it late
+    assert broker.heartbeat("w1", {}, {job.id: "w1/1"}) == [job.id]  # nor take it
+    assert r.zrange(K.queue("default"), 0, -1) == [job.id]
+    assert r.llen(K.wake("default")) == 1  # an idle worker wakes for it
     assert broker.claim(QUEUES, "w2")[1].job_id == job.id
+
+
+def test_a_handed_job_taken_in_time_is_the_workers_whatever_the_tick_does(r, broker, backend):
+    stand_idle(broker, "w1")
+    job = enqueue(backend)
+    assert broker.heartbeat("w1", {}, {job.id: "w1/1"}) == []
+    tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
+    assert (tick.handed_back, tick.recovered) == (0, 0)
+    assert backend.get_result(job.id).status == TaskResultStatus.RUNNING
 
 
 def test_a_wait_treats_an_entry_written_by_hand_as_a_wake_up(r, broker):
@@ -189,9 +269,7 @@ def test_a_wait_treats_an_entry_written_by_hand_as_a_wake_up(r, broker):
     assert broker.claim(QUEUES, "w1", take_handed=True) == (None, None)
 
 
-# A worker process killed while it stands idle, holding a handed job.
-
-LEASED = ("--backend", "leased")
+# A worker process killed or frozen while it stands idle, holding a handed job.
 
 
 @pytest.fixture
@@ -200,26 +278,78 @@ def rr():
         yield redis.Redis.from_url(server.url, decode_responses=True)
 
 
-def test_an_idle_worker_killed_holding_a_handed_job_loses_nothing(rr, procs, report):
-    backend = task_backends["leased"]
-    keys = backend.keys
-    worker = procs.start("runworker", *LEASED)
-    wait_until(lambda: rr.keys(keys.idle_worker("*")), 30, "the worker to stand idle")
-    os.killpg(worker.pid, signal.SIGSTOP)  # it cannot run what it is handed
-    job = tasks.ledger.using(backend="leased").enqueue(1, 0)
-    # Handed over: RUNNING under the stopped worker's lease (its blocked BLPOP may
-    # have taken it off the list already, into a socket no one reads).
-    assert backend.get_result(job.id).status == TaskResultStatus.RUNNING
-    procs.kill(worker)
+def handed_to_a_frozen_worker(rr, procs):
+    """A worker (the default backend: a lease of a minute) stands idle, blocked in its
+    wait, and is frozen (SIGSTOP, as ``docker pause`` or a long swap stall would); a
+    job is handed to it, which Redis writes into the reply of its blocked wait."""
+    backend = task_backends["default"]
+    worker = procs.start("runworker", "-v", "2")
+    wait_until(lambda: rr.keys(backend.keys.idle_worker("*")), 30, "the worker to stand idle")
+    wait_until(lambda: blocked_clients(rr), 30, "the worker to block in its wait")
+    os.killpg(worker.pid, signal.SIGSTOP)
+    job = tasks.ledger.enqueue(1, 0)
+    assert rr.zscore(backend.keys.handed, job.id) is not None
+    return backend, worker, job
 
-    procs.start("runscheduler", *LEASED)
-    procs.start("runworker", *LEASED)
-    wait_until(lambda: backend.get_result(job.id).status == SUCCESSFUL, 30, "the rerun")
+
+def test_an_idle_worker_killed_holding_a_handed_job_loses_nothing_and_keeps_no_job_waiting(
+    rr, procs, report
+):
+    backend, worker, job = handed_to_a_frozen_worker(rr, procs)
+    procs.kill(worker)
+    procs.start("runscheduler")
+    procs.start("runworker")
+    # Back within the hand-off's deadline, not the minute's lease (the deadline here
+    # is a deadline for the whole test, not a measure).
+    wait_until(lambda: backend.get_result(job.id).status == SUCCESSFUL, 30, "the job")
     stored = backend.get_result(job.id)
     assert rr.lrange("test:ledger", 0, -1) == ["1"]  # run once, by the second worker
-    assert stored.attempts == 2  # the handed attempt counts, as a claim's would
-    assert not rr.keys(keys.handoff("*"))
+    assert (stored.attempts, int(rr.hget(backend.keys.job(job.id), "lost") or 0)) == (1, 0)
+    assert not rr.keys(backend.keys.handoff("*"))
     report(f"idle worker killed holding a handed job: attempts={stored.attempts}, ran once")
+
+
+def test_a_frozen_idle_worker_never_starts_a_job_handed_to_it_once_it_went_back(rr, procs, report):
+    backend, frozen, job = handed_to_a_frozen_worker(rr, procs)
+    procs.start("runscheduler")
+    procs.start("runworker")
+    wait_until(lambda: backend.get_result(job.id).status == SUCCESSFUL, 30, "the job")
+    os.killpg(frozen.pid, signal.SIGCONT)  # it reads the reply that carried the job
+    procs.expect(frozen, "took it too late", 30)
+    assert rr.lrange("test:ledger", 0, -1) == ["1"]  # the thawed worker did not run it
+    assert backend.get_result(job.id).attempts == 1
+    report("frozen idle worker thawed after its handed job went back: ran once")
+
+
+def test_a_lost_wait_reply_gives_the_handed_job_back_at_once_uncounted(r, backend):
+    """The reply of the wait that carried a handed job is lost (the connection broke):
+    the worker gives back what it may have been handed and claims it again, with no
+    scheduler running, so nothing waits for a lease."""
+    from django_redisqueue.runtime.worker import Worker
+
+    worker = Worker(backend, ["default"], close_connections=False)
+    real_wait, lost = worker.broker.wait_for_work, []
+
+    def wait_losing_the_reply(*args, **kwargs):
+        woken = real_wait(*args, **kwargs)
+        if isinstance(woken, Claimed) and not lost:
+            lost.append(woken.job_id)
+            raise redis.ConnectionError("the reply was lost")
+        return woken
+
+    worker.broker.wait_for_work = wait_losing_the_reply
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: r.exists(K.idle_worker(worker.worker_id)), 10, "it to stand idle")
+        job = tasks.add.enqueue(2, 3)
+        wait_until(lambda: backend.get_result(job.id).status == SUCCESSFUL, 10, "the job")
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert lost == [job.id]
+    assert backend.get_result(job.id).attempts == 1
+    assert r.hget(K.job(job.id), "lost") is None
 
 
 def test_a_claim_drops_an_entry_that_names_no_job_the_worker_owns(r, broker, backend):
@@ -331,12 +461,12 @@ def test_whatever_the_handoff_keys_hold_the_job_is_in_one_place_and_workers_go_o
         job = tasks.noop.enqueue()
         where = [
             key
-            for key in (keys.queue("default"), keys.running)
+            for key in (keys.queue("default"), keys.running, keys.handed)
             if raw.zscore(key, job.id) is not None
         ]
         assert len(where) == 1, where
         status = backend.get_result(job.id).status
-        handed = where == [keys.running]
+        handed = where == [keys.handed]
         assert status == (TaskResultStatus.RUNNING if handed else TaskResultStatus.READY)
         woken = broker.wait_for_work(["default"], 0.01, "w1")
         assert woken is None or isinstance(woken, str | Claimed)
@@ -359,8 +489,8 @@ def test_a_handed_unique_job_holds_its_key_through_recovery_failure_and_retry(r,
     assert backend.get_result(job.id).status == TaskResultStatus.RUNNING  # handed over
     assert unique.enqueue().id == job.id  # the key is held while the job is handed
 
-    r.zadd(K.running, {job.id: 0})  # w1 died idle: its lease runs out
-    assert broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}").recovered == 1
+    r.zadd(K.handed, {job.id: 0})  # w1 died idle: the hand-off's deadline passes
+    assert broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}").handed_back == 1
     assert r.exists(K.handoff("w1")) == 0
     assert unique.enqueue().id == job.id  # back in its queue, still the holder
 
@@ -382,3 +512,30 @@ def test_a_handed_unique_job_holds_its_key_through_recovery_failure_and_retry(r,
     broker.finish(Outcome(job.id, claimed.owner, SUCCESSFUL, result="null"))
     assert r.exists(K.unique("report")) == 0
     assert unique.enqueue().id != job.id  # a new job: the key was free
+
+
+def test_a_worker_running_broadcasts_is_handed_no_job(r, backend):
+    """A worker idle on its queues receives a broadcast: while it runs it, it stands
+    idle nowhere, so a job enqueued meanwhile waits in its queue for any worker (here,
+    for this one once the broadcast is done) instead of being handed to a busy one."""
+    from django_redisqueue.core.fanout import broadcast
+    from django_redisqueue.runtime.worker import Worker
+
+    worker = Worker(backend, ["default"], close_connections=False)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: r.exists(K.idle_worker(worker.worker_id)), 10, "it to stand idle")
+        broadcast(tasks.block_until_released.job("broadcast", 10))
+        wait_until(lambda: "started:broadcast" in r.lrange(tasks.LOG, 0, -1), 10, "it to run")
+        assert r.exists(K.idle_worker(worker.worker_id)) == 0
+        job = tasks.add.enqueue(2, 3)
+        assert backend.get_result(job.id).status == TaskResultStatus.READY
+        assert r.zrange(K.queue("default"), 0, -1) == [job.id]
+        r.rpush("test:release", 1)
+        wait_until(lambda: backend.get_result(job.id).status == SUCCESSFUL, 10, "the job")
+    finally:
+        r.rpush("test:release", 1)
+        worker.stop()
+        thread.join(10)
+    assert not thread.is_alive()

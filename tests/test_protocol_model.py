@@ -35,6 +35,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
 
     def make_broker(client: FaultyRedis) -> Broker:
         broker = Broker(client, backend.keys, lease=LEASE, result_ttl=RESULT_TTL)
+        broker.handed_ms = int(LEASE * 1000)  # the hand-off's deadline too
         if pipelined:
             broker._run = lambda script, *args, acked=False: broker._run_many([(script, args)])[0]
         return broker
@@ -51,6 +52,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             # The task API's enqueues hand jobs over under the backend's lease: the
             # model's, which runs out only when a step says so.
             mock.patch.object(backend.broker, "lease_ms", int(LEASE * 1000)),
+            mock.patch.object(backend.broker, "handed_ms", int(LEASE * 1000)),
         ],
     )
     steps = RUN["checks"] - RUN["examples"]
@@ -87,6 +89,8 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "handed jobs received",
             "handed jobs claimed",
             "handed jobs given back",
+            "handed jobs taken",
+            "handed jobs given back untaken",
         )
     )
     report(

@@ -148,6 +148,13 @@ class Scheduler:
             except REDIS_ERRORS as exc:
                 self._failed(backoff, exc)
                 continue
+            if tick.handed_back:
+                logger.info(
+                    "Scheduler %s: gave back %d job(s) handed to idle workers that did not "
+                    "take them (dead, frozen or cut off); they run elsewhere",
+                    self.scheduler_id,
+                    tick.handed_back,
+                )
             if tick.promoted or tick.recovered or tick.failed:
                 logger.info(
                     "Scheduler %s: promoted %d due job(s), recovered %d lost job(s), "

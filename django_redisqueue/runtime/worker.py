@@ -212,6 +212,9 @@ class Worker:
                     self.broadcasts_read_at = float("-inf")
                     continue
                 if job is None and self.broadcasts.waiting:
+                    if self.idle_registered:  # busy with them: nothing is handed to it
+                        self._give_back_handed()
+                        self.idle_registered = False
                     self.broadcasts.receive(self.queues, backoff)
                     continue
                 if job is None and receiving:  # the claim did not look at the queues
@@ -219,10 +222,17 @@ class Worker:
                 if job is None:
                     if not wanted or self.burst:
                         break
-                    job = self._wait_for_work(backoff)
+                    try:
+                        job = self._wait_for_work()
+                    except UNCERTAIN_ERRORS as exc:
+                        uncertain = True  # the lost reply may have carried a handed job
+                        backoff.failed(exc)
+                        continue
+                    except REDIS_ERRORS as exc:
+                        backoff.failed(exc)
+                        continue
                     if job is None:
                         continue
-                    self.idle_registered = False  # handed over: the registration ended
                 finished = self.execute(job)
                 self.jobs_done += 1
                 self._check_memory()
@@ -268,16 +278,17 @@ class Worker:
             )
 
     def _recover_claim(self, finished: Finished | None) -> Finished | None:
-        """After a lost reply: store the outcome in hand (again: fencing refuses a
-        repeat), then give back any job the lost claim took, so that it runs at once
-        and does not count as lost."""
+        """After a lost reply (of a claim, a wait or a take): store the outcome in hand
+        (again: fencing refuses a repeat), then give back any job the lost call gave
+        this worker, so that it runs at once and does not count as lost."""
         if finished is not None:
             self._report(finished, self.broker.finish(finished.outcome), repeated=True)
         given_back = self.broker.abandon(self.worker_id)
         self.idle_registered = False
         if given_back:
             logger.warning(
-                "Worker %s: gave back job(s) %s, claimed by a call whose reply was lost",
+                "Worker %s: gave back job(s) %s, claimed or handed to it by a call whose "
+                "reply was lost",
                 self.worker_id,
                 ", ".join(given_back),
             )
@@ -346,26 +357,38 @@ class Worker:
             self.order = QueueOrder(queues)
             logger.info("Worker %s serving %s", self.worker_id, ", ".join(queues) or "nothing yet")
 
-    def _wait_for_work(self, backoff: Reconnector) -> Claimed | None:
+    def _wait_for_work(self) -> Claimed | None:
         """Block until woken, or for a few quiet waits; return the job handed over
-        with the wake-up, which is this worker's to run (docs/protocol.md, "The
-        hand-off")."""
+        with the wake-up once this worker has taken it (docs/protocol.md, "The
+        hand-off"). Redis errors propagate: a lost reply may have carried a job."""
         if not self.queues:  # QUEUES empty and nothing enqueued yet: look again soon
             time.sleep(QUEUES_REFRESH)
             return None
-        try:
-            for _ in range(IDLE_WAITS_BEFORE_CLAIM):
-                if self.stopping:
-                    return None
-                woken = self.broker.wait_for_work(self.queues, WAIT_TIMEOUT, self.worker_id)
-                if isinstance(woken, Claimed):
-                    return woken
-                if woken is not None:
-                    self.woken_by = woken
-                    return None
-        except REDIS_ERRORS as exc:
-            backoff.failed(exc)
+        for _ in range(IDLE_WAITS_BEFORE_CLAIM):
+            if self.stopping:
+                return None
+            woken = self.broker.wait_for_work(self.queues, WAIT_TIMEOUT, self.worker_id)
+            if isinstance(woken, Claimed):
+                self.idle_registered = False  # handed over: the registration ended
+                return woken if self._take(woken) else None
+            if woken is not None:
+                self.woken_by = woken
+                return None
         return None
+
+    def _take(self, handed: Claimed) -> bool:
+        """Take a job handed over: it becomes this worker's under its lease, unless the
+        scheduler gave it back meanwhile (this worker was frozen, or slow to read the
+        reply, past the hand-off's deadline): then it is not started here."""
+        lost = self.broker.heartbeat(self.worker_id, {}, {handed.job_id: handed.owner})
+        if lost:
+            logger.info(
+                "Job %s: handed to worker %s, which took it too late; it went back to its "
+                "queue and is not started here",
+                handed.job_id,
+                self.worker_id,
+            )
+        return not lost
 
     @contextlib.contextmanager
     def _in_task(self) -> Iterator[None]:

@@ -45,6 +45,10 @@ WORKER_TTL = 60
 # sent in one round trip).
 ENQUEUE_BATCH_JOBS = 1000
 ENQUEUE_BATCH_BYTES = 1 << 20
+# How long (ms) a job handed to an idle worker waits for the worker to take it before
+# the scheduler gives it back (docs/protocol.md, "The hand-off"): a live worker takes it
+# within a round trip; a dead, frozen or cut-off one leaves it this long, not a lease.
+HANDED_MS = 1000
 # A pinned broker's connection unused this long (s) is looked at before it is used:
 # the shortest idle ``timeout`` a server may have is 1 s.
 HELD_CONNECTION_LOOK_AFTER = 0.5
@@ -65,6 +69,7 @@ class Broker(Gateway):
     ) -> None:
         super().__init__(client, keys)
         self.lease_ms = int(lease * 1000)
+        self.handed_ms = HANDED_MS
         self.result_ttl = result_ttl
         self.replica_acks = replica_acks
         self.replica_acks_timeout = replica_acks_timeout
@@ -104,7 +109,7 @@ class Broker(Gateway):
             replica_acks=self.replica_acks,
             replica_acks_timeout=self.replica_acks_timeout,
         )
-        pinned.unreplicated = self.unreplicated
+        pinned.unreplicated, pinned.handed_ms = self.unreplicated, self.handed_ms
         pinned.scripts.functions = self.scripts.functions
         pinned._held_used_at = time.monotonic()
         return pinned
@@ -169,7 +174,7 @@ class Broker(Gateway):
         if not jobs:
             return []
         calls = [
-            ("enqueue", [int(record_queues), self.lease_ms, *args]) for args in _batches(jobs)
+            ("enqueue", [int(record_queues), self.handed_ms, *args]) for args in _batches(jobs)
         ]
         if len(calls) == 1 and not self.replica_acks:
             replies = [self._run("enqueue", *calls[0][1])]
@@ -250,11 +255,12 @@ class Broker(Gateway):
     ) -> str | Claimed | None:
         """Block until a wake-up token arrives for one of ``queues`` (or, with
         ``worker_id``, a job handed to that worker or a broadcast message for it), or
-        the timeout. Return the job handed over, which the worker now runs; or the
+        the timeout. Return the job handed over, which the worker takes (``heartbeat``)
+        before it runs it; or the
         queue whose token was taken ('' for a broadcast; None: the timeout)."""
         wakes = [*map(self.keys.wake, queues)]
         if worker_id:
-            # A handed job first: it is RUNNING already, under this worker's lease.
+            # A handed job first: it is this worker's to take (HANDED, not yet RUNNING).
             wakes = [self.keys.handoff(worker_id), *wakes, self.keys.broadcast_wake(worker_id)]
         # execute_command: Redis takes a fractional timeout, which some redis-py
         # versions' annotations of blpop refuse.
@@ -305,8 +311,9 @@ class Broker(Gateway):
         Redis's clock (0: whenever it runs). Only leases that ran out by
         ``ran_out_by_ms`` (Redis's clock at an earlier step, ``grace_ms`` ago; None: by
         now) are recovered; for one that ran out since, the next step is due in
-        ``grace_ms`` (docs/protocol.md, "tick")."""
-        promoted, recovered, failed, next_at, now, held, overdue = self._run(
+        ``grace_ms`` (docs/protocol.md, "tick"). Handed jobs not taken in time go back
+        whatever the flags."""
+        promoted, recovered, failed, next_at, now, held, overdue, handed = self._run(
             "tick",
             scheduler_id,
             batch,
@@ -330,6 +337,7 @@ class Broker(Gateway):
             int(now),
             bool(held),
             bool(overdue),
+            int(handed),
         )
 
     def wait_for_schedule(self, timeout: float) -> bool:

@@ -130,7 +130,7 @@ key                           type    contents (written by)
 ``{P}:limits``                zset    limit keys whose parked jobs the tick looks
                                       at, by when (ms): a rate window frees a start,
                                       or a lease later as a safety net
-``{P}:idle:<name>``           zset    worker ids registered idle on the queue, by
+``{P}:idlers:<name>``         zset    worker ids registered idle on the queue, by
                                       the ms of their registration (a claim that
                                       found nothing); an entry whose worker's
                                       ``idle-worker`` key holds another ms is stale
@@ -141,10 +141,15 @@ key                           type    contents (written by)
                                       its queues; gone once a job is handed to it
                                       or its next claim; TTL a few idle waits
 ``{P}:handoff:<wid>``         list    the claim reply (JSON) of the job an enqueue
-                                      handed to the idle worker, RUNNING under its
-                                      lease; at most one; BLPOPed first by the
-                                      worker's wait, else taken by its next claim;
-                                      TTL a lease (enqueue, claim, tick, abandon)
+                                      handed to the idle worker; at most one;
+                                      BLPOPed first by the worker's wait, else
+                                      taken by its next claim; TTL the hand-off's
+                                      (enqueue, claim, tick, abandon)
+``{P}:handed``                zset    ids of RUNNING jobs handed to idle workers
+                                      and not yet taken; score is the hand-off's
+                                      deadline in ms, when the tick gives the job
+                                      back (enqueue; claim and heartbeat take;
+                                      tick, abandon)
 ============================  ======  ===========================================
 
 Job hash fields of the fan-out: ``group`` (a member: the group's id), ``counted``
@@ -322,6 +327,7 @@ class KeySchema:
             "IDLE": self.idle(""),
             "IDLE_WORKER": self.idle_worker(""),
             "HANDOFF": self.handoff(""),
+            "HANDED": self.handed,
         }
 
     def queue(self, name: str) -> str:
@@ -367,13 +373,17 @@ class KeySchema:
         return f"{self.broadcast_prefix}wake:{worker_id}"
 
     def idle(self, queue: str) -> str:
-        return f"{self.prefix}:idle:{queue}"
+        return f"{self.prefix}:idlers:{queue}"
 
     def idle_worker(self, worker_id: str) -> str:
         return f"{self.prefix}:idle-worker:{worker_id}"
 
     def handoff(self, worker_id: str) -> str:
         return f"{self.prefix}:handoff:{worker_id}"
+
+    @property
+    def handed(self) -> str:
+        return f"{self.prefix}:handed"
 
     def unique(self, key: str) -> str:
         return f"{self.prefix}:unique:{key}"

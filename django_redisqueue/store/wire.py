@@ -112,6 +112,7 @@ class Tick:
     now_ms: int  # Redis's clock when the step ran
     held: bool = False  # it ran past recover_until_ms, so it recovered no lease
     overdue: bool = False  # a lease that ran out is left for a later step
+    handed_back: int = 0  # jobs handed to idle workers that did not take them in time
 
 
 @dataclass(frozen=True, slots=True)

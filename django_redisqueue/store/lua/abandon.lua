@@ -1,12 +1,13 @@
 -- include: keys, values, running, handoff
 -- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
 --       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key,
---       LIMIT..key, LIMITS, IDLE_WORKER..wid, HANDOFF..wid
--- Give back every job a worker owns, uncounted, to its place in its queue. A worker
--- calls this when the reply to a claim was lost: the claim may have run, and the job
--- it took would otherwise wait for its lease and count as lost though it never ran.
--- The worker holds no other job then (its last outcome was stored first). Its
--- registration as idle ends (handoff.lua).
+--       LIMIT..key, LIMITS, IDLE_WORKER..wid, HANDOFF..wid, HANDED
+-- Give back every job a worker owns, uncounted, to its place in its queue: those it
+-- claimed and those handed to it, taken or not. A worker calls this when the reply to
+-- a claim or to its wait was lost: the call may have given it a job, which would
+-- otherwise wait for its lease and count as lost though it never ran. The worker
+-- holds no other job then (its last outcome was stored first). Its registration as
+-- idle ends (handoff.lua).
 -- ARGV[1] worker id, ARGV[2] result TTL (s), ARGV[3] lease (ms), which limits use,
 -- ARGV[4] '1': only the job handed to the worker that it has not taken, as a worker
 -- stopping while registered as idle, which holds no other job, gives back: one job
@@ -21,6 +22,9 @@ if ARGV[4] == '1' then
   owned = {handed}
 else
   owned = redis.call('ZRANGE', typed(RUNNING, 'zset'), 0, -1)
+  for _, id in ipairs(redis.call('ZRANGE', typed(HANDED, 'zset'), 0, -1)) do
+    owned[#owned + 1] = id
+  end
 end
 end_registration(worker)
 redis.call('DEL', HANDOFF .. worker)
@@ -29,10 +33,7 @@ for _, id in ipairs(owned) do
   if is_job(id) then
     local f = redis.call('HMGET', job, 'owner', 'status')
     if f[1] and f[2] == 'RUNNING' and string.sub(f[1], 1, #prefix) == prefix then
-      redis.call('ZREM', RUNNING, id)
-      free_slot(id, redis.call('HGET', job, 'limit'), now, tonumber(ARGV[3]), ttl)
-      forget_attempt(job)
-      requeue(id, now, ttl)
+      give_back(id, redis.call('HGET', job, 'limit'), now, tonumber(ARGV[3]), ttl)
       given[#given + 1] = id
     end
   end

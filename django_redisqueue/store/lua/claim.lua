@@ -2,7 +2,7 @@
 -- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
 --       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid,
 --       BROADCAST_SEQ, UNIQUE..key, LIMIT..key, LIMITS, IDLE..queue, IDLE_WORKER..wid,
---       HANDOFF..wid
+--       HANDOFF..wid, HANDED
 -- Finish the caller's previous job, then claim the next: the first job of the first
 -- non-empty, unpaused queue in the order given. One round trip per job when busy.
 -- Claiming starts the job: it is RUNNING, under a lease, from this step on.
@@ -47,7 +47,12 @@ local MOST_PARKED = 100
 
 local claimed, parked = {}, 0
 if take and #queues > 0 then
-  claimed = take_handed(worker) or {}
+  local handed, id = take_handed(worker)
+  if handed then -- taken: under the worker's lease from now on
+    redis.pcall('ZREM', HANDED, id)
+    zadd(RUNNING, now + lease, id)
+    claimed = handed
+  end
 end
 for _, name in ipairs(queues) do
   if #claimed > 0 then

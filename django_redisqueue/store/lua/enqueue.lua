@@ -1,13 +1,15 @@
--- include: keys, values, queues, new_jobs, unique, handoff
+-- include: keys, values, new_jobs, unique, handoff
 -- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
 --       KNOWN_QUEUES, UNIQUE..key, LIMIT..key, RUNNING, PAUSED, IDLE..queue,
---       IDLE_WORKER..wid, HANDOFF..wid
+--       IDLE_WORKER..wid, HANDOFF..wid, HANDED
 -- Store jobs and make them READY: each on its queue, or in its queue's delayed set
--- until due. One job or a batch: one call, one round trip. A job READY at once, with
--- no limit, for an empty and unpaused queue that a worker stands idle on, is handed to
--- that worker instead: started under its lease (handoff.lua).
+-- until due. One job or a batch: one call, one round trip. Then the first jobs of a
+-- queue that held none before the call, unpaused, with no limit, go to the idle
+-- workers whose claim would take them: started, in HANDED until the worker takes
+-- them (handoff.lua).
 -- ARGV[1] 1 to record the queues' names among the queues used (QUEUES is empty),
--- ARGV[2] the workers' lease (ms), which a handed job starts under,
+-- ARGV[2] how long (ms) a handed job waits for its worker to take it, after which the
+--   scheduler gives it back (its short lease in HANDED),
 -- then 6 values per job: id, payload (JSON envelope), queue name, priority
 -- (-100..100), due time (ms since the epoch, or 0 for now; a due time Redis's clock
 -- has passed queues the job at once), options ('' or JSON: new_jobs.lua's job_options).
@@ -17,7 +19,7 @@
 local record_queues, lease = ARGV[1] == '1', tonumber(ARGV[2])
 local now = clock_ms()
 local enqueued = {}
-local woken, to_wake = {}, {}
+local filled, added = {}, {}
 for at = 3, #ARGV, 6 do
   local id, payload, queue, priority = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
   local due, options = tonumber(ARGV[at + 4]), job_options(ARGV[at + 5])
@@ -27,24 +29,15 @@ for at = 3, #ARGV, 6 do
   elseif redis.call('EXISTS', JOB .. id) == 1 then
     enqueued[#enqueued + 1] = 0
   else
-    local ready = nil
-    local worker = lease and due <= now and not options.limit and valid_queue(queue)
-                   and idle_worker_for(queue)
-    if worker then
-      -- As a claim would read the hash the enqueue writes (READ's order).
-      local read = {false, payload, false, false, false, now, false, queue,
-                    number(priority, 0) ~= 0 and priority or false}
-      local written = new_job_fields(payload, queue, priority, now)
-      hand_over(id, read, next_score(priority), worker, queue, lease, now, written)
-    else
-      ready = store_job(id, payload, queue, priority, due, now, options)
-    end
+    local ready = store_job(id, payload, queue, priority, due, now, options)
     if options.unique then
       hold_unique(id, options, now)
     end
-    if ready and not woken[ready] then
-      woken[ready] = true
-      to_wake[#to_wake + 1] = ready
+    if ready then
+      if not added[ready] then
+        filled[#filled + 1] = ready
+      end
+      added[ready] = (added[ready] or 0) + 1
     end
     if record_queues then
       sadd(KNOWN_QUEUES, queue)
@@ -52,8 +45,13 @@ for at = 3, #ARGV, 6 do
     enqueued[#enqueued + 1] = now
   end
 end
--- One wake-up per queue, after the whole batch is in place.
-for _, queue in ipairs(to_wake) do
-  leave_wake_token(WAKE .. queue)
+-- Once the whole call is in place, so that no job is handed past a job of higher
+-- priority that the same call brings: the first jobs of the queues it filled go to
+-- idle workers whose claim would take them, then one wake-up for each queue that
+-- still holds jobs.
+for _, queue in ipairs(filled) do
+  if not lease or hand_queued(queue, added[queue], lease, now) > 0 then
+    leave_wake_token(WAKE .. queue)
+  end
 end
 return enqueued

@@ -1,7 +1,10 @@
 -- include: keys, values, broadcasts, running
--- Keys: JOB..id, RUNNING, WORKERS, WORKER..id, BROADCAST_SEQ, CURSORS, UNREAD, SENT
+-- Keys: JOB..id, RUNNING, HANDED, WORKERS, WORKER..id, BROADCAST_SEQ, CURSORS, UNREAD,
+--       SENT
 -- A worker's heartbeat: record it as alive for the dashboard, and extend the leases of
--- the jobs it still owns.
+-- the jobs it still owns. It is also how a worker takes a job handed to it: the job
+-- moves from HANDED to RUNNING under the worker's lease, and the worker starts it
+-- only once this call says it still owns it (handoff.lua).
 -- ARGV[1] lease (ms), ARGV[2] worker id,
 -- ARGV[3] how long the worker's record lives without a heartbeat (s),
 -- ARGV[4] P, the number of worker fields, then P name/value pairs,
@@ -32,6 +35,7 @@ for i = pairs_at, #ARGV, 3 do
   if is_job(id) and owned_by(redis.call('HMGET', JOB .. id, 'owner', 'status'), owner) then
     -- Its own, so it is RUNNING: a running set replaced (written by hand) learns it back.
     zadd(RUNNING, now + tonumber(ARGV[1]), id)
+    redis.pcall('ZREM', HANDED, id) -- of another type (written by hand): none handed
     if trace ~= '' then
       redis.call('HSET', JOB .. id, 'trace', trace)
     end

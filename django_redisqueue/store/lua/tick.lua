@@ -2,10 +2,11 @@
 -- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
 --       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, SCHEDULERS, WORKERS,
 --       GROUP..gid, GROUPS, CURSORS, UNREAD, UNIQUE..key, LIMIT..key, LIMITS,
---       HANDOFF..wid
+--       HANDOFF..wid, HANDED
 -- The scheduler's step: promote due delayed jobs to their queues, recover RUNNING
 -- jobs whose lease has passed (their worker died or stalled), unpark jobs held by
--- their limits when their limit's look is due, and trim the groups index. Atomic, so any number
+-- their limits when their limit's look is due, give back jobs handed to idle workers
+-- that did not take them in time, and trim the groups index. Atomic, so any number
 -- of schedulers may run: each due job is promoted, and each lost job recovered, once.
 -- ARGV[1] scheduler id, ARGV[2] most jobs to move per kind, ARGV[3] how many times a
 -- job may be recovered before it fails, ARGV[4] result TTL (s), ARGV[5] error JSON
@@ -20,11 +21,12 @@
 -- ARGV[9] the time (ms, Redis's clock) of an earlier step, a grace ago: only leases that
 -- ran out by then are recovered, or '' for those that ran out by now (see below),
 -- ARGV[10] the grace (ms), then the names of the queues whose delayed jobs to promote.
--- Returns {promoted, recovered, failed, next, now, held}: next is the time (ms) of
--- the next due job or lease deadline (a lease that ran out after ARGV[9]: a grace from
--- now), -1 if there is none, or 0 if a batch was full (call again); now is Redis's time
--- (ms); held is 1 when the step ran past ARGV[7]; overdue is 1 when a lease that ran out
--- is left in the running set (it ran out after ARGV[9], or a batch was full).
+-- Returns {promoted, recovered, failed, next, now, held, overdue, handed}: next is the
+-- time (ms) of the next due job or lease deadline (a lease that ran out after ARGV[9]:
+-- a grace from now), -1 if there is none, or 0 if a batch was full (call again); now
+-- is Redis's time (ms); held is 1 when the step ran past ARGV[7]; overdue is 1 when a
+-- lease that ran out is left in the running set (it ran out after ARGV[9], or a batch
+-- was full); handed is how many handed jobs went back untaken.
 --
 -- Why a lease must have run out by an earlier step: Redis may hold every client (a busy
 -- script, CLIENT PAUSE) past a lease, and answer the scheduler's step before the
@@ -92,9 +94,6 @@ if recover then
       local f = redis.call('HMGET', job, 'lost', 'owner', 'limit')
       free_slot(id, f[3], now, tonumber(ARGV[8]), ttl)
       local lost = math.floor(math.max(number(f[1], 0), 0)) + 1
-      if f[2] then -- handed to a worker that never took it: it must not start it late
-        drop_handed(string.match(f[2], '^(.*)/') or '', id)
-      end
       redis.call('HSET', job, 'lost', lost)
       if lost > lost_limit then
         record_outcome(id, 'FAILED', now, '', ARGV[5], ttl)
@@ -112,6 +111,26 @@ if recover then
   end
   consider(first)
 end
+
+-- Jobs handed to idle workers and not taken by the end of the hand-off's short lease
+-- (the worker died, froze, or lost the reply): back to their queue, uncounted, as they
+-- never ran. Whatever the recovery's flags, and with no grace: a worker starts a
+-- handed job only once its take has moved it to RUNNING, so none of these runs.
+local handed_back = 0
+local handed = typed(HANDED, 'zset')
+local untaken = redis.call('ZRANGEBYSCORE', handed, '-inf', now, 'LIMIT', 0, batch)
+for _, id in ipairs(untaken) do
+  redis.call('ZREM', handed, id)
+  local f = is_job(id) and redis.call('HMGET', JOB .. id, 'owner', 'status', 'limit')
+  if f and f[1] and f[2] == 'RUNNING'
+      and not redis.call('ZSCORE', typed(RUNNING, 'zset'), id) then
+    drop_handed(string.match(f[1], '^(.*)/') or '', id)
+    give_back(id, f[3], now, tonumber(ARGV[8]), ttl)
+    handed_back = handed_back + 1
+  end
+end
+full = full or #untaken == batch
+consider(redis.call('ZRANGE', handed, 0, 0, 'WITHSCORES')[2])
 
 -- Limits whose parked jobs are due a look: those with room go back to their queues
 -- (the rest wait for the next look, or for a finish to unpark them).
@@ -139,4 +158,4 @@ end
 if full then
   next = 0
 end
-return {promoted, recovered, failed, next, now, held, overdue}
+return {promoted, recovered, failed, next, now, held, overdue, handed_back}

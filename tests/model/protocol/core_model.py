@@ -98,7 +98,17 @@ class CoreModel:
             self.push_ready(job)
 
     def leave_running(self, job: Job) -> None:
-        job.owner, job.deadline = None, None
+        job.owner, job.deadline, job.handed = None, None, False
+
+    def lease_key(self, job: Job) -> str:
+        """The set that holds a RUNNING job's deadline."""
+        return self.keys.handed if job.handed else self.keys.running
+
+    def take(self, job: Job, window: tuple[int, int]) -> None:
+        """A handed job taken by its worker (its heartbeat or its claim): under the
+        worker's lease from then on."""
+        job.handed, job.deadline = False, None
+        job.deadline_window = (window[0] + self.lease_ms, window[1] + self.lease_ms)
 
     def forget_attempt(self, job: Job) -> None:
         job.attempts = max(job.attempts - 1, 0)
@@ -198,6 +208,7 @@ class CoreModel:
             self.idle.pop(worker, None)
             handed = self.handed.pop(worker, None)
             if handed is not None:
+                self.take(self.jobs[handed], window)
                 return self.jobs[handed]
         job = self.m_claim_from(queues, worker, window)
         if job is None and register and queues:
@@ -220,23 +231,38 @@ class CoreModel:
         job.deadline_window = (window[0] + self.lease_ms, window[1] + self.lease_ms)
         self.issued.append((job.id, job.owner))
 
-    def m_hand_over(self, job: Job, window: tuple[int, int]) -> bool:
-        """An enqueue hands a new job READY at once, with no limit, alone in its
-        unpaused queue, to the latest registered idle worker whose claim would take it
-        first (every queue before it in its order empty or paused)."""
-        queue = job.queue
-        if job.limit or queue in self.paused or self.queue_order(queue) != [job]:
-            return False
+    def m_hand_queued(self, new: list[Job], window: tuple[int, int]) -> int:
+        """After one enqueue call stored ``new``: for each queue it made jobs READY in
+        (in that order) that holds only those and is not paused, its first jobs go, one
+        each, to the latest registered idle workers whose claim would take them first
+        (every queue before it in their order empty or paused), until one has a
+        limit. Returns how many were handed."""
+        ids, handed = {j.id for j in new}, 0
+        for queue in dict.fromkeys(j.queue for j in new if j.place == QUEUED):
+            while queue not in self.paused:
+                ready = self.queue_order(queue)
+                if not ready or ready[0].limit or any(j.id not in ids for j in ready):
+                    break
+                worker = self.idle_worker_for(queue)
+                if worker is None:
+                    break
+                job = ready[0]
+                del self.idle[worker]
+                self.m_start(job, worker, window)
+                job.handed, job.handed_window = True, window
+                job.deadline_window = (window[0] + self.handed_ms, window[1] + self.handed_ms)
+                self.handed[worker] = job.id
+                handed += 1
+        return handed
+
+    def idle_worker_for(self, queue: str) -> str | None:
         for worker, (_, order) in sorted(self.idle.items(), key=lambda item: -item[1][0]):
             if queue not in order:
                 continue
             before = order[: order.index(queue)]
             if all(q in self.paused or not self.queue_order(q) for q in before):
-                del self.idle[worker]
-                self.m_start(job, worker, window)
-                self.handed[worker] = job.id
-                return True
-        return False
+                return worker
+        return None
 
     def m_claim_from(self, queues, worker: str, window: tuple[int, int]) -> Job | None:
         for queue in queues:
@@ -258,7 +284,10 @@ class CoreModel:
             for j in self.job_list(RUNNING)
             if j.owner is not None and j.owner.startswith(worker + "/")
         ]
-        mine.sort(key=lambda j: (j.deadline if j.deadline is not None else FAR * 1000, j.id))
+        # The running set's order, then the handed set's.
+        mine.sort(
+            key=lambda j: (j.handed, j.deadline if j.deadline is not None else FAR * 1000, j.id)
+        )
         self.idle.pop(worker, None)  # its registration ends; a job handed goes back
         self.handed.pop(worker, None)
         for job in mine:
@@ -296,7 +325,7 @@ class CoreModel:
                     assert lo <= score <= hi, f"job {job.n}: due {score} not in {job.due_window}"
                     job.due = int(score)
             elif job.place == RUNNING and job.deadline is None:
-                score = self.r.zscore(self.keys.running, job.id)
+                score = self.r.zscore(self.lease_key(job), job.id)
                 if score is not None:
                     lo, hi = job.deadline_window
                     assert lo <= score <= hi, f"job {job.n}: lease {score} not in {lo}..{hi}"

@@ -13,6 +13,7 @@ from django_redisqueue.store.wire import Claimed, NewJob, Outcome
 from tests import tasks
 from tests.model.harness import RUN
 from tests.model.protocol.records import (
+    BATCH,
     CANCEL_ERROR,
     CANCELLED,
     DELAYED,
@@ -60,9 +61,15 @@ class CoreOperations:
         enqueued = self.broker.enqueue(jobs)
         t1 = self.clock()
         assert len(enqueued) == len(jobs)
-        for job, enqueued_at in zip(jobs, enqueued, strict=True):
-            assert enqueued_at is not None and t0 <= enqueued_at <= t1
-            self.place_new(job.job_id, job.queue, job.priority, job.due_ms, t0, t1)
+        for at in range(0, len(jobs), BATCH):  # each call of the batch in turn
+            placed = []
+            for job, enqueued_at in zip(
+                jobs[at : at + BATCH], enqueued[at : at + BATCH], strict=True
+            ):
+                assert enqueued_at is not None and t0 <= enqueued_at <= t1
+                self.place_new(job.job_id, job.queue, job.priority, job.due_ms, t0, t1, hand=False)
+                placed.append(self.jobs[job.job_id])
+            RUN["handed over"] += self.m_hand_queued(placed, (t0, t1))
 
     def place_new(
         self,
@@ -73,14 +80,15 @@ class CoreOperations:
         t0: int,
         t1: int,
         limit: str | None = None,
+        hand: bool = True,
     ):
         """Model a job just stored, due at ``due`` (0: now), between t0 and t1: queued,
-        delayed, or handed to an idle worker."""
+        delayed, or (``hand``: by a call of its own) handed to an idle worker."""
         job = Job(job_id, len(self.jobs), queue, priority, limit=limit)
         self.jobs[job_id] = job
         self.place(job, due, (t0, t1))
-        if job.place == QUEUED and self.m_hand_over(job, (t0, t1)):
-            RUN["handed over"] += 1
+        if hand:
+            RUN["handed over"] += self.m_hand_queued([job], (t0, t1))
 
     def op_claim(
         self,
@@ -146,8 +154,8 @@ class CoreOperations:
         if handed is None:
             assert t0 <= int(fields["last_attempted_at"]) <= t1
         else:
-            lo, hi = job.deadline_window
-            assert lo <= int(fields["last_attempted_at"]) + self.lease_ms <= hi
+            lo, hi = job.handed_window
+            assert lo <= int(fields["last_attempted_at"]) <= hi
             RUN["handed jobs claimed"] += 1
         self.held[worker][job.id] = job.owner
         RUN["claims"] += 1
@@ -157,9 +165,10 @@ class CoreOperations:
         as idle since its last claim (its registration stands, or it was handed a job)."""
         return worker in self.idle or worker in self.handed
 
-    def op_wait(self, worker: str, order) -> None:
+    def op_wait(self, worker: str, order, take: bool = True) -> Job:
         """The worker's wait (BLPOP) returns the job handed to it, first of all the
-        lists it blocks on."""
+        lists it blocks on; ``take``: then the worker takes it (its heartbeat), as the
+        worker does before it starts it."""
         woken = self.broker.wait_for_work(order, 0.01, worker)
         job = self.jobs[self.handed.pop(worker)]
         assert isinstance(woken, Claimed), f"{worker} waited, got {woken!r}; model: job {job.n}"
@@ -168,8 +177,18 @@ class CoreOperations:
         assert int(woken.fields["attempts"]) == job.attempts == 1
         assert woken.fields["queue"] == job.queue
         assert int(woken.fields.get("priority", 0)) == job.priority
-        self.held[worker][job.id] = job.owner
         RUN["handed jobs received"] += 1
+        if take:
+            self.op_take(worker, job, job.owner)
+        return job
+
+    def op_take(self, worker: str, job: Job, token: str) -> None:
+        """The worker takes a job handed to it (``token``: its owner token then): its
+        own from now on, unless the job went back meanwhile."""
+        self.op_heartbeat(worker, {job.id: token})
+        if job.place == RUNNING and job.owner == token:
+            self.held[worker][job.id] = token
+            RUN["handed jobs taken"] += 1
 
     def op_finish(self, worker: str, outcome: Outcome) -> None:
         t0 = self.clock()
@@ -190,8 +209,7 @@ class CoreOperations:
         for job_id, token in owned.items():
             job = self.jobs.get(job_id)
             if job is not None and job.place == RUNNING and job.owner == token:
-                job.deadline = None
-                job.deadline_window = (t0 + self.lease_ms, t1 + self.lease_ms)
+                self.take(job, (t0, t1))
                 job.trace = traces.get(job_id, job.trace)
             else:
                 expected.append(job_id)
@@ -216,6 +234,7 @@ class CoreOperations:
         """``held``: the step reaches Redis after the time it may recover leases by.
         ``in_grace``: its scheduler's earlier step a grace ago ran before any lease
         ran out (the clock's start), so every lease that ran out is left for later."""
+        self.settle()  # due times and deadlines set earlier in the same rule
         before_delayed = [j for j in self.job_list(DELAYED) if j.queue in queues]
         t0 = self.clock()
         tick = self.broker.tick(
@@ -232,16 +251,18 @@ class CoreOperations:
         t1 = self.clock()
         assert tick.held == held, tick
         recover = recover and not held
-        before_running = self.job_list(RUNNING) if recover and not in_grace else []
+        running = [j for j in self.job_list(RUNNING) if not j.handed]
+        before_running = running if recover and not in_grace else []
+        # Handed jobs not taken go back whatever the recovery's flags.
+        before_handed = [j for j in self.job_list(RUNNING) if j.handed]
         pipe = self.r.pipeline(transaction=False)
         for job in before_delayed:
             pipe.zscore(self.keys.delayed(job.queue), job.id)
-        for job in before_running:
-            pipe.zscore(self.keys.running, job.id)
+        for job in before_running + before_handed:
+            pipe.zscore(self.lease_key(job), job.id)
         scores = pipe.execute()
-        moved = {
-            j.id for j, s in zip(before_delayed + before_running, scores, strict=True) if s is None
-        }
+        before = before_delayed + before_running + before_handed
+        moved = {j.id for j, s in zip(before, scores, strict=True) if s is None}
 
         def predict(now: int):
             promoted, full = [], False
@@ -254,12 +275,16 @@ class CoreOperations:
                 (j for j in before_running if j.deadline <= now), key=lambda j: (j.deadline, j.id)
             )[:batch]
             full = full or (recover and len(expired) == batch)
-            return promoted, expired, full
+            untaken = sorted(
+                (j for j in before_handed if j.deadline <= now), key=lambda j: (j.deadline, j.id)
+            )[:batch]
+            full = full or len(untaken) == batch
+            return promoted, expired + untaken, full
 
         # The tick's clock reading lies in [t0, t1]; only a due time or deadline inside
         # that window can make a difference between the instants.
         inside = {j.due for j in before_delayed if t0 < j.due <= t1}
-        inside |= {j.deadline for j in before_running if t0 < j.deadline <= t1}
+        inside |= {j.deadline for j in before_running + before_handed if t0 < j.deadline <= t1}
         instants = [t0, *sorted(inside)]
         for now in instants:
             promoted, expired, full = predict(now)
@@ -271,6 +296,8 @@ class CoreOperations:
                 f"[{t0}, {t1}] explains it (model at {t0}: "
                 f"{[j.n for j in predict(t0)[0] + predict(t0)[1]]})"
             )
+        untaken = [j for j in expired if j.handed]
+        expired = [j for j in expired if not j.handed]
         for job in promoted:
             self.push_ready(job)
         # The next due time is read before the recovery, whose failures may release
@@ -278,8 +305,6 @@ class CoreOperations:
         later = [j.due for j in self.job_list(DELAYED) if j.queue in queues]
         recovered = failed = 0
         for job in expired:
-            if job.owner is not None and self.handed.get(job.owner.split("/")[0]) == job.id:
-                del self.handed[job.owner.split("/")[0]]  # its list is cleared
             self.leave_running(job)
             self.m_free_slot(job)
             job.lost += 1
@@ -289,6 +314,13 @@ class CoreOperations:
             else:
                 self.requeue(job)
                 recovered += 1
+        for job in untaken:  # back uncounted: they never ran
+            worker = (job.owner or "").split("/")[0]
+            if self.handed.get(worker) == job.id:
+                del self.handed[worker]  # its list is cleared
+            self.leave_running(job)
+            self.forget_attempt(job)
+            self.requeue(job)
         # Then the limits whose look is due; the next look counts for the next step.
         full = self.m_tick_looks(batch) or full
         later += [score for _, score in self.r.zrange(self.keys.limits, 0, 0, withscores=True)]
@@ -296,13 +328,16 @@ class CoreOperations:
         # More cursors than live workers: a dead worker's cursor to drop.
         if recover and len(self.cursors) > len(self.heartbeats - self.silent):
             self.m_trim_broadcasts()
-        model = (len(promoted), recovered, failed)
-        assert (tick.promoted, tick.recovered, tick.failed) == model, f"{tick}, model {model}"
+        model = (len(promoted), recovered, failed, len(untaken))
+        assert (tick.promoted, tick.recovered, tick.failed, tick.handed_back) == model, (
+            f"{tick}, model {model}"
+        )
         overdue = False
+        later += [j.deadline for j in self.job_list(RUNNING) if j.handed]
         if recover:
             # A lease that ran out and is still there: the next step is due a grace
             # after this one (t0 + GRACE_MS stands for it: see the bounds below).
-            for job in self.job_list(RUNNING):
+            for job in (j for j in self.job_list(RUNNING) if not j.handed):
                 overdue = overdue or job.deadline <= t0
                 later.append(t0 + GRACE_MS if job.deadline <= t0 else job.deadline)
         assert tick.overdue == overdue, f"{tick}, model: overdue {overdue}"
@@ -321,6 +356,7 @@ class CoreOperations:
         RUN["promoted"] += len(promoted)
         RUN["recovered"] += recovered
         RUN["failed by lost leases"] += failed
+        RUN["handed jobs given back untaken"] += len(untaken)
 
     def op_cancel(self, job: Job, via_api: bool) -> None:
         t0 = self.clock()

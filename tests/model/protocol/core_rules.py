@@ -279,10 +279,54 @@ class CoreRules:
     def a_worker_stops_as_it_is_handed_a_job(self, worker, order, status, priority):
         """A worker works until it stands idle; a job is enqueued to its first queue,
         which may hand it over; the worker stops before it takes it."""
+        self.handed_to(worker, order, status, priority)
+        self.op_abandon(worker, handed_only=True)
+
+    def handed_to(self, worker, order, status, priority) -> bool:
+        """The worker works until it stands idle, and a job is enqueued to its first
+        queue: whether that job was handed to it."""
         self.work_until_idle(worker, order, status)
         if worker in self.idle:
             self.op_enqueue(self.idle[worker][1][0], priority, None, via_api=False)
-            self.op_abandon(worker, handed_only=True)
+        return worker in self.handed
+
+    @rule(
+        worker=WORKER,
+        order=ORDER,
+        status=STATUS,
+        priority=PRIORITY,
+        fate=st.sampled_from(["taken", "taken late", "reply lost"]),
+    )
+    def an_idle_worker_is_handed_a_job(self, worker, order, status, priority, fate):
+        """A job is handed to an idle worker, whose wait returns it. ``taken``: it takes
+        it at once. ``taken late``: it was frozen; it thaws and takes the job after the
+        hand-off's deadline passed and a tick gave the job back (refused: it does not
+        start it, and nothing counts the job, which never ran). ``reply lost``: the
+        wait's reply never arrives (the connection broke): the worker gives back what
+        it owns, as after a lost claim's reply, so the job runs at once, uncounted."""
+        if not self.handed_to(worker, order, status, priority):
+            return
+        job = self.op_wait(worker, QUEUES, take=False)
+        token = job.owner
+        if fate == "reply lost":
+            self.op_abandon(worker)
+            return
+        if fate == "taken late":
+            self.r.zadd(self.keys.handed, {job.id: 0}, xx=True)
+            job.deadline = 0
+            self.op_tick("s1", (), 100, False)
+        self.op_take(worker, job, token)
+
+    @rule(worker=WORKER, order=ORDER, status=STATUS, priority=PRIORITY)
+    def a_handed_job_is_never_taken(self, worker, order, status, priority):
+        """The idle worker a job was handed to died (or its wait never returned): the
+        hand-off's deadline passes, and a tick gives the job back, uncounted."""
+        if not self.handed_to(worker, order, status, priority):
+            return
+        job = self.jobs[self.handed[worker]]
+        self.r.zadd(self.keys.handed, {job.id: 0}, xx=True)
+        job.deadline = 0
+        self.op_tick("s2", QUEUES, 100, True)
 
     @rule(worker=WORKER)
     def worker_vanishes(self, worker):
@@ -297,7 +341,7 @@ class CoreRules:
         self.op_claim(worker, QUEUES, None)
         for job in self.job_list(RUNNING):
             if job.owner and job.owner.startswith(worker + "/"):
-                self.r.zadd(self.keys.running, {job.id: 0}, xx=True)
+                self.r.zadd(self.lease_key(job), {job.id: 0}, xx=True)
                 job.deadline = 0
         self.op_tick("s1", QUEUES, 100, True)
 
@@ -350,7 +394,7 @@ class CoreRules:
         past."""
         running = self.job_list(RUNNING)
         for job in running if every else [self.pick(running, pick)] if running else []:
-            self.r.zadd(self.keys.running, {job.id: 0}, xx=True)
+            self.r.zadd(self.lease_key(job), {job.id: 0}, xx=True)
             job.deadline = 0
 
     @rule(pick=PICK)

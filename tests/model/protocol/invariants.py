@@ -55,6 +55,7 @@ class InvariantChecks:
             pipe.zrange(k.failed(queue), 0, -1, withscores=True)
             pipe.llen(k.wake(queue))
         pipe.zrange(k.running, 0, -1, withscores=True)
+        pipe.zrange(k.handed, 0, -1, withscores=True)
         pipe.smembers(k.paused)
         pipe.llen(k.scheduler_wake)
         jobs = list(self.jobs.values())
@@ -104,14 +105,17 @@ class InvariantChecks:
                 f"failed:{queue} {self.names(dict(failed))}, model {self.names(model_failed)}"
             )
             assert wake <= 1, f"wake:{queue} holds {wake} tokens"
-        running = dict(next(replies))
-        model_running = {j.id: j.deadline for j in self.job_list(RUNNING)}
-        assert running == model_running, (
-            f"running {self.names(running)} {running}, model {self.names(model_running)} "
-            f"{model_running}"
-        )
-        for member in running:
-            where.setdefault(member, []).append("running")
+        for name in ("running", "handed"):
+            leases = dict(next(replies))
+            model_leases = {
+                j.id: j.deadline for j in self.job_list(RUNNING) if j.handed == (name == "handed")
+            }
+            assert leases == model_leases, (
+                f"{name} {self.names(leases)} {leases}, model {self.names(model_leases)} "
+                f"{model_leases}"
+            )
+            for member in leases:
+                where.setdefault(member, []).append(name)
         assert next(replies) == self.paused
         assert next(replies) <= 1, "more than one scheduler wake-up token"
 
@@ -176,7 +180,7 @@ class InvariantChecks:
         expected_places = {
             QUEUED: [f"queue:{job.queue}"],
             DELAYED: [f"delayed:{job.queue}"],
-            RUNNING: ["running"],
+            RUNNING: ["handed" if job.handed else "running"],
         }.get(job.place, [])
         assert places == expected_places, f"{name} is in {places}; model: {job.place}"
         assert done == job.done, f"{name}: done list {done}, model {job.done}"
@@ -322,7 +326,8 @@ class InvariantChecks:
         running set, the cursors), jobs that have not ended and groups sealed but not
         ended live without a TTL."""
         k = self.keys
-        kept = [k.seq, k.running, k.scheduler_wake, k.paused, k.workers, k.schedulers]
+        kept = [k.seq, k.running, k.handed, k.scheduler_wake, k.paused, k.workers]
+        kept += [k.schedulers]
         kept += [k.known_queues, k.broadcast_seq, k.broadcast_cursors]
         for queue in QUEUES:
             kept += [k.queue(queue), k.wake(queue), k.delayed(queue)]

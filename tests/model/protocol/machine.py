@@ -63,6 +63,7 @@ class ProtocolMachine(
         self.received: dict[str, set[int]] = {w: set() for w in WORKERS}
         self.to_report: dict[str, list[int]] = {w: [] for w in WORKERS}
         self.lease_ms = self.broker.lease_ms
+        self.handed_ms = self.broker.handed_ms
         self.last_clock = 0
         self.last_claim = 0  # Redis's clock after the last claim
         self.init_limits()

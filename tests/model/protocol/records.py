@@ -142,6 +142,10 @@ class Job:
     due_window: tuple[int, int] = (0, 0)
     deadline: int | None = None  # when RUNNING: the lease deadline (ms)
     deadline_window: tuple[int, int] = (0, 0)
+    # RUNNING, handed to an idle worker and not yet taken: in the handed set, its
+    # deadline the hand-off's; the window of the enqueue that handed it.
+    handed: bool = False
+    handed_window: tuple[int, int] = (0, 0)
     owner: str | None = None  # its fencing token while RUNNING, else None
     # The token of its last claim: its hash keeps it once the job leaves RUNNING (one
     # command less a finish), where it fences nothing, as only a RUNNING job is owned.

@@ -13,9 +13,12 @@
 -- HANDOFF..worker, the first list the worker's wait blocks on. The hand-off ends the
 -- registration: at most one job waits in a worker's hand-off list, and the worker's
 -- next claim takes it first if its wait has not (take_handed). Its other queues'
--- entries are stale, dropped when met. The job is RUNNING under the worker's lease
--- from the hand-off on: a worker that dies before it takes it loses it as it would a
--- job it claimed, and recovery (tick) or a give-back (abandon) clears the list.
+-- entries are stale, dropped when met. The job is RUNNING from the hand-off on, but
+-- in HANDED, under a short lease of its own, not in RUNNING: the worker starts it only
+-- once it has taken it (its heartbeat, or its next claim, moves it to RUNNING under
+-- the worker's lease), so a worker that is dead, frozen or whose reply was lost never
+-- starts it late, and the tick gives it back uncounted when that short lease runs out
+-- (it never ran). A give-back (abandon) or that tick clears the list.
 
 -- The fields a claim reads: the status first (a job that has ended is skipped), then
 -- what the worker needs to run the job.
@@ -29,21 +32,19 @@ local REPLIED = 11
 -- Start the job `id` (its READ fields as read: `fields`) for `worker`: RUNNING under a
 -- lease, its attempt counted, and `score`, its place in its queue, kept in its hash
 -- for a give-back or a recovery to put it back there (running.lua's requeue).
--- `extra`: more fields to write in the same HSET. Returns the claim's reply:
--- {id, owner, field, value, ...}, the job's fields as the worker reads them.
-local function start_job(id, fields, score, worker, lease, now, extra)
+-- `leases`: the set that holds its lease (RUNNING, or HANDED for a job handed over).
+-- Returns the claim's reply: {id, owner, field, value, ...}, the job's fields as the
+-- worker reads them.
+local function start_job(id, fields, score, worker, lease, now, leases)
   local job = JOB .. id
   local attempts = math.floor(math.max(number(fields[3], 0), 0)) + 1
   local owner = worker .. '/' .. attempts
   local workers = fields[4] and (fields[4] .. ',' .. worker) or worker
   local started = fields[7] or now
-  zadd(RUNNING, now + lease, id)
+  zadd(leases or RUNNING, now + lease, id)
   local written = {'status', 'RUNNING', 'owner', owner, 'attempts', attempts,
                    'workers', workers, 'last_attempted_at', now, 'started_at', started,
                    'score', score}
-  for _, value in ipairs(extra or {}) do
-    written[#written + 1] = value
-  end
   redis.call('HSET', job, unpack(written))
   local reply = {id, owner, 'status', 'RUNNING', 'attempts', attempts, 'workers', workers,
                  'last_attempted_at', now, 'started_at', started}
@@ -121,23 +122,16 @@ local function first_for(order, queue)
   return false -- its registration no longer names the queue
 end
 
--- The idle worker to hand a new job of `queue` to, or nil: the latest registered whose
--- registration stands and whose claim would take the job first, when the queue holds
--- no job (the new one would be first) and is not paused. Stale entries met go. The
--- latest, not the longest idle: a worker killed while idle keeps its registration for
--- its ttl, and live idle workers register again every few seconds, so the dead one is
--- soon the oldest, and is picked only when no live worker stands idle.
+-- The idle worker to hand the first job of `queue` to, or nil: the latest registered
+-- whose registration stands and whose claim would take that job first. Stale entries
+-- met go. The latest, not the longest idle: a worker killed while idle keeps its
+-- registration for its ttl, and live idle workers register again every few seconds,
+-- so the dead one is soon the oldest, and is picked only when no live worker stands
+-- idle.
 local function idle_worker_for(queue)
   local idle = IDLE .. queue
-  if redis.call('EXISTS', idle) == 0 then -- most enqueues: no worker idle, a cheap look
-    return nil
-  end
   local entries = redis.pcall('ZREVRANGE', idle, 0, IDLE_LOOKS - 1, 'WITHSCORES')
-  if failed(entries) or #entries == 0 then
-    return nil
-  end
-  local waiting = redis.pcall('ZCARD', QUEUE .. queue)
-  if failed(waiting) or waiting > 0 or is_paused(queue) then
+  if failed(entries) then
     return nil
   end
   for i = 1, #entries, 2 do
@@ -156,13 +150,18 @@ local function idle_worker_for(queue)
   return nil
 end
 
--- Hand the new job `id` (its hash holds what the enqueue wrote: `fields`, as READ
--- reads them) to the idle `worker`: started under its lease, its claim's reply on the
--- worker's hand-off list. The registration ends.
-local function hand_over(id, fields, score, worker, queue, lease, now, extra)
+-- Hand the job `id` (its hash's READ fields: `fields`; its queue score: `score`) to
+-- the idle `worker`: started in HANDED under the hand-off's short `lease`, its claim's
+-- reply on the worker's hand-off list. The registration ends. A scheduler asleep
+-- learns of the first deadline in HANDED: it gives the job back then, if the worker
+-- has not taken it.
+local function hand_over(id, fields, score, worker, queue, lease, now)
   end_registration(worker)
   redis.call('ZREM', IDLE .. queue, worker)
-  local reply = start_job(id, fields, score, worker, lease, now, extra)
+  local reply = start_job(id, fields, score, worker, lease, now, typed(HANDED, 'zset'))
+  if redis.call('ZCARD', HANDED) == 1 then
+    leave_wake_token(SCHEDULER_WAKE)
+  end
   for i, value in ipairs(reply) do
     if type(value) == 'number' then
       reply[i] = string.format('%.0f', value) -- cjson would print 14 digits
@@ -173,8 +172,40 @@ local function hand_over(id, fields, score, worker, queue, lease, now, extra)
   redis.call('PEXPIRE', handoff, lease)
 end
 
--- A recovered job (tick) or one given back (abandon) that was handed to `worker` and
--- not yet taken leaves its hand-off list: the worker must not start it.
+-- After an enqueue added `added` jobs to `queue`: if they are all it holds (it was
+-- empty) and it is not paused, hand its first jobs, in its order, to the idle workers
+-- whose claim would take them, one each, until none is left or the first has a limit
+-- (its claim decides whether it may start). Returns how many jobs the queue holds
+-- then. Most enqueues find no worker idle on the queue: one command.
+local function hand_queued(queue, added, lease, now)
+  local key = QUEUE .. queue
+  if redis.call('EXISTS', IDLE .. queue) == 0 then
+    return added
+  end
+  local waiting = redis.call('ZCARD', key)
+  if waiting ~= added or is_paused(queue) then
+    return waiting
+  end
+  while waiting > 0 do
+    local worker = idle_worker_for(queue)
+    if not worker then
+      break
+    end
+    local popped = redis.call('ZPOPMIN', key)
+    local id, score = popped[1], popped[2]
+    local fields = redis.call('HMGET', JOB .. id, unpack(READ))
+    if fields[12] then -- a job with a limit: left for a claim
+      redis.call('ZADD', key, score, id)
+      break
+    end
+    hand_over(id, fields, score, worker, queue, lease, now)
+    waiting = waiting - 1
+  end
+  return waiting
+end
+
+-- A job handed to `worker` and not yet taken, given back (tick, abandon), leaves its
+-- hand-off list: the worker must not start it.
 local function drop_handed(worker, id)
   local handoff = HANDOFF .. worker
   local entry = redis.pcall('LINDEX', handoff, 0)

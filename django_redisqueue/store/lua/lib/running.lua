@@ -104,6 +104,17 @@ local function free_slot(id, key, now, lease, ttl)
   end
 end
 
+-- A job given back unfinished, or handed to a worker that never took it: out of
+-- RUNNING and HANDED, its slot under its limit (`limit`, its key) freed, its attempt
+-- forgotten (it does not count), back to its place in its queue.
+local function give_back(id, limit, now, lease, ttl)
+  redis.call('ZREM', RUNNING, id)
+  redis.pcall('ZREM', HANDED, id) -- of another type (written by hand): the job is in none
+  free_slot(id, limit, now, lease, ttl)
+  forget_attempt(JOB .. id)
+  requeue(id, now, ttl)
+end
+
 -- Whether `fields` (a job's HMGET of 'owner', 'status', ...) say `token` owns the job:
 -- the token of its latest claim, while it runs. The hash keeps a token once the job
 -- stops running (no command spent on dropping it), where it fences nothing.
