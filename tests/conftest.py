@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from unittest.mock import patch
 
@@ -15,6 +16,7 @@ import pytest
 import redis
 from django.test import override_settings
 
+from django_redisqueue.store.gateway import Gateway
 from tests.servers import RedisServer
 from tests.topologies import RedisClusterGroup
 from tests.topology import (
@@ -52,6 +54,16 @@ def _utf8(text: str) -> str:
     """``text`` with lone surrogates escaped: fuzz tests log them, and pytest-xdist
     cannot send them from its workers."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@contextmanager
+def clock_at(moment: datetime | int) -> Iterator[int]:
+    """Redis's clock as this process reads it (``Gateway.clock_ms``: a dashboard page's
+    "now", the periodic page's next runs, queuehealth's ages) stopped at ``moment`` (a
+    datetime or ms); yields it in ms. Scripts still read Redis's own clock."""
+    at_ms = moment if isinstance(moment, int) else int(moment.timestamp() * 1000)
+    with patch.object(Gateway, "clock_ms", return_value=at_ms):
+        yield at_ms
 
 
 @pytest.hookimpl(hookwrapper=True)

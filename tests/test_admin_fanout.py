@@ -12,7 +12,7 @@ from django_redisqueue import broadcast, chain, group
 from django_redisqueue.compat import TaskResultStatus
 from django_redisqueue.store.gateway import now_ms
 from tests import tasks
-from tests.conftest import run_worker_here, user
+from tests.conftest import clock_at, run_worker_here, user
 from tests.test_admin import BASE
 
 pytestmark = pytest.mark.django_db
@@ -156,7 +156,7 @@ def test_the_job_page_shows_its_group_what_it_runs_after_and_whether_it_waits(vi
     assert f"every member of group {link} (its callback), which has not ended yet" in callback
 
 
-def test_the_broadcasts_page_lists_messages_and_what_each_worker_did(viewer, backend):
+def test_the_broadcasts_page_lists_messages_and_what_each_worker_did(viewer, backend, r):
     broker = backend.broker
     for worker in ("worker-a", "worker-b"):
         broker.heartbeat(worker, {"queues": "default"}, {})  # alive: it reads what comes next
@@ -168,12 +168,23 @@ def test_the_broadcasts_page_lists_messages_and_what_each_worker_did(viewer, bac
     broker.receive("worker-b", ["default"])
     assert [number for number, _ in taken] == [reload, broken]
 
-    listed = rows(viewer.get(BASE + "broadcasts/").text, "drq-broadcasts")
+    def listed_at(at_ms):
+        """The page read with Redis's clock pinned at ``at_ms``."""
+        with clock_at(at_ms):
+            return rows(viewer.get(BASE + "broadcasts/").text, "drq-broadcasts")
+
+    def ran_at(worker):
+        """When ``worker`` stored what it did with the reload message (ms, Redis's)."""
+        stored = r.hget(backend.keys.broadcast_message(reload), f"ran:{worker}")
+        return int(stored.split()[1])
+
+    listed = listed_at(ran_at("worker-a") + 400)
     assert [row.split()[0] for row in listed] == [str(broken), str(only_low), str(reload)]
     assert "? payload is not valid JSON" in listed[0] and "worker-a: FAILED, just now" in listed[0]
     assert 'tests.tasks.record "low" low no worker yet' in listed[1]
     assert 'tests.tasks.record "reload" every queue worker-a: SUCCESSFUL, just now' in listed[2]
-    assert "worker-b: RUNNING, just now" in listed[2]
+    assert "worker-b: RUNNING, just now" in listed_at(ran_at("worker-b") + 400)[2]
+    assert "worker-a: FAILED, 2 seconds ago" in listed_at(ran_at("worker-a") + 2_000)[0]
 
 
 def test_values_read_from_redis_are_escaped_on_the_fanout_pages(manager, backend, r):

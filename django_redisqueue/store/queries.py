@@ -335,19 +335,26 @@ class Queries(Gateway):
         finally:
             connection.disconnect()
 
-    def head_waits(self, queues: Sequence[str]) -> dict[str, float | None]:
+    def head_waits(
+        self, queues: Sequence[str], now_ms: int | None = None
+    ) -> dict[str, float | None]:
         """For each queue, the seconds (by Redis's clock) its next job has waited since
         it could first run: since the latest of its enqueue, its ``run_after`` and the
         start of its last attempt. None for an empty queue; 0.0 for a job that records
-        none of those times (fields holding garbage count as absent). Two round trips."""
+        none of those times (fields holding garbage count as absent). Two round trips.
+        ``now_ms``: Redis's clock as the caller read it (``clock_ms``, which a test can
+        pin), else read here in the first round trip."""
         if not queues:
             return {}
         pipe = self._pipeline(transaction=False)
-        pipe.time()
+        if now_ms is None:
+            pipe.time()
         for queue in queues:
             pipe.zrange(self.keys.queue(queue), 0, 0)
-        clock, *heads = self._replies(pipe)
-        now_ms = int(clock[0]) * 1000 + int(clock[1]) // 1000
+        heads = self._replies(pipe)
+        if now_ms is None:
+            clock = heads.pop(0)
+            now_ms = int(clock[0]) * 1000 + int(clock[1]) // 1000
         head_ids = {
             queue: text(members[0]) or ""
             for queue, members in zip(queues, heads, strict=True)

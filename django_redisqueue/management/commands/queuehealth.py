@@ -279,7 +279,7 @@ class Probe:
             )
             checks.append(self.scheduler_check(schedulers, now))
         if self.max_wait:
-            checks += self.wait_checks(queues, counts, queries.head_waits(queues))
+            checks += self.wait_checks(queues, counts, queries.head_waits(queues, now))
         return checks
 
     def here(self, processes: list[Live]) -> list[Live]:
