@@ -7,7 +7,9 @@
 # make demo: set up .venv-demo (the package and the newest Django, nothing of the dev
 #   toolchain, and OpenTelemetry's SDK) and run the example project (web server,
 #   worker, scheduler, Redis), which prints the traces of its requests and jobs.
-# make docs: build the documentation site into docs/_build/html, warnings as errors.
+# make docs: set up .venv-docs (Sphinx and the package, nothing else: no apt-get, no
+#   MariaDB headers, no Redis) and build the documentation site into docs/_build/html,
+#   warnings as errors.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -19,7 +21,7 @@ BIN := $(VENV)/bin
 $(VENV)/.installed: pyproject.toml | test-packages
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip uv
-	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev,django52,hiredis,docs]'
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev,django52,hiredis]'
 	touch $@
 
 # redis-server runs the tests' private Redis; libmariadb-dev builds mysqlclient; Debian's
@@ -60,11 +62,21 @@ check: system-packages
 	$(MAKE) --no-print-directory docs
 	$(BIN)/nox
 
+# The docs' own venv: Sphinx, and the package for autodoc to import (Django 5.2 and the
+# backport, which run on every Python the package supports).
+DOCS_VENV := .venv-docs
+
+$(DOCS_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/pip install --quiet --upgrade pip uv
+	$(DOCS_VENV)/bin/uv pip install --quiet --python $(DOCS_VENV)/bin/python -e '.[docs,django52]'
+	touch $@
+
 # Sphinx, from a clean build: -W warnings are errors (--keep-going lists them all), -n
 # every reference must resolve. Seconds.
-docs: $(VENV)/.installed
+docs: $(DOCS_VENV)/.installed
 	rm -rf docs/_build
-	$(BIN)/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
+	$(DOCS_VENV)/bin/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
 	@echo "docs: open docs/_build/html/index.html"
 
 # The demo's own venv: the package (with cron and hiredis) and the newest Django, which

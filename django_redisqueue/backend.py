@@ -121,8 +121,8 @@ class RedisQueueBackend(OutboxRelay, BaseTaskBackend):
         return KeySchema.for_backend(self.config.key_prefix)
 
     def get_client(self) -> Client:
-        """Return a Redis client: the django-redis cache's, one made from the URL (a
-        server, or a node of a cluster), or a Sentinel master's."""
+        """Return a Redis client: on a Redis cache's pool (Django's or django-redis's),
+        one made from the URL (a server, or a node of a cluster), or a Sentinel master's."""
         return make_client(self.config)
 
     def connect(self) -> Broker:

@@ -111,14 +111,25 @@ def test_each_problem_has_its_id_and_the_same_text_as_the_error(params, check_id
     assert str(validate("default", conf)[0]) == str(raised.value)
 
 
-def test_a_connection_that_is_not_a_django_redis_cache():
-    caches = {"other": {"BACKEND": "django.core.cache.backends.redis.RedisCache"}}
+def test_a_connection_that_is_not_a_redis_cache():
+    caches = {"other": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     conf = {"BACKEND": BACKEND, "OPTIONS": {"CONNECTION": "other"}}
     with override_settings(TASKS={"default": conf}, CACHES={**caches, "default": caches["other"]}):
         messages = our_messages()
     assert [m.id for m in messages] == ["django_redisqueue.E007"]
-    assert "not a django-redis one" in messages[0].msg
+    assert "not a Redis one" in messages[0].msg
+    assert "django.core.cache.backends.redis.RedisCache" in messages[0].hint
     assert "django_redis.cache.RedisCache" in messages[0].hint
+
+
+@pytest.mark.parametrize(
+    "cache", ["django.core.cache.backends.redis.RedisCache", "django_redis.cache.RedisCache"]
+)
+def test_a_connection_to_a_redis_cache_of_django_or_django_redis_passes(cache):
+    caches = {"default": {"BACKEND": cache, "LOCATION": "redis://127.0.0.1:6379/0"}}
+    conf = {"BACKEND": BACKEND, "OPTIONS": {"CONNECTION": "default"}}
+    with override_settings(TASKS={"default": conf}, CACHES=caches):
+        assert our_messages() == []
 
 
 def test_other_backends_are_left_alone():

@@ -10,6 +10,7 @@ import io
 import re
 import shlex
 import sys
+import tomllib
 import types
 import unittest
 from pathlib import Path
@@ -21,6 +22,7 @@ from django.core.management import load_command_class
 from django.core.management.base import BaseCommand, CommandError
 from django.test import override_settings
 from django.utils.module_loading import import_string
+from packaging.requirements import Requirement
 
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.core.conf import OPTION_NAMES, PERIODIC_FIELDS, validate
@@ -217,3 +219,13 @@ def test_the_readme_links_lead_to_pages_and_their_headings():
             broken.append(target)
     assert not broken
     assert slug("`REPLICA_ACKS`") == "replica_acks"  # how pages name their anchors
+
+
+@pytest.mark.pure
+def test_the_django52_extra_keeps_django_5_2_as_the_readme_says():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extra = [Requirement(line) for line in project["optional-dependencies"]["django52"]]
+    [django_pin] = [r.specifier for r in extra if r.name == "django"]
+    assert django_pin.contains("5.2.19") and not django_pin.contains("6.0")
+    assert {r.name for r in extra} == {"django", "django-tasks"}
+    assert "`django>=5.2,<6`" in README.read_text()

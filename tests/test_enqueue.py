@@ -3,6 +3,8 @@
 import re
 
 import pytest
+from django.conf import settings
+from django.core.cache import caches
 from django.test import override_settings
 
 from django_redisqueue import RedisTask, RedisTaskResult
@@ -116,6 +118,33 @@ def test_a_django_redis_connection_alias_works(r):
     result = tasks.add.using(backend="cached").enqueue(1, 2)
     assert r.zrange(CACHED_KEYS.queue("default"), 0, -1) == [result.id]
     assert task_backends["cached"].get_result(result.id).args == [1, 2]
+
+
+@not_on_cluster  # Django's Redis cache serves no cluster
+def test_a_django_redis_cache_alias_shares_its_connection_pool(r):
+    cache = {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": settings.CACHES["default"]["LOCATION"],
+    }
+    backend_settings = {
+        "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {"CONNECTION": "django"},
+    }
+    with override_settings(
+        CACHES={**settings.CACHES, "django": cache},
+        TASKS={**settings.TASKS, "django-cache": backend_settings},
+    ):
+        backend = task_backends["django-cache"]
+        django_cache = caches["django"]
+        client = backend.get_client()
+        assert client.connection_pool is django_cache._cache.get_client(write=True).connection_pool
+        result = tasks.add.using(backend="django-cache").enqueue(1, 2)
+        assert r.zrange(backend.keys.queue("default"), 0, -1) == [result.id]
+        django_cache.set("shared", "yes")  # the cache goes on working beside the queue
+        run_worker_here(backend)
+        assert backend.get_result(result.id).return_value == 3
+        assert django_cache.get("shared") == "yes"
 
 
 @pytest.mark.parametrize(

@@ -4,13 +4,15 @@ blocks written into it as the page says (``<!-- file: PATH -->`` is a file's who
 content, ``<!-- append: PATH -->`` goes at its end, ``<!-- alternative append: PATH
 -->`` in a second run), only the Redis URL made the test's own; then ``check``,
 ``migrate``, a request to the page's view, ``runworker --burst`` and
-``runscheduler --burst``, the job's result through the view and on the dashboard."""
+``runscheduler --burst``, the job's result through the view and on the dashboard, and a
+404 from the view for a job id Redis does not know."""
 
 import json
 import os
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import django
@@ -81,6 +83,7 @@ def new_project(folder: Path, page: Path, *, alternative: bool = False) -> None:
         code = block.code.replace(PAGE_URL, os.environ["REDISQUEUE_TEST_URL"])
         if django.VERSION < (6, 0):
             code = code.replace(BACKPORT, BACKPORT.removeprefix("# "))
+            code = code.replace("django.tasks", "django_tasks")
         if how == "file":
             target.write_text(code)
         else:
@@ -101,6 +104,9 @@ for url in {urls!r}:
     response = client.get(url)
     assert response.status_code == 200, (url, response)
     print("json", json.dumps(response.json()))
+for url in {missing!r}:
+    response = client.get(url)
+    print("json", json.dumps(response.status_code))
 for job_id in {dashboard!r}:
     client.force_login(User.objects.create_superuser("admin", "admin@example.com", "pw"))
     page = client.get(reverse("admin:redisqueue_job", args=["default", job_id]))
@@ -109,10 +115,14 @@ for job_id in {dashboard!r}:
 """
 
 
-def get(folder: Path, *urls: str, dashboard: tuple[str, ...] = ()) -> list:
-    """The JSON of each of ``urls``; then, for each job of ``dashboard``, whether its
-    page on the dashboard shows it SUCCESSFUL."""
-    output = manage(folder, "shell", "-c", REQUESTS.format(urls=urls, dashboard=dashboard))
+def get(
+    folder: Path, *urls: str, missing: tuple[str, ...] = (), dashboard: tuple[str, ...] = ()
+) -> list:
+    """The JSON of each of ``urls``; then the status code of each of ``missing``; then,
+    for each job of ``dashboard``, whether its page on the dashboard shows it
+    SUCCESSFUL."""
+    requests = REQUESTS.format(urls=urls, missing=missing, dashboard=dashboard)
+    output = manage(folder, "shell", "-c", requests)
     return [json.loads(line) for line in re.findall(r"^json (.*)$", output, re.M)]
 
 
@@ -133,8 +143,13 @@ def test_the_readme_quick_start_works_in_a_new_project(tmp_path, alternative):
     [started] = get(tmp_path, "/count/?text=hello+world")
     assert started["status"] == "READY"
     run_workers(tmp_path)
-    finished = get(tmp_path, f"/jobs/{started['job']}/", dashboard=(started["job"],))
-    assert finished == [{"status": "SUCCESSFUL", "words": 2}, True]
+    finished = get(
+        tmp_path,
+        f"/jobs/{started['job']}/",
+        missing=(f"/jobs/{uuid.uuid4()}/", "/jobs/no-such-job/"),
+        dashboard=(started["job"],),
+    )
+    assert finished == [{"status": "SUCCESSFUL", "words": 2}, 404, 404, True]
 
 
 def test_the_tutorial_works_in_a_new_project(tmp_path):
@@ -150,8 +165,14 @@ def test_the_tutorial_works_in_a_new_project(tmp_path):
     manage(tmp_path, "shell", "-c", later.code)
     run_workers(tmp_path)
     assert '{"status": "SUCCESSFUL", "greeting": "Hello, Ada!"}' in tutorial
-    greeting, failure = get(tmp_path, f"/jobs/{greeted['job']}/", f"/jobs/{failed['job']}/")
+    greeting, failure, unknown = get(
+        tmp_path,
+        f"/jobs/{greeted['job']}/",
+        f"/jobs/{failed['job']}/",
+        missing=(f"/jobs/{uuid.uuid4()}/",),
+    )
     assert greeting == {"status": "SUCCESSFUL", "greeting": "Hello, Ada!"}
+    assert unknown == 404
     assert failure == {"status": "FAILED", "greeting": None}
     stats = manage(tmp_path, "queuestats", "--json")
     assert '"delayed": 1' in stats, stats

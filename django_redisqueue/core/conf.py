@@ -20,6 +20,8 @@ from django_redisqueue.exceptions import ConfigurationError
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
 
+# The caches whose connection pool CONNECTION shares: Django's own and django-redis's.
+DJANGO_CACHE = "django.core.cache.backends.redis.RedisCache"
 DJANGO_REDIS_CACHE = "django_redis.cache.RedisCache"
 
 
@@ -28,7 +30,7 @@ class Options:
     """Everything a backend reads from its settings, with defaults."""
 
     queues: tuple[str, ...]  # empty: any queue name is valid
-    connection: str | None = None  # a django-redis CACHES alias
+    connection: str | None = None  # a CACHES alias: Django's Redis cache or django-redis's
     url: str | None = None
     key_prefix: str = ""
     result_ttl: int = 24 * 3600  # seconds a finished job's result is kept
@@ -189,10 +191,10 @@ def _value_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
                 "E005",
                 f"{where} sets {'both ' if len(chosen) == 2 else ''}"
                 f"{', '.join(chosen[:-1])} and {chosen[-1]}.",
-                "Keep one of them: CONNECTION reuses a django-redis cache's connection pool "
-                "(which may itself use Sentinel), URL names one server (or, with CLUSTER, a "
-                "node of a cluster), SENTINELS names the sentinels of a master, "
-                "CLUSTER_NODES names nodes of a cluster.",
+                "Keep one of them: CONNECTION reuses a Redis cache's connection pool "
+                "(Django's, or django-redis's, which may itself use Sentinel), URL names "
+                "one server (or, with CLUSTER, a node of a cluster), SENTINELS names the "
+                "sentinels of a master, CLUSTER_NODES names nodes of a cluster.",
             )
         )
     elif raw.get("CONNECTION") is not None:
@@ -273,7 +275,7 @@ def _topology_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
                 "E008",
                 f"{where} sets CLUSTER with {'SENTINELS' if sentinels else 'CONNECTION'}.",
                 "A Redis Cluster is named by URL (any one of its nodes); a cluster has no "
-                "sentinels, and django-redis serves no cluster.",
+                "sentinels, and neither Django's Redis cache nor django-redis serves one.",
             )
         )
     if raw.get("CLIENT_KWARGS") and raw.get("CONNECTION"):
@@ -472,24 +474,24 @@ def _connection_problems(where: str, alias: Any) -> list[Problem]:
 
     caches = getattr(settings, "CACHES", {})
     hint = (
-        f"Name a CACHES alias whose BACKEND is {DJANGO_REDIS_CACHE!r} (django-redis), "
-        "or set URL instead."
+        f"Name a CACHES alias whose BACKEND is {DJANGO_CACHE!r} (Django's) or "
+        f"{DJANGO_REDIS_CACHE!r} (django-redis), or set URL instead."
     )
     if not isinstance(alias, str) or alias not in caches:
         return [Problem("E007", f"{where}['CONNECTION'] {alias!r} is not in CACHES.", hint)]
     backend = caches[alias].get("BACKEND", "")
     try:
-        from django_redis.cache import RedisCache
-
         cache_class = import_string(backend)
-        if isinstance(cache_class, type) and issubclass(cache_class, RedisCache):
+        redis_caches = tuple(map(import_string, (DJANGO_CACHE, DJANGO_REDIS_CACHE)))
+        if isinstance(cache_class, type) and issubclass(cache_class, redis_caches):
             return []
     except ImportError:
         pass
     return [
         Problem(
             "E007",
-            f"{where}['CONNECTION'] is {alias!r}, a {backend!r} cache: not a django-redis one.",
+            f"{where}['CONNECTION'] is {alias!r}, a {backend!r} cache: not a Redis one "
+            "(Django's or django-redis's).",
             hint,
         )
     ]

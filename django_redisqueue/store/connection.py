@@ -1,6 +1,6 @@
 """The redis-py client of a backend: one server, a master watched by Redis Sentinel, or
 a Redis Cluster, as ``OPTIONS`` say (``CONNECTION``, ``URL``, ``SENTINELS``,
-``CLUSTER``, ``CLUSTER_NODES``). Only clients are made here; every command goes
+``CLUSTER``, ``CLUSTER_NODES``), or a Redis cache's. Only clients are made here; every command goes
 through ``broker.py``.
 
 After a failover the clients follow the new master on their own: a Sentinel client
@@ -25,9 +25,7 @@ Client = redis.Redis | RedisCluster
 def make_client(options: Options) -> Client:
     """Return the client that ``options`` describe."""
     if options.connection:
-        from django_redis import get_redis_connection
-
-        return get_redis_connection(options.connection)
+        return cache_client(options.connection)
     kwargs = dict(options.client_kwargs or {})
     if options.sentinels:
         sentinel = Sentinel(
@@ -41,6 +39,21 @@ def make_client(options: Options) -> Client:
     if options.cluster:
         return RedisCluster.from_url(options.redis_url, **kwargs)
     return redis.Redis.from_url(options.redis_url, **kwargs)
+
+
+def cache_client(alias: str) -> redis.Redis:
+    """A client on the connection pool of the Redis cache ``CACHES[alias]``: Django's
+    own (to the first server of its LOCATION, where the cache writes) or django-redis's."""
+    from django.core.cache import caches
+    from django.core.cache.backends.redis import RedisCache
+
+    cache = caches[alias]
+    if isinstance(cache, RedisCache):
+        # Django gives no public way to its client; _cache is the one its methods use.
+        return cache._cache.get_client(None, write=True)
+    from django_redis import get_redis_connection
+
+    return get_redis_connection(alias)
 
 
 def describe(client: Client) -> str:
