@@ -4,13 +4,16 @@ on first use and again whenever Redis has lost them, in single calls and in pipe
 
 from __future__ import annotations
 
+import pathlib
+import shutil
+
 import pytest
 import redis
 
 from django_redisqueue.core.jobs import SUCCESSFUL
 from django_redisqueue.store import scripts
 from django_redisqueue.store.broker import Broker
-from django_redisqueue.store.calls import has_no_functions, is_missing
+from django_redisqueue.store.calls import has_no_functions, is_missing, library_name
 from django_redisqueue.store.keys import KeySchema
 from django_redisqueue.store.wire import NewJob, Outcome
 from tests.conftest import not_on_cluster
@@ -153,3 +156,63 @@ def test_one_library_serves_backends_of_different_prefixes(own_server):
     assert client.hget("{drq:one}:job:job2", "status") == SUCCESSFUL
     assert client.hget("{drq:two}:job:job1", "status") == SUCCESSFUL
     assert not client.exists("{drq:two}:job:job0")
+
+
+def libraries(client: redis.Redis) -> set[str]:
+    """The names of this app's Functions libraries on the server."""
+    return {library_name(entry) for entry in client.function_list(library="drq_*")}
+
+
+def an_older_version(tmp_path, broker: Broker) -> Broker:
+    """A broker on the same server whose scripts differ from this version's (as a
+    process of an earlier release would run): every library named otherwise."""
+    lua = tmp_path / "lua"
+    shutil.copytree(pathlib.Path(scripts.__file__).parent / "lua", lua)
+    for path in lua.glob("*.lua"):
+        path.write_text(path.read_text() + "-- an earlier release\n")
+    older = Broker(broker.client, broker.keys, lease=30, result_ttl=60)
+    older.scripts.scripts = scripts.load(lua)
+    return older
+
+
+@pytest.mark.skipif(WITHOUT_FUNCTIONS, reason="this server has no Functions")
+def test_the_libraries_of_other_versions_go_and_a_process_still_using_one_loads_it_again(
+    own_server, tmp_path
+):
+    broker, client = broker_of(own_server)
+    older = an_older_version(tmp_path, broker)
+    round_trip(older, "a")
+    round_trip(broker, "b")
+    current = {script.function for script in broker.scripts.scripts.values()}
+    theirs = {script.function for script in older.scripts.scripts.values()}
+    loaded = libraries(client)
+    assert {"drq_enqueue", "drq_claim"} <= {name.rsplit("_", 1)[0] for name in loaded}
+    assert loaded & theirs and not current & theirs
+
+    assert set(broker.scripts.prune()) == loaded & theirs
+    left = libraries(client)
+    assert left == loaded & current
+    assert broker.scripts.prune() == []
+    round_trip(older, "c")  # its Functions gone: loaded again, one round trip more
+    round_trip(broker, "d")
+
+
+@pytest.mark.parametrize("own_server", [NO_FUNCTIONS], indirect=True)
+def test_a_redis_without_functions_has_no_library_to_prune(own_server):
+    broker, _ = broker_of(own_server)
+    round_trip(broker, "a")
+    assert broker.scripts.prune() == []
+
+
+@pytest.mark.skipif(WITHOUT_FUNCTIONS, reason="this server has no Functions")
+def test_the_scheduler_deletes_the_libraries_of_other_versions(r, backend, tmp_path):
+    from django_redisqueue.runtime.scheduler import Scheduler
+    from tests.topology import keys_server
+
+    older = an_older_version(tmp_path, backend.broker)
+    round_trip(older, "a")
+    theirs = {script.function for script in older.scripts.scripts.values()}
+    server = keys_server(r)
+    assert libraries(server) & theirs
+    Scheduler(backend, burst=True).run()
+    assert not libraries(server) & theirs

@@ -42,6 +42,8 @@ LOCAL_SLEEP_BELOW = 0.25
 BATCH = 500
 # How often the outbox is relayed (s) while it holds nothing to relay.
 RELAY_EVERY = 1.0
+# How often (s) a scheduler deletes the Functions libraries of other versions.
+PRUNE_FUNCTIONS_EVERY = 3600.0
 # A step that reaches Redis later than expected by this share of the lease was held
 # on its way, and so were the workers' heartbeats: it recovers no lease. Held for
 # less, no live worker's lease can run out, as heartbeats renew it every third of it.
@@ -82,6 +84,7 @@ class Scheduler:
         # Also without schedules: its sync deletes the state of schedules removed.
         self.periodic = PeriodicStep(backend)
         self.next_relay = 0.0  # when to relay the outbox again (monotonic)
+        self.next_prune = 0.0  # when to delete other versions' libraries (monotonic)
         # After a Redis error, leases are not recovered until a lease has passed since
         # Redis answered again (a monotonic time): workers whose heartbeats failed alike
         # get that long to renew them. Counted from the first reply, not from the error,
@@ -134,6 +137,7 @@ class Scheduler:
                 self.steps.append((tick.now_ms, time.monotonic()))
                 periodic_in = self._periodic_step(tick.now_ms)
                 relayed = self._relay_step()
+                self._prune_step()
                 if tick.held:
                     logger.warning(
                         "Scheduler %s: Redis held a step; no lease is recovered for the "
@@ -180,6 +184,22 @@ class Scheduler:
         if self.periodic.due_for_sync(time.monotonic()):
             self.periodic.sync(now_ms, time.monotonic())
         return self.periodic.step(now_ms)
+
+    def _prune_step(self) -> None:
+        """Delete the Functions libraries of this app's other versions, at most once
+        per PRUNE_FUNCTIONS_EVERY: so an old version's go within that time once its
+        last process stops (docs/protocol.md, "Redis Functions")."""
+        if time.monotonic() < self.next_prune:
+            return
+        self.next_prune = time.monotonic() + PRUNE_FUNCTIONS_EVERY
+        pruned = self.broker.scripts.prune()
+        if pruned:
+            logger.info(
+                "Scheduler %s: deleted %d Functions librar%s of other versions of this app",
+                self.scheduler_id,
+                len(pruned),
+                "y" if len(pruned) == 1 else "ies",
+            )
 
     def _relay_step(self) -> int:
         """Relay what the outboxes hold, at most once per RELAY_EVERY; return how many

@@ -10,6 +10,7 @@ a script makes them again at every call, about a quarter of an enqueue's cost in
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -162,6 +163,27 @@ class ScriptCalls:
                 self._without_functions(exc)
                 server.script_load(script.source)
 
+    def prune(self) -> list[str]:
+        """Delete from ``server()`` the libraries of this app's other versions (each
+        some 50 KB of Redis memory, kept and replicated); return their names. Safe while
+        processes of those versions run: a call that finds its Function gone loads it
+        again, one round trip more."""
+        if not self.functions:
+            return []
+        server = self.server()
+        try:
+            listed = server.function_list(library=f"{scripts.FUNCTION_PREFIX}*")
+        except redis.ResponseError:  # no Functions here, or an ACL that hides them
+            return []
+        current = {script.function for script in self.scripts.values()}
+        names = [library_name(entry) for entry in listed]
+        old = [name for name in names if name not in current]
+        for name in old:
+            # Deleted meanwhile by another scheduler: nothing to do.
+            with contextlib.suppress(redis.ResponseError):
+                server.function_delete(name)
+        return old
+
     def run_many(
         self,
         calls: Sequence[tuple[str, Sequence[Any]]],
@@ -207,3 +229,13 @@ class ScriptCalls:
         if replica_acks and int(acked) < replica_acks:
             raise NotReplicated(int(acked), replica_acks, replica_acks_timeout, replies)
         return cast(list[Any], replies)
+
+
+def library_name(entry: Any) -> str:
+    """A library's name in one entry of FUNCTION LIST's reply (a flat list of field
+    and value, as RESP2 gives it, or a mapping), decoded or not."""
+    fields = entry if isinstance(entry, dict) else dict(zip(entry[::2], entry[1::2], strict=True))
+    for key, value in fields.items():
+        if (key.decode() if isinstance(key, bytes) else key) == "library_name":
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return ""

@@ -89,10 +89,14 @@ _PREFIX = "local P = KEYS[1]"
 _KEY_NAMES = re.compile(r"local\s+([\w\s,]+?)\s*=\s*(.+)")
 
 
+# What every library and Function of this app is named by.
+FUNCTION_PREFIX = "drq_"
+
+
 def function_name(name: str, text: str) -> str:
     """The Redis Function of script ``name`` (source ``text``, as assembled): named
     after its source, so that two versions of this app serve one Redis side by side."""
-    return f"drq_{name}_{hashlib.sha1(text.encode()).hexdigest()[:16]}"
+    return f"{FUNCTION_PREFIX}{name}_{hashlib.sha1(text.encode()).hexdigest()[:16]}"
 
 
 def library(name: str, text: str, library_files: Mapping[str, str]) -> tuple[str, str]:
