@@ -369,7 +369,8 @@ def sets_holding(raw, backend, job_id: bytes) -> list[bytes]:
 
 def verdict(payload: bytes, registered: frozenset[str]) -> str | None:
     """What the envelope's rules (jobs.py) say of a payload: "run" (a job of a
-    registered task), "refuse", or None where the rules leave it open."""
+    registered task), "wait" (a valid job of a task not registered: given back for a
+    worker that knows it), "refuse", or None where the rules leave it open."""
     try:
         text = payload.decode()
     except UnicodeDecodeError:
@@ -393,7 +394,7 @@ def verdict(payload: bytes, registered: frozenset[str]) -> str | None:
     version = data.get("v")
     if isinstance(version, bool) or version != 1:
         return "refuse"
-    if not isinstance(data.get("task"), str) or data["task"] not in registered:
+    if not isinstance(data.get("task"), str):
         return "refuse"
     priority = data.get("priority", 0)
     run_after = data.get("run_after")
@@ -411,7 +412,8 @@ def verdict(payload: bytes, registered: frozenset[str]) -> str | None:
         return "refuse"
     if type(version) is not int or not queue or depth(data) > 50 or "\\ud" in text.lower():
         return None  # 1.0, no queue name, deep nesting, lone surrogates: open questions
-    return "run"
+    # A valid job of a task this worker does not know waits for one that does.
+    return "run" if data["task"] in registered else "wait"
 
 
 def depth(value: object) -> int:

@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import sys
 
+from django_redisqueue.runtime import WORKER_LOGGER
+
+logger = logging.getLogger(WORKER_LOGGER)
+
 MB = 1024 * 1024
+
+
+def past_limit(limit_mb: int | None, worker_id: str) -> bool:
+    """Whether worker ``worker_id`` has grown past ``--max-memory`` (MB of RSS; None:
+    no limit), said in the log: it then exits to be replaced."""
+    if limit_mb is None:
+        return False
+    rss = resident_set_size()
+    if rss <= limit_mb * MB:
+        return False
+    logger.warning(
+        "Worker %s: RSS %d MB over --max-memory %d MB; exiting to be replaced",
+        worker_id,
+        rss // MB,
+        limit_mb,
+    )
+    return True
 
 
 def resident_set_size() -> int:

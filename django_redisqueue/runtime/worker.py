@@ -47,7 +47,6 @@ from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
 from django_redisqueue.exceptions import (
     InvalidPayload,
     LeaseLost,
-    UnknownTask,
     WorkerShutdown,
 )
 from django_redisqueue.observe.events import JobEvent
@@ -58,8 +57,9 @@ from django_redisqueue.runtime import WORKER_LOGGER
 from django_redisqueue.runtime.alarms import time_limit
 from django_redisqueue.runtime.broadcasts import Inbox
 from django_redisqueue.runtime.heartbeat import Heartbeat
-from django_redisqueue.runtime.memory import MB, resident_set_size
+from django_redisqueue.runtime.memory import past_limit
 from django_redisqueue.runtime.queue_order import QueueOrder
+from django_redisqueue.runtime.unknown_tasks import for_a_worker_that_knows
 from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector
 from django_redisqueue.store.wire import AFTER_GROUP_PREFIX, RELEASE, RETRY, Claimed, Outcome
 
@@ -235,7 +235,7 @@ class Worker:
                         continue
                 finished = self.execute(job)
                 self.jobs_done += 1
-                self._check_memory()
+                self.over_memory = self.over_memory or past_limit(self.max_memory, self.worker_id)
         finally:
             heartbeat.stopped.set()
             self.send_metrics()
@@ -331,19 +331,6 @@ class Worker:
         """True once the worker stops to be replaced by a fresh process: it has run
         ``max_jobs`` jobs or grown past ``max_memory``."""
         return self.over_memory or (self.max_jobs is not None and self.jobs_done >= self.max_jobs)
-
-    def _check_memory(self) -> None:
-        if self.max_memory is None or self.over_memory:
-            return
-        rss = resident_set_size()
-        if rss > self.max_memory * MB:
-            self.over_memory = True
-            logger.warning(
-                "Worker %s: RSS %d MB over --max-memory %d MB; exiting to be replaced",
-                self.worker_id,
-                rss // MB,
-                self.max_memory,
-            )
 
     def _refresh_queues(self) -> None:
         """With QUEUES empty and no queue named: serve every queue jobs were enqueued
@@ -465,10 +452,8 @@ class Worker:
             if envelope is None:
                 raise InvalidPayload(record.problem)
             if registry.get(envelope.task_path) is None:
-                raise UnknownTask(
-                    f"task {envelope.task_path!r} is not registered in this worker; "
-                    "define it with @task in an installed app's tasks module"
-                )
+                outcome = for_a_worker_that_knows(claimed, envelope, self.worker_id)
+                return Finished(outcome)
         except InvalidPayload as exc:
             event = JobEvent.of(claimed, envelope, FAILED, 0.0)
             logger.error("Job %s FAILED: %s", claimed.job_id, exc, extra=job_fields(event))

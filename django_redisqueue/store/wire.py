@@ -84,7 +84,7 @@ class Outcome:
     status: str  # SUCCESSFUL, FAILED, RETRY or RELEASE
     result: str = ""  # JSON return value
     error: str = ""  # JSON {"exception_class_path": ..., "traceback": ...}
-    retry_in_ms: int = 0  # for RETRY
+    retry_in_ms: int = 0  # for RETRY, and a RELEASE for later
     # '' or where the attempt was traced (tracing.py), kept in the job's hash for the
     # next attempt or a group's callback to link to.
     trace: str = ""

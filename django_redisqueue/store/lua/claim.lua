@@ -16,7 +16,8 @@
 --   at all (it will not wait: burst, stopping),
 -- ARGV[8] F, the number of outcomes to store first,
 -- then F groups of 7: job id, owner token, status, result JSON or '', error JSON or '',
---   retry delay (ms, for RETRY), the attempt's trace record or '' (running.lua)
+--   retry delay (ms, for RETRY, and a RELEASE for later), the attempt's trace
+--   record or '' (running.lua)
 -- then the names of the queues to try, in order (none: only store the outcomes, and
 --   neither take a handed job nor register)
 -- A job over its limits (max_running, rate) is parked instead (limits.lua).

@@ -184,6 +184,10 @@ class CoreModel:
         if outcome.status == RETRY:
             job.errors.append(Err(VALUE_ERROR))
             self.push_delayed(job, None, (t0 + outcome.retry_in_ms, t1 + outcome.retry_in_ms))
+        elif outcome.status == RELEASE and outcome.retry_in_ms > 0:
+            # Given back for later (a task this worker does not know): in its delayed set.
+            self.forget_attempt(job)
+            self.push_delayed(job, None, (t0 + outcome.retry_in_ms, t1 + outcome.retry_in_ms))
         elif outcome.status == RELEASE:
             self.forget_attempt(job)
             self.requeue(job)

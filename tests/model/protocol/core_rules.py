@@ -65,7 +65,7 @@ class CoreRules:
             return Outcome(job_id, token, status, error=ERROR, trace=trace)
         if status == RETRY:
             return Outcome(job_id, token, status, error=ERROR, retry_in_ms=retry_in, trace=trace)
-        return Outcome(job_id, token, status, trace=trace)
+        return Outcome(job_id, token, status, retry_in_ms=retry_in, trace=trace)
 
     def wrong_token(self, job: Job, kind: str, index: int) -> str:
         """A token that is not the job's owner's."""

@@ -124,8 +124,9 @@ end
 
 -- Finish a RUNNING job, fenced: only the owner recorded at claim time may finish it.
 -- status is SUCCESSFUL or FAILED; RETRY (to the delayed set, due `retry_in` ms from
--- now); or RELEASE (back to its queue, unfinished, its attempt forgotten: the worker
--- was stopped in the middle). Returns 1 when stored, 0 when the caller is not the owner.
+-- now); or RELEASE (unfinished, its attempt forgotten: the worker was stopped in the
+-- middle, or does not know the task): back to its queue, or with `retry_in`, to its
+-- delayed set, due that many ms from now. Returns 1 when stored, 0 when the caller is not the owner.
 -- `lease` (ms) is the workers' lease, which the job's limit uses (free_slot). `trace`:
 -- '' or the attempt's trace record, kept in the job's `trace` field for its next
 -- attempt (a retry, an operator's retry) or a group's callback to link to.
@@ -152,7 +153,13 @@ local function finish_job(id, owner, status, now, result, error, ttl, retry_in, 
     end
   elseif status == 'RELEASE' then
     forget_attempt(job)
-    requeue(id, now, ttl)
+    local later = number(retry_in, 0)
+    local queue = later > 0 and redis.call('HGET', job, 'queue')
+    if queue and valid_queue(queue) then -- given back for later: its delayed set
+      push_delayed(id, now + later, queue)
+    else
+      requeue(id, now, ttl)
+    end
   else
     record_outcome(id, status, now, result, error, ttl, {unpack(f, 4, 3 + #OUTCOME_FIELDS)})
   end
