@@ -5,6 +5,7 @@ handed what, when a job is not handed, and that a give-back, a job never taken, 
 worker killed or frozen while idle and a lost reply lose nothing, run nothing twice,
 and keep no job waiting for a lease."""
 
+import contextlib
 import json
 import os
 import signal
@@ -39,6 +40,26 @@ def stand_idle(broker, worker, queues=QUEUES):
 
 def enqueue(backend, queue="default"):
     return tasks.noop.using(queue_name=queue).enqueue()
+
+
+@contextlib.contextmanager
+def an_idle_worker(r, backend, queues=("default",), prepare=None):
+    """A real worker loop in a thread, standing idle on ``queues`` (``prepare`` is
+    called with it first); stopped when the block ends."""
+    from django_redisqueue.runtime.worker import Worker
+
+    worker = Worker(backend, list(queues), close_connections=False)
+    if prepare is not None:
+        prepare(worker)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: r.exists(K.idle_worker(worker.worker_id)), 10, "it to stand idle")
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert not thread.is_alive()
 
 
 def test_a_job_for_an_idle_worker_reaches_it_running_with_the_wake_up(r, broker, backend):
@@ -182,20 +203,11 @@ def test_a_transaction_sending_a_low_then_a_high_job_runs_the_high_one_first(r, 
     on [high, low]: the high job is handed to it, and runs first."""
     from django.db import transaction
 
-    from django_redisqueue.runtime.worker import Worker
-
-    worker = Worker(backend, ["high", "low"], close_connections=False)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        wait_until(lambda: r.exists(K.idle_worker(worker.worker_id)), 10, "it to stand idle")
+    with an_idle_worker(r, backend, ["high", "low"]):
         with transaction.atomic():
             tasks.record.using(queue_name="low").enqueue_on_commit("low")
             tasks.record.using(queue_name="high").enqueue_on_commit("high")
         wait_until(lambda: r.llen(tasks.LOG) == 2, 10, "both jobs to run")
-    finally:
-        worker.stop()
-        thread.join(10)
     assert r.lrange(tasks.LOG, 0, -1) == ["high", "low"]
 
 
@@ -325,28 +337,23 @@ def test_a_lost_wait_reply_gives_the_handed_job_back_at_once_uncounted(r, backen
     """The reply of the wait that carried a handed job is lost (the connection broke):
     the worker gives back what it may have been handed and claims it again, with no
     scheduler running, so nothing waits for a lease."""
-    from django_redisqueue.runtime.worker import Worker
+    lost = []
 
-    worker = Worker(backend, ["default"], close_connections=False)
-    real_wait, lost = worker.broker.wait_for_work, []
+    def lose_the_reply_carrying_a_job(worker):
+        real_wait = worker.broker.wait_for_work
 
-    def wait_losing_the_reply(*args, **kwargs):
-        woken = real_wait(*args, **kwargs)
-        if isinstance(woken, Claimed) and not lost:
-            lost.append(woken.job_id)
-            raise redis.ConnectionError("the reply was lost")
-        return woken
+        def wait(*args, **kwargs):
+            woken = real_wait(*args, **kwargs)
+            if isinstance(woken, Claimed) and not lost:
+                lost.append(woken.job_id)
+                raise redis.ConnectionError("the reply was lost")
+            return woken
 
-    worker.broker.wait_for_work = wait_losing_the_reply
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        wait_until(lambda: r.exists(K.idle_worker(worker.worker_id)), 10, "it to stand idle")
+        worker.broker.wait_for_work = wait
+
+    with an_idle_worker(r, backend, prepare=lose_the_reply_carrying_a_job):
         job = tasks.add.enqueue(2, 3)
         wait_until(lambda: backend.get_result(job.id).status == SUCCESSFUL, 10, "the job")
-    finally:
-        worker.stop()
-        thread.join(10)
     assert lost == [job.id]
     assert backend.get_result(job.id).attempts == 1
     assert r.hget(K.job(job.id), "lost") is None
@@ -367,32 +374,25 @@ def test_a_claim_drops_an_entry_that_names_no_job_the_worker_owns(r, broker, bac
 def test_an_idle_worker_runs_a_handed_job_without_claiming_it(r, backend):
     """A real worker loop: idle, it is handed the job and runs it; no claim of its
     returned it. Then it stops while registered, and its registration ends."""
-    from django_redisqueue.runtime.worker import Worker
-
-    worker = Worker(backend, ["default"], close_connections=False)
     claimed_ids = []
-    claim = worker.broker.claim
 
-    def counted_claim(*args, **kwargs):
-        stored, job = claim(*args, **kwargs)
-        if job is not None:
-            claimed_ids.append(job.job_id)
-        return stored, job
+    def count_claims(worker):
+        claim = worker.broker.claim
 
-    worker.broker.claim = counted_claim
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        wait_until(lambda: r.exists(K.idle_worker(worker.worker_id)), 10, "it to stand idle")
+        def counted_claim(*args, **kwargs):
+            stored, job = claim(*args, **kwargs)
+            if job is not None:
+                claimed_ids.append(job.job_id)
+            return stored, job
+
+        worker.broker.claim = counted_claim
+
+    with an_idle_worker(r, backend, prepare=count_claims) as worker:
         job = tasks.add.enqueue(2, 3)
         wait_until(lambda: backend.get_result(job.id).status == SUCCESSFUL, 10, "the job")
         assert backend.get_result(job.id).return_value == 5
         assert claimed_ids == []  # it came with the wake-up
         wait_until(lambda: r.exists(K.idle_worker(worker.worker_id)), 10, "idle again")
-    finally:
-        worker.stop()
-        thread.join(10)
-    assert not thread.is_alive()
     assert r.exists(K.idle_worker(worker.worker_id), K.handoff(worker.worker_id)) == 0
 
 
@@ -519,23 +519,15 @@ def test_a_worker_running_broadcasts_is_handed_no_job(r, backend):
     idle nowhere, so a job enqueued meanwhile waits in its queue for any worker (here,
     for this one once the broadcast is done) instead of being handed to a busy one."""
     from django_redisqueue.core.fanout import broadcast
-    from django_redisqueue.runtime.worker import Worker
 
-    worker = Worker(backend, ["default"], close_connections=False)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        wait_until(lambda: r.exists(K.idle_worker(worker.worker_id)), 10, "it to stand idle")
+    with an_idle_worker(r, backend) as worker:
         broadcast(tasks.block_until_released.job("broadcast", 10))
-        wait_until(lambda: "started:broadcast" in r.lrange(tasks.LOG, 0, -1), 10, "it to run")
-        assert r.exists(K.idle_worker(worker.worker_id)) == 0
-        job = tasks.add.enqueue(2, 3)
-        assert backend.get_result(job.id).status == TaskResultStatus.READY
-        assert r.zrange(K.queue("default"), 0, -1) == [job.id]
-        r.rpush("test:release", 1)
+        try:
+            wait_until(lambda: "started:broadcast" in r.lrange(tasks.LOG, 0, -1), 10, "it")
+            assert r.exists(K.idle_worker(worker.worker_id)) == 0
+            job = tasks.add.enqueue(2, 3)
+            assert backend.get_result(job.id).status == TaskResultStatus.READY
+            assert r.zrange(K.queue("default"), 0, -1) == [job.id]
+        finally:
+            r.rpush("test:release", 1)
         wait_until(lambda: backend.get_result(job.id).status == SUCCESSFUL, 10, "the job")
-    finally:
-        r.rpush("test:release", 1)
-        worker.stop()
-        thread.join(10)
-    assert not thread.is_alive()
