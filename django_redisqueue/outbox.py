@@ -34,13 +34,26 @@ RELAY_BATCH = 500
 # runscheduler relays a row once it is this old (s): a commit's own relay usually
 # takes it first, and a relay of the same row by both costs a refused enqueue.
 SETTLE_SECONDS = 2.0
+# Most payload bytes one INSERT of outbox rows carries: a quarter of MariaDB's and
+# MySQL's default max_allowed_packet (16 MiB), as a driver may escape each byte to two.
+WRITE_BATCH_BYTES = 4 << 20
 
 
 def write(database: str, backend: str, jobs: Sequence[NewJob]) -> None:
-    """Add ``jobs`` to the outbox, in the current transaction on ``database``."""
+    """Add ``jobs`` to the outbox, in the current transaction on ``database``: one
+    INSERT per WRITE_BATCH_BYTES of payloads, so that each fits a server's packet limit
+    (MariaDB's max_allowed_packet drops the connection, and the transaction, on a
+    larger one)."""
     now = timezone.now()
-    OutboxJob.objects.using(database).bulk_create(
-        [
+    rows = OutboxJob.objects.using(database)
+    batch: list[OutboxJob] = []
+    size = 0
+    for job in jobs:
+        length = len(job.payload.encode()) + len(job.options.encode())
+        if batch and size + length > WRITE_BATCH_BYTES:
+            rows.bulk_create(batch)
+            batch, size = [], 0
+        batch.append(
             OutboxJob(
                 job_id=job.job_id,
                 backend=backend,
@@ -52,9 +65,10 @@ def write(database: str, backend: str, jobs: Sequence[NewJob]) -> None:
                 options=job.options,
                 created_at=now,
             )
-            for job in jobs
-        ]
-    )
+        )
+        size += length
+    if batch:
+        rows.bulk_create(batch)
 
 
 def row_job(row: OutboxJob) -> NewJob:

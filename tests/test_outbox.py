@@ -356,3 +356,23 @@ def test_an_outbox_that_cannot_be_read_fails_the_probe_and_spares_the_overview(r
         samples = [line for line in metrics.render([backend]).splitlines() if line[:1] != "#"]
         assert samples and not [line for line in samples if "redisqueue_outbox" in line]
     assert failed.value.code == OUTBOX_STUCK
+
+
+def test_a_batch_larger_than_a_database_packet_goes_through_the_outbox(backend, database):
+    """Rows go in INSERTs that each fit a server's packet limit: a transaction of jobs
+    of 400 KB each, half as much again as MariaDB's max_allowed_packet in all, commits,
+    and every job reaches Redis (in one INSERT, MariaDB dropped the connection)."""
+    packet = 16 << 20
+    if connections[database].vendor == "mysql":
+        with connections[database].cursor() as cursor:
+            cursor.execute("SELECT @@max_allowed_packet")
+            packet = cursor.fetchone()[0]
+    argument = "x" * (400 * 1024)
+    count = packet * 3 // 2 // len(argument) + 1
+    with transaction.atomic(using=database):
+        results = tasks.noop_any.using(backend=backend.alias).enqueue_many(
+            [((argument,), {})] * count
+        )
+        assert len(rows(database)) == count
+    assert rows(database) == []
+    assert all(job_exists(backend, result.id) for result in results)
