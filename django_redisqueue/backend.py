@@ -42,6 +42,7 @@ from django_redisqueue.core.registry import registry
 from django_redisqueue.core.tasks import Job, RedisTask, RedisTaskResult
 from django_redisqueue.exceptions import (
     BrokerUnavailable,
+    ConfigurationError,
     JobCancelled,
     NotCancellable,
     ResultTimeout,
@@ -78,7 +79,11 @@ class RedisQueueBackend(OutboxRelay, BaseTaskBackend):
     supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
-        super().__init__(alias, params)
+        # Django's base keeps QUEUES as a set, read here, and refuses a task on a queue
+        # not in it. This backend checks a task's queue itself (validate_task), against
+        # its settings once they are read: a QUEUES that is wrong (E001 to E003) neither
+        # raises here nor refuses every task where it is defined.
+        super().__init__(alias, {**params, "QUEUES": []})
         self.params = params
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -156,10 +161,19 @@ class RedisQueueBackend(OutboxRelay, BaseTaskBackend):
         return Queries(self.broker.client, self.keys, result_ttl=self.config.result_ttl)
 
     def validate_task(self, task: Task) -> None:
-        if self.queue_names and task.queue_name not in self.queue_names:
+        """Refuse a task this backend cannot run. Django calls this where a task is
+        defined, as its module is imported (a tasks module that a view imports, which
+        the URLconf's system check imports): with wrong settings, which the system
+        checks report, the task's queue is not checked against them, and the backend
+        raises ConfigurationError when it is used (``config``)."""
+        try:
+            queue_names = self.queue_names
+        except ConfigurationError:
+            queue_names = ()
+        if queue_names and task.queue_name not in queue_names:
             raise InvalidTask(
                 f"Queue '{task.queue_name}' is not valid for backend. It is not one of the "
-                f"{self.alias!r} backend's QUEUES ({', '.join(self.queue_names)}): add it "
+                f"{self.alias!r} backend's QUEUES ({', '.join(queue_names)}): add it "
                 f"to TASKS[{self.alias!r}]['QUEUES'] or use one of those."
             )
         if not QUEUE_NAME_RE.fullmatch(task.queue_name):

@@ -44,7 +44,7 @@ def check_settings(
 ) -> list[checks.CheckMessage]:
     """Every problem with the settings of every RedisQueueBackend (E001 to E009)."""
     return [
-        checks.Error(problem.msg, hint=problem.hint, id=f"{APP}.{problem.code}")
+        checks.Error(problem.msg, hint=problem.hint, id=problem.check_id)
         for alias, params in our_backends()
         for problem in validate(alias, params)
     ]

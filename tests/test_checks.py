@@ -47,6 +47,14 @@ def test_manage_py_check_reports_every_problem_with_its_id_and_hint():
     scheduler = manage("runscheduler", "--burst", "--settings", "tests.settings_misconfigured")
     assert scheduler.returncode == 1
     assert "(django_redisqueue.E004)" in scheduler.stderr
+    # Without the checks, the command says the same, as a command error.
+    skipped = manage(
+        "runscheduler", "--burst", "--skip-checks", "--settings", "tests.settings_misconfigured"
+    )
+    assert skipped.returncode == 1
+    assert "CommandError: TASKS['default'] cannot be used:\n" in skipped.stderr
+    assert "(django_redisqueue.E004) TASKS['default']['OPTIONS'] has unknown" in skipped.stderr
+    assert "Traceback" not in skipped.stderr
 
 
 def test_the_test_settings_pass_every_check_against_a_live_redis():
@@ -105,10 +113,13 @@ def test_each_problem_has_its_id_and_the_same_text_as_the_error(params, check_id
     assert [(m.id, m.level) for m in messages] == [(f"django_redisqueue.{check_id}", checks.ERROR)]
     assert text in messages[0].msg
     assert messages[0].hint
-    # One set of rules: the backend raises with the very same words.
+    # One set of rules: the backend raises with the very same words, and the ID.
     with pytest.raises(ConfigurationError) as raised:
         parse_options("default", conf)
     assert str(validate("default", conf)[0]) == str(raised.value)
+    assert str(raised.value) == (
+        f"(django_redisqueue.{check_id}) {messages[0].msg} HINT: {messages[0].hint}"
+    )
 
 
 def test_a_connection_that_is_not_a_redis_cache():

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.core.cache import caches
 from django.test import override_settings
 
-from django_redisqueue import RedisTask, RedisTaskResult
+from django_redisqueue import RedisTask, RedisTaskResult, task
 from django_redisqueue.compat import (
     InvalidTask,
     TaskResultDoesNotExist,
@@ -162,9 +162,13 @@ def test_bad_settings_say_what_to_fix(params, message):
     conf = {"BACKEND": "django_redisqueue.backend.RedisQueueBackend", **params}
     with override_settings(TASKS={"default": conf}):
         task_backends["default"]  # built without reading OPTIONS, so that checks can run
+        # A task defined as its module is imported: no error there either, so that the
+        # system checks, which import the URLconf and its views' tasks, can run.
+        defined = task(tasks.add.func)
         with pytest.raises(ConfigurationError) as exc:
-            tasks.add.enqueue(1, 2)
+            defined.enqueue(1, 2)
     assert message in str(exc.value)
+    assert re.search(r"^\(django_redisqueue\.E00\d\) TASKS\['default'\]", str(exc.value))
 
 
 def test_enqueue_many_sends_every_job_in_one_call_in_order(r, backend):

@@ -48,9 +48,9 @@ def environment() -> dict[str, str]:
     return env
 
 
-def manage(folder: Path, *args: str) -> str:
-    """Run the project's ``manage.py ARGS``; its output, once it succeeded."""
-    done = subprocess.run(
+def run(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run the project's ``manage.py ARGS`` and wait for it."""
+    return subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=folder,
         env=environment(),
@@ -58,13 +58,21 @@ def manage(folder: Path, *args: str) -> str:
         text=True,
         timeout=120,
     )
+
+
+def manage(folder: Path, *args: str) -> str:
+    """Run the project's ``manage.py ARGS``; its output, once it succeeded."""
+    done = run(folder, *args)
     assert done.returncode == 0, (args, done.stdout, done.stderr)
     return done.stdout + done.stderr
 
 
-def new_project(folder: Path, page: Path, *, alternative: bool = False) -> None:
+def new_project(
+    folder: Path, page: Path, *, alternative: bool = False, redis_url: str | None = None
+) -> None:
     """A project made by ``startproject mysite`` in ``folder``, with an app for each
-    folder the page writes into, and the page's blocks written into it."""
+    folder the page writes into, and the page's blocks written into it; the page's
+    Redis URL replaced by ``redis_url`` (default: the test's own Redis)."""
     made = subprocess.run(
         [sys.executable, "-m", "django", "startproject", "mysite", str(folder)],
         env=environment(),
@@ -80,7 +88,7 @@ def new_project(folder: Path, page: Path, *, alternative: bool = False) -> None:
             manage(folder, "startapp", app.name)
     for block, how, path in chosen:
         target = folder / path
-        code = block.code.replace(PAGE_URL, os.environ["REDISQUEUE_TEST_URL"])
+        code = block.code.replace(PAGE_URL, redis_url or os.environ["REDISQUEUE_TEST_URL"])
         if django.VERSION < (6, 0):
             code = code.replace(BACKPORT, BACKPORT.removeprefix("# "))
             code = code.replace("django.tasks", "django_tasks")
@@ -176,6 +184,69 @@ def test_the_tutorial_works_in_a_new_project(tmp_path):
     assert failure == {"status": "FAILED", "greeting": None}
     stats = manage(tmp_path, "queuestats", "--json")
     assert '"delayed": 1' in stats, stats
+
+
+# Mistakes in the quick start's settings, each a line at the end of mysite/settings.py,
+# with the system check that reports it and a piece of its hint.
+MISTAKES = {
+    "typo": ('TASKS["default"]["OPTIONS"]["URLL"] = "redis://"', "E004", "Known options are"),
+    "url-scheme": (
+        'TASKS["default"]["OPTIONS"]["URL"] = "http://127.0.0.1:6379/0"',
+        "E006",
+        "Use e.g. 'redis://127.0.0.1:6379/0'",
+    ),
+    "cron-without-extra": (
+        # As without the cron extra: cronsim cannot be imported.
+        'import sys; sys.modules["cronsim"] = None\n'
+        'TASKS["default"]["OPTIONS"]["PERIODIC"] = '
+        '{"nightly": {"task": "words.tasks.count_words", "cron": "0 3 * * *"}}',
+        "E009",
+        "pip install 'django-redisqueue[cron]'",
+    ),
+    # A new project's CACHES: Django's local-memory cache.
+    "connection-not-redis": (
+        'TASKS["default"]["OPTIONS"] = {"CONNECTION": "default"}',
+        "E007",
+        "Name a CACHES alias whose BACKEND is",
+    ),
+    "queues-not-a-list": (
+        'TASKS["default"]["QUEUES"] = "default"',
+        "E001",
+        "List them in priority order",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def quick_start_project(tmp_path_factory) -> Path:
+    """The README's quick start, as written (its settings name the page's Redis URL,
+    which no check asks)."""
+    folder = tmp_path_factory.mktemp("quickstart")
+    new_project(folder, README, redis_url=PAGE_URL)
+    return folder
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_check_reports_each_wrong_setting_of_the_quick_start_with_its_hint(
+    quick_start_project, mistake
+):
+    """``check`` imports the URLconf, hence the view and the task it enqueues: the
+    task's module is imported with the wrong settings, and the check still reports
+    them, with their hint, as the README promises."""
+    assert "python manage.py check            # reports wrong settings, with a hint" in (
+        README.read_text()
+    )
+    line, check_id, hint = MISTAKES[mistake]
+    settings = quick_start_project / "mysite" / f"settings_{mistake.replace('-', '_')}.py"
+    settings.write_text(f"from mysite.settings import *  # noqa: F403\n{line}\n")
+    done = run(quick_start_project, "check", "--settings", f"mysite.{settings.stem}")
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "Traceback" not in output
+    assert f"(django_redisqueue.{check_id})" in output
+    assert f"HINT: {hint}" in output
+    assert output.count("(django_redisqueue.") == 1, output
 
 
 def test_every_python_block_of_the_readme_is_in_the_quick_start():

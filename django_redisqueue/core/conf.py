@@ -1,7 +1,8 @@
 """The backend's settings: ``TASKS[alias]["QUEUES"]`` and ``["OPTIONS"]``.
 
-``validate()`` is the one set of rules: ``parse_options()`` raises from what it finds,
-and the system checks (``checks.py``) report it with an ID and a hint.
+``validate()`` is the one set of rules: the system checks (``checks.py``) report what it
+finds with an ID and a hint, and ``parse_options()`` raises with the same words, IDs
+included, when a backend with wrong settings is used.
 """
 
 from __future__ import annotations
@@ -99,8 +100,13 @@ class Problem:
     msg: str
     hint: str
 
+    @property
+    def check_id(self) -> str:
+        return f"django_redisqueue.{self.code}"
+
     def __str__(self) -> str:
-        return f"{self.msg} {self.hint}"
+        """As ``manage.py check`` shows it, on one line."""
+        return f"({self.check_id}) {self.msg} HINT: {self.hint}"
 
 
 def validate(alias: str, params: Mapping[str, Any]) -> list[Problem]:
@@ -498,7 +504,8 @@ def _connection_problems(where: str, alias: Any) -> list[Problem]:
 
 
 def parse_options(alias: str, params: Mapping[str, Any]) -> Options:
-    """Return the options of ``TASKS[alias]``; raise ConfigurationError if they are wrong."""
+    """Return the options of ``TASKS[alias]``; raise ConfigurationError if they are wrong,
+    with every problem the system checks report, a line each."""
     problems = validate(alias, params)
     if problems:
         raise ConfigurationError("\n".join(map(str, problems)))

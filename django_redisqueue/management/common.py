@@ -10,6 +10,7 @@ from django.core.management.base import CommandError
 
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.compat import task_backends
+from django_redisqueue.exceptions import ConfigurationError
 from django_redisqueue.observe.logformat import (
     JsonFormatter,
     JsonLines,
@@ -68,6 +69,10 @@ def get_backend(
             f"TASKS[{alias!r}] uses {type(backend).__module__}.{type(backend).__name__}; "
             f"{command} serves django_redisqueue.backend.RedisQueueBackend only."
         )
+    try:
+        _ = backend.config  # wrong settings: what the system checks report, if skipped
+    except ConfigurationError as exc:
+        raise CommandError(f"TASKS[{alias!r}] cannot be used:\n{exc}") from exc
     if connect:
         backend.connect()
     return backend
