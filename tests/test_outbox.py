@@ -283,6 +283,14 @@ def test_a_wrong_outbox_setting_is_reported(value):
     assert "OUTBOX" in problems[0].msg
 
 
+@pytest.mark.parametrize("value", ["nowhere", ["default", "nowhere"]])
+def test_an_outbox_in_a_database_django_does_not_have_is_reported(value):
+    """Found by the checks, not by every enqueue() and a runscheduler that exits."""
+    problems = validate("x", {"OPTIONS": {"OUTBOX": value}})
+    assert [p.code for p in problems] == ["E006"], problems
+    assert "DATABASES has no 'nowhere'" in problems[0].hint
+
+
 def test_the_backlog_counts_the_rows_and_the_oldest_age(backend, database):
     assert outbox.backlog([database], backend.alias) == outbox.Backlog(0, None)
     with transaction.atomic(using=database):

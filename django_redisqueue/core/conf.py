@@ -208,12 +208,26 @@ def _value_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
     problems += _topology_problems(where, raw)
     if raw.get("PERIODIC") is not None:
         problems += _periodic_problems(f"{where}['PERIODIC']", raw["PERIODIC"])
-    if outbox_databases(raw.get("OUTBOX", False)) is None:
+    databases = outbox_databases(raw.get("OUTBOX", False))
+    if databases is None:
         wrong(
             "OUTBOX",
             "Use True (the 'default' database), a database alias, or a list of them.",
         )
+    elif missing := _unknown_databases(databases):
+        wrong(
+            "OUTBOX",
+            f"DATABASES has no {' nor '.join(map(repr, missing))}: name an alias of "
+            "DATABASES (the outbox's table lives in that database), or set OUTBOX to False.",
+        )
     return problems
+
+
+def _unknown_databases(aliases: Sequence[str]) -> list[str]:
+    from django.conf import settings
+
+    databases = getattr(settings, "DATABASES", {})
+    return [alias for alias in aliases if alias not in databases]
 
 
 def outbox_databases(value: Any) -> tuple[str, ...] | None:
