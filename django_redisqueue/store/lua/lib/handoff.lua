@@ -152,16 +152,13 @@ end
 
 -- Hand the job `id` (its hash's READ fields: `fields`; its queue score: `score`) to
 -- the idle `worker`: started in HANDED under the hand-off's short `lease`, its claim's
--- reply on the worker's hand-off list. The registration ends. A scheduler asleep
--- learns of the first deadline in HANDED: it gives the job back then, if the worker
--- has not taken it.
+-- reply on the worker's hand-off list. The registration ends. No scheduler is woken:
+-- one sleeps at most as long as the hand-off's lease, so it sees the deadline in time
+-- (a token here cost a scheduler's step a hand-off, and the idle latency with it).
 local function hand_over(id, fields, score, worker, queue, lease, now)
   end_registration(worker)
   redis.call('ZREM', IDLE .. queue, worker)
   local reply = start_job(id, fields, score, worker, lease, now, typed(HANDED, 'zset'))
-  if redis.call('ZCARD', HANDED) == 1 then
-    leave_wake_token(SCHEDULER_WAKE)
-  end
   for i, value in ipairs(reply) do
     if type(value) == 'number' then
       reply[i] = string.format('%.0f', value) -- cjson would print 14 digits
