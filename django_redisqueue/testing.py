@@ -43,7 +43,10 @@ class _TestWorker(Worker):
     transaction) and records the results of what it ran."""
 
     def __init__(self, backend: RedisQueueBackend, queues: Sequence[str] | None) -> None:
-        super().__init__(backend, queues, burst=True, close_connections=False)
+        # No notice that no scheduler runs: run_jobs() moves delayed jobs itself.
+        super().__init__(
+            backend, queues, burst=True, close_connections=False, watch_scheduler=False
+        )
         self.ran: list[RedisTaskResult] = []
 
     def execute(self, claimed: Claimed) -> Finished:

@@ -28,6 +28,7 @@ from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.core.jobs import error_info, to_json
 from django_redisqueue.exceptions import WorkerLost
 from django_redisqueue.periodic import PeriodicStep
+from django_redisqueue.runtime import SCHEDULER_IDLE_WAIT
 from django_redisqueue.runtime.heartbeat import HEARTBEAT_RETRY
 from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
 
@@ -35,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 # Longest sleep when nothing is due: also how often an idle scheduler checks in. Well
 # under redis-py's default socket timeout (5 s), which a longer blocking call would hit.
-IDLE_WAIT = 3.0
+IDLE_WAIT = SCHEDULER_IDLE_WAIT
 # Below this, sleep on the local clock: Redis's blocking timeouts are ~0.1 s coarse.
 LOCAL_SLEEP_BELOW = 0.25
 # Most jobs each kind of move handles per step; a full batch runs the next step at once.

@@ -59,6 +59,11 @@ from django_redisqueue.runtime.broadcasts import Inbox
 from django_redisqueue.runtime.heartbeat import Heartbeat
 from django_redisqueue.runtime.memory import past_limit
 from django_redisqueue.runtime.queue_order import QueueOrder
+from django_redisqueue.runtime.scheduler_watch import (
+    NO_SCHEDULER_AFTER,
+    NO_SCHEDULER_NOTE,
+    SchedulerWatch,
+)
 from django_redisqueue.runtime.unknown_tasks import for_a_worker_that_knows
 from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector
 from django_redisqueue.store.wire import AFTER_GROUP_PREFIX, RELEASE, RETRY, Claimed, Outcome
@@ -111,6 +116,7 @@ class Worker:
         max_jobs: int | None = None,
         max_memory: int | None = None,
         close_connections: bool = True,
+        watch_scheduler: bool = True,
     ) -> None:
         self.backend = backend
         # The loop's calls go through a connection of its own; the heartbeat thread's
@@ -142,6 +148,9 @@ class Worker:
         self.metrics = JobMetrics() if backend.config.metrics else None
         # Off only in tests that run jobs inside their own transaction (testing.py).
         self.close_connections = close_connections
+        # Whether it says when no scheduler runs (at start, and on retry lines); off in
+        # run_jobs(), which moves delayed jobs and retries itself (testing.py).
+        self.scheduler = SchedulerWatch(backend.queries) if watch_scheduler else None
 
     def run(self) -> None:
         """Run jobs until stopped (``stop()``), out of work (burst), max_jobs or
@@ -156,6 +165,17 @@ class Worker:
             ", ".join(self.queues) or "every queue used",
             self.backend.alias,
         )
+        # A burst worker leaves what is delayed for later by design: only one that waits
+        # for work says so at start.
+        if not self.burst and self.scheduler is not None and self.scheduler.missing():
+            logger.warning(
+                "Worker %s: no scheduler has stepped in the last %g s: retries and delayed "
+                "jobs (run_after, delay) will not run until manage.py runscheduler runs "
+                "for backend %r",
+                self.worker_id,
+                NO_SCHEDULER_AFTER,
+                self.backend.alias,
+            )
         backoff = Reconnector(logger, f"Worker {self.worker_id}", where=self.broker.describe)
         try:
             self.register()
@@ -526,8 +546,14 @@ class Worker:
         if not retrying:
             object.__setattr__(result, "finished_at", datetime.now(tz=UTC))
         event = JobEvent.of(claimed, envelope, outcome.status, time.perf_counter() - started)
-        log_end(logger, event, raised, outcome.retry_in_ms)
+        log_end(logger, event, raised, outcome.retry_in_ms, note=self._retry_note(outcome))
         return Finished(outcome, result, raised, event)
+
+    def _retry_note(self, outcome: Outcome) -> str:
+        """What a retry's line adds when no scheduler has stepped lately ('' else)."""
+        if outcome.status != RETRY or self.scheduler is None or not self.scheduler.missing():
+            return ""
+        return NO_SCHEDULER_NOTE
 
     def _failure(
         self, task: object, record: JobRecord, claimed: Claimed, exc: BaseException, error: str
