@@ -8,12 +8,18 @@ worker runs every job ready, the jobs that chains and group callbacks release
 included. Rounds go on until one runs nothing; a retry is the next round's. Nothing
 sleeps and no clock is changed: only which jobs are queued now.
 
+It runs and moves every job of its backend, not only the test's: the tests need a
+Redis (or a ``KEY_PREFIX``) of their own. When workers of other processes are alive on
+its backend, ``run_jobs()`` warns (``LiveWorkersWarning``): they would take the test's
+jobs, and it would run theirs.
+
 ``RunJobsMixin`` gives a ``TestCase`` the same as ``self.run_jobs()``;
 ``django_redisqueue.pytest_plugin`` gives pytest a ``run_jobs`` fixture.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -29,8 +35,17 @@ DEFAULT_HORIZON = timedelta(days=1)
 DEFAULT_MAX_ROUNDS = 50
 # Most delayed jobs moved per queue and round.
 BATCH = 1000
+# Most live workers read to warn of them.
+LIVE_WORKERS_READ = 100
 
-__all__ = ["DEFAULT_HORIZON", "DEFAULT_MAX_ROUNDS", "JobsStillDue", "RunJobsMixin", "run_jobs"]
+__all__ = [
+    "DEFAULT_HORIZON",
+    "DEFAULT_MAX_ROUNDS",
+    "JobsStillDue",
+    "LiveWorkersWarning",
+    "RunJobsMixin",
+    "run_jobs",
+]
 
 
 class JobsStillDue(AssertionError):
@@ -38,12 +53,22 @@ class JobsStillDue(AssertionError):
     its horizon: a task that retries for ever, or more retries than rounds."""
 
 
+class LiveWorkersWarning(UserWarning):
+    """``run_jobs()`` found live workers on its backend: the tests share the Redis (and
+    the key prefix) of a development or production setup. pytest's ``filterwarnings``
+    (``error::django_redisqueue.testing.LiveWorkersWarning``) or
+    ``warnings.simplefilter("error", LiveWorkersWarning)`` make it an error."""
+
+
 class _TestWorker(Worker):
     """A burst worker that keeps the test's database connection (and so its
     transaction) and records the results of what it ran."""
 
     def __init__(self, backend: RedisQueueBackend, queues: Sequence[str] | None) -> None:
-        super().__init__(backend, queues, burst=True, close_connections=False)
+        # No notice that no scheduler runs: run_jobs() moves delayed jobs itself.
+        super().__init__(
+            backend, queues, burst=True, close_connections=False, watch_scheduler=False
+        )
         self.ran: list[RedisTaskResult] = []
 
     def execute(self, claimed: Claimed) -> Finished:
@@ -71,7 +96,8 @@ def run_jobs(
     jobs see the test's rows, and the test sees theirs.
 
     Under an ``ImmediateBackend`` every job ran as it was enqueued: this returns ``[]``.
-    Raises ``JobsStillDue`` when jobs remain after ``max_rounds`` rounds.
+    Raises ``JobsStillDue`` when jobs remain after ``max_rounds`` rounds. Warns
+    (``LiveWorkersWarning``) when workers are alive on the backend: they share it.
     """
     if max_rounds < 1:
         raise ValueError(f"max_rounds must be at least 1, not {max_rounds!r}.")
@@ -82,6 +108,7 @@ def run_jobs(
         return []
     if not isinstance(chosen, RedisQueueBackend):
         raise TypeError(f"run_jobs() runs the jobs of a RedisQueueBackend, not of {chosen!r}.")
+    _warn_of_live_workers(chosen)
     horizon_ms = int(horizon.total_seconds() * 1000)
     ran: list[RedisTaskResult] = []
     for _ in range(max_rounds):
@@ -101,6 +128,27 @@ def run_jobs(
             "if it is a long retry policy."
         )
     return ran
+
+
+def _warn_of_live_workers(backend: RedisQueueBackend) -> None:
+    """Warn when workers heartbeat on ``backend``: asked before the first round, when no
+    worker of this call is registered yet."""
+    queries = backend.queries
+    live = queries.live_workers(queries.clock_ms(), LIVE_WORKERS_READ)
+    if not live:
+        return
+    hosts = sorted({worker.host for worker in live})
+    warnings.warn(
+        f"run_jobs(): {len(live)}{'+' if len(live) >= LIVE_WORKERS_READ else ''} live "
+        f"worker(s) (on {', '.join(hosts[:3])}{', ...' if len(hosts) > 3 else ''}) share "
+        f"backend {backend.alias!r} (Redis {backend.broker.describe()}, key prefix "
+        f"{backend.config.key_prefix!r}) with this test. They take the test's jobs, and "
+        "run_jobs() runs theirs and starts their delayed jobs now. Give the tests a Redis "
+        "of their own: another database in OPTIONS['URL'] (redis://127.0.0.1:6379/15) or "
+        "a KEY_PREFIX of their own in the test settings' TASKS.",
+        LiveWorkersWarning,
+        stacklevel=3,
+    )
 
 
 def _promote(backend: RedisQueueBackend, horizon_ms: int, queues: Sequence[str] | None) -> int:

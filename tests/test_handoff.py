@@ -531,3 +531,12 @@ def test_a_worker_running_broadcasts_is_handed_no_job(r, backend):
         finally:
             r.rpush("test:release", 1)
         wait_until(lambda: backend.get_result(job.id).status == SUCCESSFUL, 10, "the job")
+
+
+def test_the_scheduler_sleeps_no_longer_than_a_hand_off_waits_to_be_taken():
+    """No hand-off wakes the scheduler: it sees a handed job's deadline in time because
+    its longest sleep is no longer than that deadline."""
+    from django_redisqueue.runtime.scheduler import IDLE_WAIT
+    from django_redisqueue.store.broker import HANDED_MS
+
+    assert IDLE_WAIT * 1000 <= HANDED_MS

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import sys
 import time
+import warnings
 from datetime import timedelta
 
 import pytest
@@ -13,7 +14,7 @@ from django.test import TestCase, override_settings
 
 from django_redisqueue import chain, group, task
 from django_redisqueue.compat import TaskResultStatus
-from django_redisqueue.testing import JobsStillDue, RunJobsMixin, run_jobs
+from django_redisqueue.testing import JobsStillDue, LiveWorkersWarning, RunJobsMixin, run_jobs
 from tests.models import Report
 from tests.topology import ON_CLUSTER
 
@@ -222,3 +223,41 @@ def test_the_howto_examples_run_and_report_their_time(report):
             report(f"docs/howto/testing.md, {case_name}: {took:.3f} s")
     finally:
         del sys.modules[name]
+
+
+def a_worker_of_another_process(backend, host: str = "dev-laptop") -> None:
+    """Registered as a worker's heartbeat registers it: alive, on ``backend``."""
+    info = {"queues": "", "pid": 4242, "host": host, "started_at": 0, "jobs_done": 0}
+    backend.broker.heartbeat(f"{host}:4242:ab12", info, {})
+
+
+def test_live_workers_on_the_backend_are_warned_of(backend):
+    a_worker_of_another_process(backend)
+    job = double.enqueue(2)
+    with pytest.warns(LiveWorkersWarning) as caught:
+        ran = run_jobs()
+    [warning] = caught
+    assert str(warning.message).startswith(
+        "run_jobs(): 1 live worker(s) (on dev-laptop) share backend 'default' (Redis "
+    )
+    assert "key prefix 'drq:default'" in str(warning.message)
+    assert "redis://127.0.0.1:6379/15" in str(warning.message)
+    assert warning.filename == __file__  # the caller's line
+    assert [result.id for result in ran] == [job.id]  # it still runs the jobs
+
+
+def test_without_live_workers_nothing_is_said(backend):
+    ATTEMPTS.clear()
+    job = flaky.enqueue("alone")  # three rounds, a worker of run_jobs() in each
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LiveWorkersWarning)
+        ran = run_jobs()
+    assert [result.id for result in ran] == [job.id] * 3
+
+
+def test_a_worker_whose_heartbeat_stopped_long_ago_is_not_warned_of(r, backend):
+    a_worker_of_another_process(backend, "gone")
+    r.zadd(backend.keys.workers, {"gone:4242:ab12": 0})  # last heard of in 1970
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LiveWorkersWarning)
+        assert run_jobs() == []

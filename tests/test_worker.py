@@ -6,9 +6,13 @@ import sys
 import threading
 
 import pytest
+import redis
 
 from django_redisqueue import ResultTimeout, TaskFailed, task
 from django_redisqueue.compat import TaskResultStatus, task_backends, task_finished
+from django_redisqueue.runtime import WORKER_LOGGER
+from django_redisqueue.runtime.scheduler_watch import NO_SCHEDULER_NOTE
+from django_redisqueue.store.queries import Queries
 from tests import tasks
 from tests.conftest import (
     manage,
@@ -318,3 +322,67 @@ def test_a_failed_job_s_signal_is_sent_while_its_exception_is_handled(backend):
     finally:
         task_finished.disconnect(receiver)
     assert seen == [(TaskResultStatus.FAILED, ValueError)]
+
+
+def scheduler_stepped(backend) -> bool:
+    queries = backend.queries
+    return bool(queries.live_schedulers(queries.clock_ms(), 1))
+
+
+def test_a_worker_without_a_scheduler_says_so_at_start_and_on_a_retry_line(r, procs):
+    worker = procs.start("runworker")
+    procs.expect(worker, "jobs (run_after, delay) will not run until manage.py runscheduler runs")
+    tasks.always_fails.enqueue("alone")  # retries=3, backoff 0.2 s
+    procs.expect(worker, f"again in 0.2 s{NO_SCHEDULER_NOTE}")
+    output = procs.stop(worker)
+    assert output.count("no scheduler has stepped in the last 10 s") == 2, output
+    assert r.llen("test:attempts:alone") == 1  # its retry is still delayed
+
+
+def test_a_worker_with_a_scheduler_running_says_nothing_of_it(r, backend, procs):
+    scheduler = procs.start("runscheduler")
+    wait_until(lambda: scheduler_stepped(backend), 30, "the scheduler's first step")
+    worker = procs.start("runworker")
+    job = tasks.always_fails.enqueue("watched")
+    with pytest.raises(TaskFailed, match="attempt failed: watched"):
+        job.wait(timeout=60)  # its three retries ran
+    output = procs.stop(worker)
+    procs.stop(scheduler)
+    assert output.count("; again in ") == 3, output
+    assert "no scheduler" not in output
+
+
+def test_a_busy_worker_asks_whether_a_scheduler_runs_once_in_a_while(monkeypatch, caplog):
+    looks = []
+    live_schedulers = Queries.live_schedulers
+
+    def counted(self, *args, **kwargs):
+        looks.append(args)
+        return live_schedulers(self, *args, **kwargs)
+
+    monkeypatch.setattr(Queries, "live_schedulers", counted)
+    for i in range(10):
+        tasks.always_fails.enqueue(f"busy{i}")
+    with caplog.at_level(logging.WARNING, logger=WORKER_LOGGER):
+        worker = run_worker_here(task_backends["default"])
+    assert worker.jobs_done == 10
+    retries = [m for m in caplog.messages if "; again in " in m]
+    assert len(retries) == 10 and all(m.endswith(NO_SCHEDULER_NOTE) for m in retries)
+    assert len(looks) == 1  # within SCHEDULER_LOOK_EVERY of the first
+    # A burst worker leaves delayed jobs for later by design: it says nothing at start.
+    assert not [m for m in caplog.messages if "will not run until" in m]
+
+
+def test_a_redis_error_while_asking_for_a_scheduler_leaves_the_notice_out(r, monkeypatch, caplog):
+    def refused(self, *args, **kwargs):
+        raise redis.ConnectionError("Connection refused")
+
+    monkeypatch.setattr(Queries, "live_schedulers", refused)
+    job = tasks.always_fails.enqueue("unknown")
+    with caplog.at_level(logging.WARNING, logger=WORKER_LOGGER):
+        worker = run_worker_here(task_backends["default"])
+    assert worker.jobs_done == 1
+    [retry] = [m for m in caplog.messages if "; again in " in m]
+    assert retry.endswith("; again in 0.2 s")  # unknown: nothing said
+    assert "no scheduler" not in caplog.text
+    assert r.zscore(DEFAULT_KEYS.delayed("default"), job.id) is not None  # the retry stored

@@ -250,9 +250,10 @@ def _is_json_object(line: str) -> bool:
 
 
 def log_end(logger: logging.Logger, event: JobEvent, raised: BaseException | None,
-            retry_in_ms: int) -> None:  # fmt: skip
+            retry_in_ms: int, *, note: str = "") -> None:  # fmt: skip
     """Log how an attempt ended: a line per job, its fields for ``--log-format json``
-    (made only for a log that shows it: a busy worker logs thousands a second, or none)."""
+    (made only for a log that shows it: a busy worker logs thousands a second, or none).
+    ``note``: added to a retry's line (that no scheduler runs to start it)."""
     elapsed = event.duration * 1000
     said = _said(raised)
     if raised is None:
@@ -260,9 +261,9 @@ def log_end(logger: logging.Logger, event: JobEvent, raised: BaseException | Non
             logger.info("Job %s %s %s in %.1f ms", event.job_id, event.task, event.status,
                         elapsed, extra=job_fields(event))  # fmt: skip
     elif event.status == "RETRY":
-        logger.warning("Job %s %s raised %s: %s in %.1f ms; again in %.1f s", event.job_id,
+        logger.warning("Job %s %s raised %s: %s in %.1f ms; again in %.1f s%s", event.job_id,
                        event.task, type(raised).__name__, said, elapsed, retry_in_ms / 1000,
-                       extra=job_fields(event))  # fmt: skip
+                       note, extra=job_fields(event))  # fmt: skip
     else:
         logger.error("Job %s %s FAILED in %.1f ms: %s: %s", event.job_id, event.task, elapsed,
                      type(raised).__name__, said, exc_info=raised,

@@ -28,17 +28,15 @@ from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.core.jobs import error_info, to_json
 from django_redisqueue.exceptions import WorkerLost
 from django_redisqueue.periodic import PeriodicStep
+from django_redisqueue.runtime import SCHEDULER_IDLE_WAIT
 from django_redisqueue.runtime.heartbeat import HEARTBEAT_RETRY
-from django_redisqueue.store.broker import HANDED_MS
 from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
 
 logger = logging.getLogger(__name__)
 
-# Longest sleep when nothing is due: also how often an idle scheduler checks in. No
-# longer than the hand-off's deadline (HANDED_MS), so that a job handed to a dead
-# worker is given back on time with no wake-up at each hand-off; well under redis-py's
-# default socket timeout (5 s), which a longer blocking call would hit.
-IDLE_WAIT = HANDED_MS / 1000
+# Longest sleep when nothing is due: also how often an idle scheduler checks in. Well
+# under redis-py's default socket timeout (5 s), which a longer blocking call would hit.
+IDLE_WAIT = SCHEDULER_IDLE_WAIT
 # Below this, sleep on the local clock: Redis's blocking timeouts are ~0.1 s coarse.
 LOCAL_SLEEP_BELOW = 0.25
 # Most jobs each kind of move handles per step; a full batch runs the next step at once.

@@ -1,10 +1,8 @@
 """The worker loop: finish the last job and claim the next in one call, run it.
 
-A worker process runs one job at a time; ``pool.py`` forks several for
-``--concurrency``. Idle, it blocks on the wake-up lists of its queues (BLPOP), so it
-sends Redis about one command per second and starts a new job as soon as it lands.
-Any Redis error (a lost connection, OOM, READONLY after a failover, LOADING, BUSY) is
-logged and waited out with backoff; the outcome in hand is kept until Redis stores it.
+One job at a time (``pool.py`` forks processes for ``--concurrency``); idle, it blocks
+on BLPOP, about one command a second. Any Redis error is logged and waited out with
+backoff; the outcome in hand is kept until Redis stores it.
 """
 
 from __future__ import annotations
@@ -59,6 +57,7 @@ from django_redisqueue.runtime.broadcasts import Inbox
 from django_redisqueue.runtime.heartbeat import Heartbeat
 from django_redisqueue.runtime.memory import past_limit
 from django_redisqueue.runtime.queue_order import QueueOrder
+from django_redisqueue.runtime.scheduler_watch import SchedulerWatch
 from django_redisqueue.runtime.unknown_tasks import for_a_worker_that_knows
 from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector
 from django_redisqueue.store.wire import AFTER_GROUP_PREFIX, RELEASE, RETRY, Claimed, Outcome
@@ -82,10 +81,9 @@ class Finished:
 WAIT_TIMEOUT = 1.0
 # Wake-ups are hints; an idle worker claims anyway after this many quiet waits.
 IDLE_WAITS_BEFORE_CLAIM = 5
-# How long a claim that finds no job registers the worker as idle, to be handed the
-# next job of its queues (ms): past its quiet waits, which end in a claim that
-# registers it again, so that a worker that died idle is handed a job for seconds at
-# most (that job comes back when its lease runs out).
+# How long a claim that finds no job registers the worker as idle (ms): past its quiet
+# waits, which end in a claim that registers it again; a job handed to a worker that
+# died idle goes back at the hand-off's deadline.
 IDLE_MS = round((IDLE_WAITS_BEFORE_CLAIM + 1) * WAIT_TIMEOUT * 1000)
 # Tries to store the last outcome when stopping while Redis fails.
 FINISH_ATTEMPTS_ON_EXIT = 5
@@ -111,6 +109,7 @@ class Worker:
         max_jobs: int | None = None,
         max_memory: int | None = None,
         close_connections: bool = True,
+        watch_scheduler: bool = True,
     ) -> None:
         self.backend = backend
         # The loop's calls go through a connection of its own; the heartbeat thread's
@@ -142,6 +141,9 @@ class Worker:
         self.metrics = JobMetrics() if backend.config.metrics else None
         # Off only in tests that run jobs inside their own transaction (testing.py).
         self.close_connections = close_connections
+        # Whether it says when no scheduler runs (at start, and on retry lines); off in
+        # run_jobs(), which moves delayed jobs and retries itself (testing.py).
+        self.scheduler = SchedulerWatch(backend.queries) if watch_scheduler else None
 
     def run(self) -> None:
         """Run jobs until stopped (``stop()``), out of work (burst), max_jobs or
@@ -156,6 +158,8 @@ class Worker:
             ", ".join(self.queues) or "every queue used",
             self.backend.alias,
         )
+        if not self.burst and self.scheduler is not None:  # (a burst worker runs none)
+            self.scheduler.warn_at_start(self.worker_id, self.backend.alias)
         backoff = Reconnector(logger, f"Worker {self.worker_id}", where=self.broker.describe)
         try:
             self.register()
@@ -261,21 +265,16 @@ class Worker:
         return False
 
     def _give_back_handed(self) -> None:
-        """Stopping while registered as idle: the job handed to it meanwhile, if any,
-        goes back to its queue, and the registration ends."""
-        try:
-            given_back = self.broker.abandon(self.worker_id, handed_only=True)
-        except REDIS_ERRORS as exc:  # it comes back when its lease runs out
-            logger.warning(
-                "Worker %s: could not give back a job handed to it (%s)", self.worker_id, exc
-            )
-            return
-        if given_back:
-            logger.info(
-                "Worker %s: gave back job %s, handed to it as it stopped",
-                self.worker_id,
-                ", ".join(given_back),
-            )
+        """End the idle registration (stopping, or about to run broadcasts), giving
+        back the job handed meanwhile, if any; on a Redis error, that job goes back at
+        its hand-off's deadline instead."""
+        with contextlib.suppress(*REDIS_ERRORS):
+            if given_back := self.broker.abandon(self.worker_id, handed_only=True):
+                logger.info(
+                    "Worker %s: gave back job %s, handed to it as it turned to other work",
+                    self.worker_id,
+                    ", ".join(given_back),
+                )
 
     def _recover_claim(self, finished: Finished | None) -> Finished | None:
         """After a lost reply (of a claim, a wait or a take): store the outcome in hand
@@ -526,7 +525,8 @@ class Worker:
         if not retrying:
             object.__setattr__(result, "finished_at", datetime.now(tz=UTC))
         event = JobEvent.of(claimed, envelope, outcome.status, time.perf_counter() - started)
-        log_end(logger, event, raised, outcome.retry_in_ms)
+        note = self.scheduler.retry_note(outcome.status) if self.scheduler else ""
+        log_end(logger, event, raised, outcome.retry_in_ms, note=note)
         return Finished(outcome, result, raised, event)
 
     def _failure(

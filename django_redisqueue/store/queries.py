@@ -262,10 +262,13 @@ class Queries(Gateway):
         infos = self.worker_info([worker_id for worker_id, _ in seen])
         return [Live(i, at, info) for (i, at), info in zip(seen, infos, strict=True) if info]
 
-    def live_schedulers(self, now_ms: int, limit: int) -> list[Live]:
-        """The schedulers that stepped within SCHEDULER_ALIVE_MS, of the ``limit`` last."""
+    def live_schedulers(
+        self, now_ms: int, limit: int, *, within_ms: int = SCHEDULER_ALIVE_MS
+    ) -> list[Live]:
+        """The schedulers that stepped within ``within_ms`` (by default
+        SCHEDULER_ALIVE_MS), of the ``limit`` last."""
         seen = self.alive(self.keys.schedulers, limit)
-        return [Live(i, at) for i, at in seen if now_ms - at < SCHEDULER_ALIVE_MS]
+        return [Live(i, at) for i, at in seen if now_ms - at < within_ms]
 
     def worker_info(self, worker_ids: Sequence[str]) -> list[dict[str, str]]:
         pipe = self._pipeline(transaction=False)
