@@ -172,7 +172,8 @@ class ScriptCalls:
             return []
         server = self.server()
         try:
-            listed = server.function_list(library=f"{scripts.FUNCTION_PREFIX}*")
+            # (cast: redis-py 5's stubs say it may be awaitable; a sync client's is not)
+            listed = cast(list[Any], server.function_list(library=f"{scripts.FUNCTION_PREFIX}*"))
         except redis.ResponseError:  # no Functions here, or an ACL that hides them
             return []
         current = {script.function for script in self.scripts.values()}
