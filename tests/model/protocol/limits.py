@@ -42,8 +42,10 @@ from hypothesis.stateful import rule
 from django_redisqueue.core.jobs import FAILED
 from django_redisqueue.store.wire import NewJob
 from tests import tasks
+from tests.model.harness import RUN
 from tests.model.protocol.records import (
     AGES,
+    BATCH,
     DELAY_MS,
     DELETED,
     FINISHED,
@@ -229,16 +231,20 @@ class LimitsModel:
             self.unique_keys[job.unique] = (job.id, False)
             self.count("unique keys taken again")
 
-    def m_enqueue_one(self, job_id: str, spec, window: tuple[int, int]) -> str | None:
+    def m_enqueue_one(
+        self, job_id: str, spec, window: tuple[int, int], hand: bool = True
+    ) -> str | None:
         """enqueue.lua for one job with options: the holder's id when its unique key is
-        held (nothing stored), else None, the job stored (and holding its key)."""
+        held (nothing stored), else None, the job stored (and holding its key).
+        ``hand``: by a call of its own, which may hand it over (else the caller hands
+        the call's jobs once all are stored)."""
         queue, priority, due, unique, limit = spec
         if unique is not None:
             holder = self.m_unique_holder(unique[0])
             if holder is not None:
                 self.count("unique enqueues refused")
                 return holder
-        self.place_new(job_id, queue, priority, due, *window, limit=limit)
+        self.place_new(job_id, queue, priority, due, *window, limit=limit, hand=hand)
         job = self.jobs[job_id]
         if limit is not None:
             self.m_rate_window(limit)
@@ -295,9 +301,12 @@ class LimitsModel:
             if not lost:
                 raise
         window = (t0, self.clock())
-        expected = [
-            self.m_enqueue_one(j.job_id, s, window) for j, s in zip(jobs, full, strict=True)
-        ]
+        expected = []
+        for at in range(0, len(jobs), BATCH):  # each call of the batch in turn
+            chunk = list(zip(jobs[at : at + BATCH], full[at : at + BATCH], strict=True))
+            expected += [self.m_enqueue_one(j.job_id, s, window, hand=False) for j, s in chunk]
+            stored = [self.jobs[j.job_id] for j, _ in chunk if j.job_id in self.jobs]
+            RUN["handed over"] += self.m_hand_queued(stored, window)
         if replies is None:
             return
         for reply, holder in zip(replies, expected, strict=True):
