@@ -46,8 +46,12 @@ DATABASES = {
 # workers the tests start. REDISQUEUE_TEST_PG and _MARIADB give other servers' settings.
 # The processes the tests start have them only when a test asks (tests.conftest's
 # child_env): Django's system checks, which every runworker runs, load the driver of
-# every database and ask MariaDB's server for its settings.
-TEST_DB = f"redisqueue_tests_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+# every database and ask MariaDB's server for its settings. REDISQUEUE_TEST_DB_PREFIX
+# names them otherwise, for two runs at once on one server.
+TEST_DB = (
+    f"{os.environ.get('REDISQUEUE_TEST_DB_PREFIX', 'redisqueue_tests')}_"
+    f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+)
 OTHER_DATABASES = {
     "postgresql": {
         "ENGINE": "django.db.backends.postgresql",
