@@ -189,8 +189,8 @@ class RedisQueueBackend(OutboxRelay, BaseTaskBackend):
         """Put prepared jobs in Redis (one round trip), set their ``enqueued_at`` and
         send task_enqueued for each. Jobs that depend on another (``depends_on``) go
         through the linked enqueue, which holds them until that job succeeded.
-        ``relayed``: they come from the outbox, and a job whose id is taken is one
-        relayed already."""
+        ``relayed``: they come from the outbox, and a job relayed before (or whose id
+        is taken) is skipped, whatever became of it since."""
         after = [job_after(result) for result in results]
         if any(after):
             self.push_linked(results, after, relayed=relayed)
@@ -198,7 +198,9 @@ class RedisQueueBackend(OutboxRelay, BaseTaskBackend):
         self._stored(
             results,
             lambda: self.broker.enqueue(
-                [new_job(result) for result in results], record_queues=not self.queue_names
+                [new_job(result) for result in results],
+                record_queues=not self.queue_names,
+                relayed=relayed,
             ),
             relayed=relayed,
         )
@@ -217,7 +219,7 @@ class RedisQueueBackend(OutboxRelay, BaseTaskBackend):
         self._stored(
             results,
             lambda: self.broker.enqueue_linked(
-                jobs, group_id=group_id, record_queues=not self.queue_names
+                jobs, group_id=group_id, record_queues=not self.queue_names, relayed=relayed
             ),
             relayed=relayed,
         )

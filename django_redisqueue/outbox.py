@@ -5,11 +5,13 @@ A row commits or rolls back with the data it belongs to (savepoints included), s
 committed job cannot be lost to Redis being down, failing over or full at the commit.
 Two relays move rows to Redis: the committing process's, right after the commit
 (``relaying.py``), and ``runscheduler``'s, for rows left behind (``relay()``). Both
-store the job under its own id, which the enqueue script refuses to store twice, and
-only then delete the row: a row relayed twice makes one job. Where the database can
-``SELECT ... FOR UPDATE SKIP LOCKED``, a scheduler skips a step while another relays
-older rows; elsewhere (SQLite) they take turns. Either way no row is relayed twice at
-once and a backend's rows reach Redis oldest first.
+store the job and only then delete the row. The store leaves a relay record in Redis
+(the job's id), which outlives the job and its result until the row is deleted: a row
+relayed again, however late (a delete that failed, a process killed between the two,
+``REPLICA_ACKS`` not met), stores nothing, so a row relayed twice makes one job. Where
+the database can ``SELECT ... FOR UPDATE SKIP LOCKED``, a scheduler skips a step while
+another relays older rows; elsewhere (SQLite) they take turns. Either way no row is
+relayed twice at once and a backend's rows reach Redis oldest first.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from django.utils import timezone
 
 from django_redisqueue.models import OutboxJob
 from django_redisqueue.store.broker import Broker
+from django_redisqueue.store.gateway import REDIS_ERRORS
 from django_redisqueue.store.wire import MissingJob, NewJob
 
 logger = logging.getLogger(__name__)
@@ -78,9 +81,35 @@ def row_job(row: OutboxJob) -> NewJob:
     )
 
 
-def forget(database: str, job_ids: Iterable[str]) -> None:
-    """Delete the rows of jobs now in Redis: one statement, one round trip."""
-    OutboxJob.objects.using(database).filter(job_id__in=list(job_ids)).delete()
+def forget(broker: Broker, database: str, job_ids: Sequence[str]) -> None:
+    """Delete the rows of jobs now in Redis (one statement), then their relay records.
+    Database errors propagate (the rows stay, and their records)."""
+    OutboxJob.objects.using(database).filter(job_id__in=job_ids).delete()
+    forget_records(broker, job_ids)
+
+
+def forget_records(broker: Broker, job_ids: Sequence[str]) -> None:
+    """Drop the relay records of jobs whose rows are deleted. Redis errors are logged
+    only: ``sweep_records`` drops what is left."""
+    try:
+        broker.forget_relayed(job_ids)
+    except REDIS_ERRORS as exc:
+        logger.warning("Outbox: relay records left for runscheduler's sweep: %s", exc)
+
+
+def sweep_records(broker: Broker, databases: Sequence[str], batch: int = RELAY_BATCH) -> int:
+    """Drop the relay records, up to ``batch``, the longest unrelayed first, whose jobs
+    have no row left in ``databases`` (those ``forget_records`` missed: a process
+    killed after the delete, Redis not answering); return how many. A deleted row is
+    never relayed again, so its record may go at any time; a row still there keeps its
+    record. Redis and database errors propagate."""
+    ids = broker.relayed_jobs(batch)
+    if not ids:
+        return 0
+    kept = set().union(*(present(database, ids) for database in databases))
+    gone = [job_id for job_id in ids if job_id not in kept]
+    broker.forget_relayed(gone)
+    return len(gone)
 
 
 def find(databases: Sequence[str], backend: str, job_id: str) -> NewJob | None:
@@ -151,7 +180,7 @@ def store(
 
     def flush() -> None:
         if plain:
-            broker.enqueue(plain, record_queues=record_queues)
+            broker.enqueue(plain, record_queues=record_queues, relayed=True)
             plain.clear()
 
     for job in jobs:
@@ -160,7 +189,7 @@ def store(
             continue
         flush()
         try:
-            broker.enqueue_linked([job], record_queues=record_queues)
+            broker.enqueue_linked([job], record_queues=record_queues, relayed=True)
         except MissingJob as exc:
             if find(databases, backend, exc.job_id) is not None:
                 kept.add(job.job_id)
@@ -217,8 +246,10 @@ def relay(
             backend=backend,
             databases=databases or [database],
         )
-        _delete_rows(database, [row.id for row in taken if row.job_id not in kept])
-    return len(taken) - len(kept)
+        relayed = [row for row in taken if row.job_id not in kept]
+        _delete_rows(database, [row.id for row in relayed])
+    forget_records(broker, [row.job_id for row in relayed])
+    return len(relayed)
 
 
 def _delete_rows(database: str, ids: Sequence[int]) -> None:

@@ -85,8 +85,8 @@ class OutboxRelay(JobPreparation):
             )
             return
         try:
-            outbox.forget(database, [r.id for r in results if r.id not in kept])
-        except (DatabaseError, InterfaceError) as exc:  # relayed again later, and refused as taken
+            outbox.forget(self.broker, database, [r.id for r in results if r.id not in kept])
+        except (DatabaseError, InterfaceError) as exc:  # relayed again later: stores nothing
             logger.warning("Outbox: relayed jobs' rows not deleted yet: %s", exc)
 
     def relay_outbox(self, settle: float = outbox.SETTLE_SECONDS) -> int:

@@ -6,8 +6,8 @@ import redis
 from django_redisqueue import ResultTimeout
 from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
 from django_redisqueue.store import scripts
-from django_redisqueue.store.broker import ENQUEUE_BATCH_JOBS, Broker
-from django_redisqueue.store.wire import NewJob, Outcome
+from django_redisqueue.store.broker import Broker
+from django_redisqueue.store.wire import ENQUEUE_BATCH_JOBS, NewJob, Outcome
 from tests import tasks
 from tests.keys import DEFAULT_KEYS
 from tests.servers import free_port

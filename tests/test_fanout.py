@@ -193,7 +193,7 @@ def test_depends_on_a_job_that_does_not_exist_queues_nothing(r, backend):
         backend.broker.enqueue_linked([NewJob("1" * 26, "default", 0, "{}", 0, "2" * 26)])
     # Over several calls: the missing job is in the last, and refuses the first too.
     jobs = [NewJob(f"{i:026}", "default", 0, "{}") for i in range(4)]
-    with patch("django_redisqueue.store.broker.ENQUEUE_BATCH_JOBS", 2), pytest.raises(MissingJob):
+    with patch("django_redisqueue.store.wire.ENQUEUE_BATCH_JOBS", 2), pytest.raises(MissingJob):
         backend.broker.enqueue_linked([*jobs, NewJob("9" * 26, "default", 0, "{}", 0, "8" * 26)])
     assert r.keys("*") == []
 
@@ -526,9 +526,9 @@ def test_a_group_cancelled_between_its_enqueue_calls_never_runs_its_callback(r, 
     first, late = (NewJob(f"{i}" * 26, "default", 0, noop) for i in range(2))
     callback = NewJob("c" * 26, "default", 0, '{"v":1,"task":"tests.tasks.collect"}', 0,
                       AFTER_GROUP)  # fmt: skip
-    broker._run("enqueue_linked", 0, gid, 0, 60, 0, *first.as_linked_args())
+    broker._run("enqueue_linked", 0, gid, 0, 60, 0, 0, *first.as_linked_args())
     broker.cancel_group(gid, "{}")
-    broker._run("enqueue_linked", 0, gid, 1, 60, 0, *late.as_linked_args(),
+    broker._run("enqueue_linked", 0, gid, 1, 60, 0, 0, *late.as_linked_args(),
                 *callback.as_linked_args())  # fmt: skip
     run_worker_here(backend)
     stored = backend.get_result(callback.job_id)

@@ -25,7 +25,7 @@ from django_redisqueue.management.commands.queuehealth import OUTBOX_STUCK
 from django_redisqueue.models import OutboxJob
 from django_redisqueue.observe import metrics
 from tests import tasks
-from tests.conftest import not_on_cluster, private_redis, wait_until
+from tests.conftest import not_on_cluster, private_redis, run_worker_here, wait_until
 from tests.outboxes import two_relays_at_once, waiting
 
 DATABASES = ["default", "postgresql", "mariadb"]
@@ -138,6 +138,42 @@ def test_a_row_relayed_twice_makes_one_job(backend, database, r):
     assert r.keys(f"*{result.id}*") == [stored]
     assert backend.get_result(result.id).args == [1, 2]  # the first one, untouched
     assert queued(r, backend) == [result.id]
+
+
+def test_a_row_relayed_after_its_job_ran_and_its_result_expired_stores_nothing(
+    backend, database, r
+):
+    """The producer dies between the commit's store and its delete; the jobs run, and
+    their results expire (a result TTL of 1 s); runscheduler relays the rows: each job
+    ran once, and the rows and their relay records are gone. (Before the records, 20
+    jobs ran 40 times so.)"""
+    ledger = tasks.client()
+    ledger.delete("test:ledger")
+    with mock.patch.object(outbox, "forget"), transaction.atomic(using=database):
+        jobs = [enqueue(backend, i, 0, task=tasks.ledger) for i in range(5)]
+    assert len(rows(database)) == 5 and queued(r, backend) == [job.id for job in jobs]
+    with mock.patch.object(backend.broker, "result_ttl", 1):
+        run_worker_here(backend)
+    keys = [backend.keys.job(job.id) for job in jobs]
+    wait_until(lambda: not r.exists(*keys), 10, "the results to expire")
+    assert backend.relay_outbox(settle=0) == 5
+    assert rows(database) == [] and queued(r, backend) == []
+    assert not r.exists(backend.keys.relayed)
+    assert sorted(ledger.lrange("test:ledger", 0, -1)) == ["0", "1", "2", "3", "4"]
+
+
+def test_relay_records_left_behind_are_swept_once_their_rows_are_gone(backend, database, r):
+    """A relay whose process died after deleting its rows leaves their records; the
+    sweep drops them, and keeps those whose rows remain (relayed again, they must store
+    nothing)."""
+    with mock.patch.object(outbox, "forget_records"), transaction.atomic(using=database):
+        gone = enqueue(backend, 1, 1)
+    with mock.patch.object(outbox, "forget"), transaction.atomic(using=database):
+        kept = enqueue(backend, 2, 2)
+    assert set(r.zrange(backend.keys.relayed, 0, -1)) == {gone.id, kept.id}
+    assert outbox.sweep_records(backend.broker, backend.config.outbox) == 1
+    assert r.zrange(backend.keys.relayed, 0, -1) == [kept.id]
+    assert rows(database) == [kept.id]
 
 
 def test_relays_at_once_relay_each_row_once_and_in_order(backend, database, r):

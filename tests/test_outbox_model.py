@@ -2,14 +2,17 @@
 savepoint among them), commits whose relay succeeds, is refused by Redis or never runs
 (the process died between the commit and the relay), runscheduler's relay of what is
 left (a batch at a time, oldest first), a relay that dies after storing and before
-deleting, one refused by Redis, and two relays at once (in order); on SQLite and PostgreSQL
-(MariaDB has the fault test), against the suite's real Redis.
+deleting, one refused by Redis, two relays at once (in order), and jobs that run and
+whose results expire (so that a row relayed late finds nothing of its job but the
+relay record); on SQLite and PostgreSQL (MariaDB has the fault test), against the
+suite's real Redis.
 
 A Python model keeps which jobs were committed, in what order, and which wait in the
 outbox; after every step the database's rows and Redis's queue must be what it says:
 every committed job in exactly one of the two (or, after a relay died between its
 store and its delete, in both, until a relay deletes the row), no job of a rolled-back
-transaction anywhere, each job stored once."""
+transaction anywhere, each job stored once, however late its row is relayed again, and
+a relay record for exactly the jobs stored whose rows remain."""
 
 from __future__ import annotations
 
@@ -61,6 +64,7 @@ class OutboxMachine(RuleBasedStateMachine):
         self.rolled_back: set[str] = set()
         self.rows: list[str] = []  # the outbox, oldest first
         self.stored: list[str] = []  # in the order they reached Redis: their queue's
+        self.ran: set[str] = set()  # run, and their results expired
 
     def reach_redis(self, ids: list[str]) -> None:
         self.stored += [job_id for job_id in ids if job_id not in self.stored]
@@ -166,6 +170,24 @@ class OutboxMachine(RuleBasedStateMachine):
         self.reach_redis(self.rows[: held + second])
         del self.rows[: held + second]
 
+    @rule(count=st.integers(1, 3))
+    def jobs_run_and_their_results_expire(self, count: int) -> None:
+        """The oldest queued jobs run, and their results expire: their hashes go."""
+        queue = self.backend.keys.queue("default")
+        for job_id in self.r.zrange(queue, 0, count - 1):
+            self.r.zrem(queue, job_id)
+            self.r.delete(self.backend.keys.job(job_id))
+            self.ran.add(job_id)
+
+    @rule(batch=st.integers(1, 4))
+    def a_row_is_relayed_again_after_its_job_ran_and_its_result_expired(self, batch: int) -> None:
+        """The whole story in one step: a relay dies between its store and its delete,
+        the jobs run and their results expire, and the rows are relayed again."""
+        if self.rows:
+            self.relay_dies_before_deleting(batch)
+            self.jobs_run_and_their_results_expire(batch)
+            self.relay(batch)
+
     @invariant()
     def the_outbox_holds_what_the_model_says(self) -> None:
         rows = OutboxJob.objects.using(self.database).order_by("id")
@@ -174,14 +196,21 @@ class OutboxMachine(RuleBasedStateMachine):
     @invariant()
     def redis_holds_each_stored_job_once_and_no_other(self) -> None:
         queued = self.r.zrange(self.backend.keys.queue("default"), 0, -1)
-        assert queued == self.stored  # each once, first in first out
+        # each once, first in first out, and never again once it ran
+        assert queued == [job_id for job_id in self.stored if job_id not in self.ran]
+
+    @invariant()
+    def a_relay_record_stands_for_each_job_stored_whose_row_remains(self) -> None:
+        records = set(self.r.zrange(self.backend.keys.relayed, 0, -1))
+        assert records == set(self.rows) & set(self.stored)
 
     @invariant()
     def every_committed_job_is_somewhere_and_no_rolled_back_one(self) -> None:
         assert set(self.committed) == set(self.stored) | set(self.rows)
         assert not self.rolled_back & (set(self.stored) | set(self.rows))
         for job_id in self.committed[-3:]:  # found by its id wherever it is
-            assert self.backend.get_result(job_id).status == TaskResultStatus.READY
+            if job_id not in self.ran or job_id in self.rows:
+                assert self.backend.get_result(job_id).status == TaskResultStatus.READY
         for job_id in list(self.rolled_back)[:3]:
             with pytest.raises(TaskResultDoesNotExist):
                 self.backend.get_result(job_id)

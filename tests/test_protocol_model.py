@@ -48,7 +48,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
         examples=examples,
         steps=50,
         patches=[
-            mock.patch("django_redisqueue.store.broker.ENQUEUE_BATCH_JOBS", BATCH),
+            mock.patch("django_redisqueue.store.wire.ENQUEUE_BATCH_JOBS", BATCH),
             # The task API's enqueues hand jobs over under the backend's lease: the
             # model's, which runs out only when a step says so.
             mock.patch.object(backend.broker, "lease_ms", int(LEASE * 1000)),
@@ -91,6 +91,8 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "handed jobs given back",
             "handed jobs taken",
             "handed jobs given back untaken",
+            "results expired",
+            "rows relayed after their result expired",
         )
     )
     report(

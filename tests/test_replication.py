@@ -12,10 +12,14 @@ from contextlib import contextmanager
 
 import pytest
 import redis
+from django.db import transaction
 from django.test import override_settings
 
+from django_redisqueue import outbox
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.exceptions import BrokerUnavailable
+from django_redisqueue.models import OutboxJob
+from django_redisqueue.store.calls import NotReplicated
 from tests import tasks
 from tests.conftest import not_on_cluster, run_worker_here, use_redis, wait_until
 from tests.proxy import LinkProxy
@@ -58,18 +62,18 @@ NOT_CONFIRMED_WITHIN = 0.3
 
 
 @contextmanager
-def acked_backend(acks: int, timeout: float = CONFIRMED_WITHIN):
+def acked_backend(acks: int, timeout: float = CONFIRMED_WITHIN, alias="default", **options):
     from django.conf import settings
 
     tasks_setting = {alias: dict(conf) for alias, conf in settings.TASKS.items()}
-    options = tasks_setting["default"]["OPTIONS"]
-    tasks_setting["default"]["OPTIONS"] = {
-        **options,
+    tasks_setting[alias]["OPTIONS"] = {
+        **tasks_setting[alias]["OPTIONS"],
         "REPLICA_ACKS": acks,
         "REPLICA_ACKS_TIMEOUT": timeout,
+        **options,
     }
     with override_settings(TASKS=tasks_setting):
-        yield task_backends["default"]
+        yield task_backends[alias]
 
 
 @contextmanager
@@ -197,3 +201,40 @@ def test_what_a_failover_loses_of_acknowledged_enqueues(pair, link, acks, report
         assert (len(acknowledged), refused, lost) == (10, 10, [])
     else:  # the ten made while the replica was behind were acknowledged, and are gone
         assert (len(acknowledged), refused, len(lost)) == (20, 0, 10)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outbox_rows_no_replica_confirms_stay_and_their_jobs_run_once(pair):
+    """REPLICA_ACKS with the replica down: the commit's relay stores the jobs on the
+    master and keeps the rows; runscheduler relays them again and again, also after the
+    jobs ran and their results expired, and stores nothing; once the replica confirms,
+    the rows go, and so do their relay records. (Before the records, ten jobs ran 49
+    times in 20 s so.)"""
+    _, replica = pair
+    ledger = tasks.client()
+    ledger.delete("test:ledger")
+    with (
+        acked_backend(1, NOT_CONFIRMED_WITHIN, alias="outbox-default", RESULT_TTL=1) as backend,
+        frozen(replica),
+    ):
+        with transaction.atomic():
+            jobs = [tasks.ledger.using(backend=backend.alias).enqueue(i, 0) for i in range(3)]
+        rows = OutboxJob.objects.filter(job_id__in=[job.id for job in jobs])
+        assert rows.count() == 3  # the master holds the jobs; no replica confirmed them
+        run_worker_here(backend)
+        keys = [backend.keys.job(job.id) for job in jobs]
+        wait_until(lambda: not ledger.exists(*keys), 10, "the results to expire")
+        for _ in range(2):
+            with pytest.raises(NotReplicated):
+                outbox.relay(
+                    backend.broker, backend.alias, "default", record_queues=False, settle=0
+                )
+            assert rows.count() == 3
+        run_worker_here(backend)
+    with acked_backend(1, alias="outbox-default") as backend:
+        assert (
+            outbox.relay(backend.broker, backend.alias, "default", record_queues=False, settle=0)
+            == 3
+        )
+        assert not rows.exists() and not ledger.exists(backend.keys.relayed)
+    assert sorted(ledger.lrange("test:ledger", 0, -1)) == ["0", "1", "2"]

@@ -72,7 +72,9 @@ def test_a_pipeline_of_calls_loads_what_is_missing_and_runs_each_once(own_server
     broker, client = broker_of(own_server)
     round_trip(broker, "a")
     client.function_flush()
-    calls = [("enqueue", [0, "", *NewJob(f"j{i}", "default", 0, PAYLOAD).as_args()]) for i in "12"]
+    calls = [
+        ("enqueue", [0, "", 0, *NewJob(f"j{i}", "default", 0, PAYLOAD).as_args()]) for i in "12"
+    ]
     replies = broker._run_many(calls)
     assert all(reply[0] for reply in replies)
     assert client.zcard(broker.keys.queue("default")) == 2
@@ -85,7 +87,7 @@ def test_a_redis_without_functions_gets_the_same_scripts_by_evalsha(own_server):
     assert not broker.scripts.functions  # learnt from the first call's answer
     client.script_flush()  # NOSCRIPT: loaded again
     round_trip(broker, "b")
-    calls = [("enqueue", [0, "", *NewJob("c", "default", 0, PAYLOAD).as_args()])]
+    calls = [("enqueue", [0, "", 0, *NewJob("c", "default", 0, PAYLOAD).as_args()])]
     client.script_flush()
     assert broker._run_many(calls)[0][0]
     assert script_stats(client) == {"fcall": 0, "evalsha": 7}

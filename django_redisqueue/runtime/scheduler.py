@@ -30,6 +30,7 @@ from django_redisqueue.exceptions import WorkerLost
 from django_redisqueue.periodic import PeriodicStep
 from django_redisqueue.runtime import SCHEDULER_IDLE_WAIT
 from django_redisqueue.runtime.heartbeat import HEARTBEAT_RETRY
+from django_redisqueue.store.calls import NotReplicated
 from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,9 @@ LOCAL_SLEEP_BELOW = 0.25
 BATCH = 500
 # How often the outbox is relayed (s) while it holds nothing to relay.
 RELAY_EVERY = 1.0
+# How often (s) the relay records of outbox rows deleted are swept (outbox.py): only
+# those the relays could not drop themselves are left.
+SWEEP_RELAY_RECORDS_EVERY = 60.0
 # How often (s) a scheduler deletes the Functions libraries of other versions.
 PRUNE_FUNCTIONS_EVERY = 3600.0
 # A step that reaches Redis later than expected by this share of the lease was held
@@ -85,6 +89,7 @@ class Scheduler:
         # Also without schedules: its sync deletes the state of schedules removed.
         self.periodic = PeriodicStep(backend)
         self.next_relay = 0.0  # when to relay the outbox again (monotonic)
+        self.next_sweep = 0.0  # when to sweep the relay records again (monotonic)
         self.next_prune = 0.0  # when to delete other versions' libraries (monotonic)
         # After a Redis error, leases are not recovered until a lease has passed since
         # Redis answered again (a monotonic time): workers whose heartbeats failed alike
@@ -211,6 +216,14 @@ class Scheduler:
         close_old_connections()
         try:
             relayed = self.backend.relay_outbox()
+            if time.monotonic() >= self.next_sweep:
+                self.next_sweep = time.monotonic() + SWEEP_RELAY_RECORDS_EVERY
+                outbox.sweep_records(self.broker, self.backend.config.outbox)
+        except NotReplicated as exc:
+            # The master holds the jobs; their rows stay until a relay is confirmed
+            # (relayed again, they store nothing). Not Redis failing: leases still go.
+            self.broker.unreplicated.note("enqueue", exc)
+            return 0
         except (DatabaseError, InterfaceError) as exc:
             logger.warning("Scheduler %s: the outbox cannot be read: %s", self.scheduler_id, exc)
             for database in self.backend.config.outbox:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import redis
 from redis.sentinel import SentinelConnectionPool
@@ -33,6 +33,8 @@ from django_redisqueue.store.wire import (
     Received,
     Tick,
     claimed_from_reply,
+    enqueue_batches,
+    enqueue_reply,
 )
 
 logger = logging.getLogger(__name__)
@@ -40,18 +42,10 @@ logger = logging.getLogger(__name__)
 
 # Seconds a worker's record outlives its last heartbeat.
 WORKER_TTL = 60
-# Most jobs, and most payload bytes, one enqueue script call stores: Redis runs
-# nothing else during a script, so a large batch is cut into calls of this size (all
-# sent in one round trip).
-ENQUEUE_BATCH_JOBS = 1000
-ENQUEUE_BATCH_BYTES = 1 << 20
 # How long (ms) a job handed to an idle worker waits for the worker to take it before
 # the scheduler gives it back (docs/protocol.md, "The hand-off"): a live worker takes it
 # within a round trip; a dead, frozen or cut-off one leaves it this long, not a lease.
 HANDED_MS = 1000
-# A pinned broker's connection unused this long (s) is looked at before it is used:
-# the shortest idle ``timeout`` a server may have is 1 s.
-HELD_CONNECTION_LOOK_AFTER = 0.5
 
 
 class Broker(Gateway):
@@ -77,8 +71,6 @@ class Broker(Gateway):
         # The number of the last broadcast message, as the latest claim saw it.
         self.last_broadcast = 0
         self.unreplicated = UnreplicatedWrites()
-        # A pinned broker's: when its held connection was last used (else None).
-        self._held_used_at: float | None = None
 
     def pinned(self) -> Broker:
         """This broker on a connection of its own, held from call to call: for one
@@ -114,28 +106,6 @@ class Broker(Gateway):
         pinned._held_used_at = time.monotonic()
         return pinned
 
-    def _look_at_held_connection(self) -> None:
-        """A held connection idle for a while may have been closed by the server (its
-        ``timeout``) while a job ran: look before sending on it, as the pool does when
-        it hands one over, so that the call goes on a new one and is not taken for a
-        reply lost. Only after a pause: a busy worker pays no look."""
-        now = time.monotonic()
-        if now - (self._held_used_at or now) >= HELD_CONNECTION_LOOK_AFTER:
-            connection = cast(redis.Redis, self.client).connection
-            if connection is not None:
-                try:
-                    closed = connection.can_read()  # the server's EOF, or data no one asked for
-                except REDIS_ERRORS:
-                    closed = True
-                if closed:
-                    connection.disconnect()
-        self._held_used_at = now
-
-    def close(self) -> None:
-        """Give a pinned broker's connection back to the pool (any other: nothing)."""
-        if isinstance(self.client, redis.Redis) and self.client.connection is not None:
-            self.client.close()
-
     def _run(self, script: str, *args: Any, acked: bool = False) -> Any:
         """Call a script. ``acked``: a write that waits for REPLICA_ACKS replicas (if
         set); when too few confirm it, say so in the log and carry on (a job's move
@@ -164,23 +134,34 @@ class Broker(Gateway):
     # Producers
 
     def enqueue(
-        self, jobs: Sequence[NewJob], *, record_queues: bool = False
+        self, jobs: Sequence[NewJob], *, record_queues: bool = False, relayed: bool = False
     ) -> list[int | str | None]:
         """Store jobs in one round trip: one script call per ENQUEUE_BATCH_JOBS jobs
         (or ENQUEUE_BATCH_BYTES of payload), each call atomic. ``record_queues``: add
-        the queues' names to the queues used. Returns each job's enqueue time (ms),
-        None for a job whose id is taken (that job changes nothing), or, for a job
-        whose unique key another job holds, that job's id (it is not stored)."""
+        the queues' names to the queues used. ``relayed``: an outbox relay sends them,
+        and a job relayed before is not stored again, whatever became of it
+        (``forget_relayed``). Returns each job's enqueue time (ms), None for a job whose
+        id is taken or that was relayed before (that job changes nothing), or, for a
+        job whose unique key another job holds, that job's id (it is not stored)."""
         if not jobs:
             return []
-        calls = [
-            ("enqueue", [int(record_queues), self.handed_ms, *args]) for args in _batches(jobs)
-        ]
+        head = [int(record_queues), self.handed_ms, int(relayed)]
+        calls = [("enqueue", [*head, *args]) for args in enqueue_batches(jobs)]
         if len(calls) == 1 and not self.replica_acks:
             replies = [self._run("enqueue", *calls[0][1])]
         else:
             replies = self._run_many(calls)
-        return [_enqueued(reply) for replies_of_call in replies for reply in replies_of_call]
+        return [enqueue_reply(reply) for replies_of_call in replies for reply in replies_of_call]
+
+    def forget_relayed(self, job_ids: Sequence[str]) -> None:
+        """Drop the relay records of jobs whose outbox rows are deleted: none can be
+        relayed again (docs/protocol.md, "The outbox's relay")."""
+        if job_ids:
+            self.client.zrem(self.keys.relayed, *job_ids)
+
+    def relayed_jobs(self, count: int) -> list[str]:
+        """The ids of up to ``count`` relay records, the longest unrelayed first."""
+        return [text(i) or "" for i in sync(self.client.zrange(self.keys.relayed, 0, count - 1))]
 
     def cancel(self, job_id: str, error: str) -> str | None:
         """Cancel a READY job; return "CANCELLED", or the status that prevents it."""
@@ -396,12 +377,14 @@ class Broker(Gateway):
         *,
         group_id: str = "",
         record_queues: bool = False,
+        relayed: bool = False,
     ) -> list[int | None]:
         """Store jobs that wait for others (``NewJob.after``) or form a group (its
         members, and its callback last), in one round trip: one atomic call per batch,
-        the last one sealing the group. Returns each job's enqueue time (ms), or None
-        for a job whose id is taken. Raises MissingJob, storing nothing, when a job
-        names one to run after that does not exist."""
+        the last one sealing the group. ``relayed``: as ``enqueue``'s (a job relayed
+        before is skipped, and so is its look for the job it runs after). Returns each
+        job's enqueue time (ms), or None for a job whose id is taken. Raises MissingJob,
+        storing nothing, when a job names one to run after that does not exist."""
         position = {job.job_id: i for i, job in enumerate(jobs)}
         for i, job in enumerate(jobs):
             if position.get(job.after, -1) >= i:
@@ -410,7 +393,7 @@ class Broker(Gateway):
         outside = sorted(
             {job.after for job in jobs if job.after not in ("", AFTER_GROUP)} - position.keys()
         )
-        batches = list(_batches(jobs, linked=True))
+        batches = list(enqueue_batches(jobs, linked=True))
         calls = [
             (
                 "enqueue_linked",
@@ -419,6 +402,7 @@ class Broker(Gateway):
                     group_id,
                     int(i == len(batches) - 1),
                     self.result_ttl,
+                    int(relayed),
                     len(outside),
                     *outside,
                     *args,
@@ -593,28 +577,3 @@ class Broker(Gateway):
             for name, reply in zip(names, replies, strict=True)
             if isinstance(reply, Exception)
         ]
-
-    # Inspection
-
-
-def _batches(jobs: Sequence[NewJob], *, linked: bool = False) -> Iterator[list[Any]]:
-    """The enqueue script's arguments for ``jobs`` (``linked``: enqueue_linked's),
-    cut into batches."""
-    args: list[Any] = []
-    count = size = 0
-    for job in jobs:
-        if args and (count >= ENQUEUE_BATCH_JOBS or size >= ENQUEUE_BATCH_BYTES):
-            yield args
-            args, count, size = [], 0, 0
-        args += job.as_linked_args() if linked else job.as_args()
-        count += 1
-        size += len(job.payload)
-    yield args
-
-
-def _enqueued(reply: Any) -> int | str | None:
-    """One job's enqueue reply: its enqueue time (ms), None (its id was taken), or the
-    id of the job holding its unique key."""
-    if isinstance(reply, bytes | str):
-        return text(reply)
-    return int(reply) or None

@@ -9,7 +9,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.client import Pipeline
@@ -121,6 +121,11 @@ def read_leniently(read: Callable[[], Any]) -> Any:
         return readable(exc)
 
 
+# A held connection unused this long (s) is looked at before it is used:
+# the shortest idle ``timeout`` a server may have is 1 s.
+HELD_CONNECTION_LOOK_AFTER = 0.5
+
+
 class Gateway:
     """The client of the one Redis database (or cluster slot) that holds a backend's keys."""
 
@@ -128,6 +133,30 @@ class Gateway:
         self.client = client
         self.keys = keys
         self._script_keys = keys.script_keys
+        # On a connection held from call to call (Broker.pinned): when it was last used.
+        self._held_used_at: float | None = None
+
+    def _look_at_held_connection(self) -> None:
+        """A held connection idle for a while may have been closed by the server (its
+        ``timeout``) while a job ran: look before sending on it, as the pool does when
+        it hands one over, so that the call goes on a new one and is not taken for a
+        reply lost. Only after a pause: a busy worker pays no look."""
+        now = time.monotonic()
+        if now - (self._held_used_at or now) >= HELD_CONNECTION_LOOK_AFTER:
+            connection = cast(redis.Redis, self.client).connection
+            if connection is not None:
+                try:
+                    closed = connection.can_read()  # the server's EOF, or data no one asked for
+                except REDIS_ERRORS:
+                    closed = True
+                if closed:
+                    connection.disconnect()
+        self._held_used_at = now
+
+    def close(self) -> None:
+        """Give a pinned broker's connection back to the pool (any other: nothing)."""
+        if isinstance(self.client, redis.Redis) and self.client.connection is not None:
+            self.client.close()
 
     def _server(self) -> redis.Redis:
         """The client of the one server that holds this backend's keys."""

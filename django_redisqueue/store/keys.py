@@ -150,6 +150,10 @@ key                           type    contents (written by)
                                       deadline in ms, when the tick gives the job
                                       back (enqueue; claim and heartbeat take;
                                       tick, abandon)
+``{P}:relayed``               zset    ids of the jobs outbox relays stored, by the
+                                      ms of the latest relay; kept until the job's
+                                      row is deleted, whatever the job's TTL
+                                      (enqueue, enqueue_linked; ZREM by the relay)
 ============================  ======  ===========================================
 
 Job hash fields of the fan-out: ``group`` (a member: the group's id), ``counted``
@@ -328,6 +332,7 @@ class KeySchema:
             "IDLE_WORKER": self.idle_worker(""),
             "HANDOFF": self.handoff(""),
             "HANDED": self.handed,
+            "RELAYED": self.relayed,
         }
 
     def queue(self, name: str) -> str:
@@ -384,6 +389,10 @@ class KeySchema:
     @property
     def handed(self) -> str:
         return f"{self.prefix}:handed"
+
+    @property
+    def relayed(self) -> str:
+        return f"{self.prefix}:relayed"
 
     def unique(self, key: str) -> str:
         return f"{self.prefix}:unique:{key}"

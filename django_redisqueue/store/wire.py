@@ -6,7 +6,7 @@ outcome shares with a job, SUCCESSFUL and FAILED, are ``core.jobs``'.)"""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,11 @@ RELEASE = "RELEASE"  # an outcome only: given back unfinished to its queue, READ
 AFTER_GROUP = "*"
 # How a callback's job hash names its group in its ``after`` field: ``group:<gid>``.
 AFTER_GROUP_PREFIX = "group:"
+# Most jobs, and most payload bytes, one enqueue script call stores: Redis runs
+# nothing else during a script, so a large batch is cut into calls of this size (all
+# sent in one round trip).
+ENQUEUE_BATCH_JOBS = 1000
+ENQUEUE_BATCH_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,3 +147,26 @@ class MissingJob(LookupError):
     def __init__(self, job_id: str) -> None:
         super().__init__(job_id)
         self.job_id = job_id
+
+
+def enqueue_batches(jobs: Sequence[NewJob], *, linked: bool = False) -> Iterator[list[Any]]:
+    """The enqueue script's arguments for ``jobs`` (``linked``: enqueue_linked's),
+    cut into batches."""
+    args: list[Any] = []
+    count = size = 0
+    for job in jobs:
+        if args and (count >= ENQUEUE_BATCH_JOBS or size >= ENQUEUE_BATCH_BYTES):
+            yield args
+            args, count, size = [], 0, 0
+        args += job.as_linked_args() if linked else job.as_args()
+        count += 1
+        size += len(job.payload)
+    yield args
+
+
+def enqueue_reply(reply: Any) -> int | str | None:
+    """One job's enqueue reply: its enqueue time (ms), None (its id was taken), or the
+    id of the job holding its unique key."""
+    if isinstance(reply, bytes | str):
+        return reply.decode() if isinstance(reply, bytes) else reply
+    return int(reply) or None

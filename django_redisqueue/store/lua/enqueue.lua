@@ -1,7 +1,7 @@
--- include: keys, values, new_jobs, unique, handoff
+-- include: keys, values, new_jobs, unique, handoff, relays
 -- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
 --       KNOWN_QUEUES, UNIQUE..key, LIMIT..key, RUNNING, PAUSED, IDLE..queue,
---       IDLE_WORKER..wid, HANDOFF..wid, HANDED
+--       IDLE_WORKER..wid, HANDOFF..wid, HANDED, RELAYED
 -- Store jobs and make them READY: each on its queue, or in its queue's delayed set
 -- until due. One job or a batch: one call, one round trip. Then the first jobs of a
 -- queue that held none before the call, unpaused, with no limit, go to the idle
@@ -10,20 +10,29 @@
 -- ARGV[1] 1 to record the queues' names among the queues used (QUEUES is empty),
 -- ARGV[2] how long (ms) a handed job waits for its worker to take it, after which the
 --   scheduler gives it back (its short lease in HANDED),
+-- ARGV[3] 1 when an outbox relay sends the jobs: one relayed before stores nothing
+--   (relays.lua),
 -- then 6 values per job: id, payload (JSON envelope), queue name, priority
 -- (-100..100), due time (ms since the epoch, or 0 for now; a due time Redis's clock
 -- has passed queues the job at once), options ('' or JSON: new_jobs.lua's job_options).
 -- Returns, per job, the enqueue time (ms), or 0 when a key with its id exists already
--- (that job is skipped, nothing of it changed), or, for a job with a unique key that
--- another job holds, that job's id (the job is not stored).
-local record_queues, lease = ARGV[1] == '1', tonumber(ARGV[2])
+-- or, for a relay, the job was relayed before (that job is skipped, nothing of it
+-- changed), or, for a job with a unique key that another job holds, that job's id
+-- (the job is not stored).
+local record_queues, lease, relay = ARGV[1] == '1', tonumber(ARGV[2]), ARGV[3] == '1'
 local now = clock_ms()
 local enqueued = {}
 local filled, added = {}, {}
-for at = 3, #ARGV, 6 do
+for at = 4, #ARGV, 6 do
   local id, payload, queue, priority = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
   local due, options = tonumber(ARGV[at + 4]), job_options(ARGV[at + 5])
-  local holder = options.unique and unique_holder(options.unique)
+  -- A job relayed before, or whose unique key another job holds, is not stored: its
+  -- reply is 0, or the holder's id.
+  local skipped = relay and relayed_before(id) and 0
+  local holder = skipped or (options.unique and unique_holder(options.unique))
+  if relay then
+    record_relay(id, now)
+  end
   if holder then
     enqueued[#enqueued + 1] = holder
   elseif redis.call('EXISTS', JOB .. id) == 1 then

@@ -1,14 +1,15 @@
--- include: keys, values, errors, limits, new_jobs, fanout, outcome
+-- include: keys, values, errors, limits, new_jobs, fanout, outcome, relays
 -- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
 --       FAILED..queue, STATS..minute, KNOWN_QUEUES, GROUP..gid, GROUPS, UNIQUE..key,
---       LIMIT..key
+--       LIMIT..key, RELAYED
 -- Store jobs that belong to a group or wait for another job: a group's members and its
 -- callback, the steps of a chain, a job enqueued with depends_on. One call per batch;
 -- a group's batches are sent in one round trip, the last one sealing the group.
 -- ARGV[1] 1 to record the queues' names among the queues used (QUEUES is empty),
 -- ARGV[2] group id, or '' for none, ARGV[3] 1 when this call holds the group's last
 -- batch (its size is then final, and it may complete), ARGV[4] result TTL (s),
--- ARGV[5] E, then E ids: the jobs waited for that are not among the jobs of the whole
+-- ARGV[5] 1 when an outbox relay sends the jobs (one relayed before stores nothing,
+-- and what it runs after is not looked for: relays.lua), ARGV[6] E, then E ids: the jobs waited for that are not among the jobs of the whole
 -- batch (every call of a batch gets them all, so that a missing one refuses every
 -- call, not only the one naming it), then 7 values per job: id, payload (JSON envelope), queue name, priority, due time
 -- (ms, or 0 for now), options ('' or JSON, new_jobs.lua's job_options: its limits
@@ -16,16 +17,24 @@
 -- (stored earlier in this call or batch, or already in Redis), or '*' (the group's
 -- callback: it waits for every member to end). With a group id, every job but the
 -- callback is a member.
--- Returns {0, enqueue time per job (0 when its id is taken: that job is skipped)},
+-- Returns {0, enqueue time per job (0 when its id is taken, or it was relayed before:
+-- that job is skipped)},
 -- or {1, id} when a job names a job to run after that does not exist: then nothing
 -- is stored.
 local record_queues, gid, seal = ARGV[1] == '1', ARGV[2], ARGV[3] == '1'
-local ttl = tonumber(ARGV[4])
-local first_job = 6 + tonumber(ARGV[5])
+local ttl, relay = tonumber(ARGV[4]), ARGV[5] == '1'
+local first_job = 7 + tonumber(ARGV[6])
 local now = clock_ms()
 
+-- The jobs of a relay relayed before, skipped; if that is all of them, nothing is
+-- looked for (what they run after may be long gone).
+local skipped, storing = {}, false
+for at = first_job, #ARGV, 7 do
+  skipped[ARGV[at]] = relay and relayed_before(ARGV[at])
+  storing = storing or not skipped[ARGV[at]]
+end
 -- Every job waited for must exist before anything is written.
-for i = 6, first_job - 1 do
+for i = 7, storing and first_job - 1 or 6 do
   if not is_job(ARGV[i]) then
     return {1, ARGV[i]}
   end
@@ -33,7 +42,8 @@ end
 local here = {}
 for at = first_job, #ARGV, 7 do
   local after = ARGV[at + 6]
-  if after ~= '' and after ~= '*' and not here[after] and not is_job(after) then
+  if after ~= '' and after ~= '*' and not here[after] and not skipped[ARGV[at]]
+      and not is_job(after) then
     return {1, after}
   end
   here[ARGV[at]] = true
@@ -65,7 +75,10 @@ for at = first_job, #ARGV, 7 do
   local id, payload, queue, priority = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
   local due, options, after = tonumber(ARGV[at + 4]), job_options(ARGV[at + 5]), ARGV[at + 6]
   local job = JOB .. id
-  if redis.call('EXISTS', job) == 1 then
+  if relay then
+    record_relay(id, now)
+  end
+  if skipped[id] or redis.call('EXISTS', job) == 1 then
     enqueued[#enqueued + 1] = 0
   else
     -- The job it waits for: 'waits' (not ended), 'SUCCESSFUL', 'FAILED', or none.

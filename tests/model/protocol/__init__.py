@@ -61,6 +61,10 @@ its window of rates, the parked sets and the looks agree with the model, no job 
 beside more jobs of its key than its max_running, and no parked job is left without a
 look or a slot holder to bring it back.
 
+Outbox relays are modelled in relays.py: relays store jobs and record their ids, a
+finished job's result expires, a row is relayed again whatever its job became (stored
+nothing), and a relay forgets the records of the rows it deleted.
+
 How the test controls time
 --------------------------
 The scripts read Redis's clock (TIME), which a test cannot move. So:
@@ -103,6 +107,7 @@ Where each part is
   the rules that make those calls.
 - ``fanout.py``: chains, ``depends_on`` and groups; ``broadcasts.py``: broadcasts and
   receive; ``limits.py``: unique jobs and limits (each: moves, operations, rules).
+- ``relays.py``: the outbox's relay records, and results that expire.
 - ``trouble.py``: SCRIPT FLUSH, errors before a script, a real OOM, lost replies.
 - ``invariants.py``: what is read from Redis and compared after every step.
 """

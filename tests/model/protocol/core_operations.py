@@ -50,15 +50,18 @@ class CoreOperations:
         job_id = task.enqueue().id
         self.place_new(job_id, queue, priority, due, t0, self.clock())
 
-    def op_enqueue_batch(self, specs: list[tuple[str, int, int | None]]) -> None:
-        """Jobs (queue, priority, delay) stored by one enqueue call, in that order."""
+    def op_enqueue_batch(
+        self, specs: list[tuple[str, int, int | None]], relayed: bool = False
+    ) -> list[str]:
+        """Jobs (queue, priority, delay) stored by one enqueue call, in that order (by
+        an outbox relay: ``relayed``); their ids."""
         prepared = [self.backend.prepare(tasks.noop, (), {}) for _ in specs]
         t0 = self.clock()
         jobs = [
             NewJob(result.id, queue, priority, result._payload, 0 if delay is None else t0 + delay)
             for result, (queue, priority, delay) in zip(prepared, specs, strict=True)
         ]
-        enqueued = self.broker.enqueue(jobs)
+        enqueued = self.broker.enqueue(jobs, relayed=relayed)
         t1 = self.clock()
         assert len(enqueued) == len(jobs)
         for at in range(0, len(jobs), BATCH):  # each call of the batch in turn
@@ -70,6 +73,7 @@ class CoreOperations:
                 self.place_new(job.job_id, job.queue, job.priority, job.due_ms, t0, t1, hand=False)
                 placed.append(self.jobs[job.job_id])
             RUN["handed over"] += self.m_hand_queued(placed, (t0, t1))
+        return [job.job_id for job in jobs]
 
     def place_new(
         self,

@@ -354,6 +354,8 @@ class InvariantChecks:
                 expires[k.group_done(group.id)] = True
         if any(g.indexed for g in self.groups.values()):
             expires[k.groups] = False
+        if self.relay_records:
+            expires[k.relayed] = False
         if self.unread:
             expires[k.broadcast_unread] = True
         if self.messages:

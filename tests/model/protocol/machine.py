@@ -16,6 +16,7 @@ from tests.model.protocol.fanout import FanOutModel
 from tests.model.protocol.invariants import InvariantChecks
 from tests.model.protocol.limits import LimitsModel
 from tests.model.protocol.records import WORKERS, Group, Job, Message
+from tests.model.protocol.relays import RelayModel
 from tests.model.protocol.trouble import RedisTrouble
 
 
@@ -26,6 +27,7 @@ class ProtocolMachine(
     FanOutModel,
     BroadcastModel,
     LimitsModel,
+    RelayModel,
     RedisTrouble,
     InvariantChecks,
     ModelMachine,
@@ -67,5 +69,6 @@ class ProtocolMachine(
         self.last_clock = 0
         self.last_claim = 0  # Redis's clock after the last claim
         self.init_limits()
+        self.init_relays()
         assert self.backend.config.result_ttl == RESULT_TTL
         self.started = self.clock()
