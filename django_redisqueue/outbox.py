@@ -6,9 +6,10 @@ committed job cannot be lost to Redis being down, failing over or full at the co
 Two relays move rows to Redis: the committing process's, right after the commit
 (``relaying.py``), and ``runscheduler``'s, for rows left behind (``relay()``). Both
 store the job and only then delete the row. The store leaves a relay record in Redis
-(the job's id), which outlives the job and its result until the row is deleted: a row
-relayed again, however late (a delete that failed, a process killed between the two,
-``REPLICA_ACKS`` not met), stores nothing, so a row relayed twice makes one job. Where
+(the job's id), which outlives the job and its result until runscheduler sweeps it
+once the row is deleted: a row relayed again, however late (a delete that failed, a
+process killed between the two, ``REPLICA_ACKS`` not met), stores nothing, so a row
+relayed twice makes one job. Where
 the database can ``SELECT ... FOR UPDATE SKIP LOCKED``, a scheduler skips a step while
 another relays older rows; elsewhere (SQLite) they take turns. Either way no row is
 relayed twice at once and a backend's rows reach Redis oldest first.
@@ -27,7 +28,6 @@ from django.utils import timezone
 
 from django_redisqueue.models import OutboxJob
 from django_redisqueue.store.broker import Broker
-from django_redisqueue.store.gateway import REDIS_ERRORS
 from django_redisqueue.store.wire import MissingJob, NewJob
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,10 @@ RELAY_BATCH = 500
 # runscheduler relays a row once it is this old (s): a commit's own relay usually
 # takes it first, and a relay of the same row by both costs a refused enqueue.
 SETTLE_SECONDS = 2.0
+# Relay records (of jobs whose rows may be deleted) runscheduler's sweep reads at a
+# time, and most pages it reads in a step: 10,000 a second.
+SWEEP_BATCH = 1000
+SWEEP_PAGES = 10
 # Most payload bytes one INSERT of outbox rows carries: a quarter of MariaDB's and
 # MySQL's default max_allowed_packet (16 MiB), as a driver may escape each byte to two.
 WRITE_BATCH_BYTES = 4 << 20
@@ -81,35 +85,31 @@ def row_job(row: OutboxJob) -> NewJob:
     )
 
 
-def forget(broker: Broker, database: str, job_ids: Sequence[str]) -> None:
-    """Delete the rows of jobs now in Redis (one statement), then their relay records.
-    Database errors propagate (the rows stay, and their records)."""
-    OutboxJob.objects.using(database).filter(job_id__in=job_ids).delete()
-    forget_records(broker, job_ids)
+def forget(database: str, job_ids: Iterable[str]) -> None:
+    """Delete the rows of jobs now in Redis: one statement, one round trip. Their relay
+    records go at runscheduler's next sweep (``sweep_records``)."""
+    OutboxJob.objects.using(database).filter(job_id__in=list(job_ids)).delete()
 
 
-def forget_records(broker: Broker, job_ids: Sequence[str]) -> None:
-    """Drop the relay records of jobs whose rows are deleted. Redis errors are logged
-    only: ``sweep_records`` drops what is left."""
-    try:
-        broker.forget_relayed(job_ids)
-    except REDIS_ERRORS as exc:
-        logger.warning("Outbox: relay records left for runscheduler's sweep: %s", exc)
-
-
-def sweep_records(broker: Broker, databases: Sequence[str], batch: int = RELAY_BATCH) -> int:
-    """Drop the relay records, up to ``batch``, the longest unrelayed first, whose jobs
-    have no row left in ``databases`` (those ``forget_records`` missed: a process
-    killed after the delete, Redis not answering); return how many. A deleted row is
-    never relayed again, so its record may go at any time; a row still there keeps its
-    record. Redis and database errors propagate."""
-    ids = broker.relayed_jobs(batch)
-    if not ids:
-        return 0
-    kept = set().union(*(present(database, ids) for database in databases))
-    gone = [job_id for job_id in ids if job_id not in kept]
-    broker.forget_relayed(gone)
-    return len(gone)
+def sweep_records(
+    broker: Broker, databases: Sequence[str], start: int = 0, batch: int = SWEEP_BATCH
+) -> int:
+    """Drop the relay records whose jobs have no row left in ``databases``, a page of
+    ``batch`` from place ``start`` (0: the longest unrelayed) at a time, while pages
+    come full and yield some, at most SWEEP_PAGES; return the place the next sweep
+    starts from (0 once the end was reached). A deleted row is never relayed again, so
+    its record may go at any time; a row still there keeps its record, and the next
+    page starts past the ones kept. Redis and database errors propagate."""
+    for _ in range(SWEEP_PAGES):
+        ids = broker.relayed_jobs(start, batch)
+        kept = set().union(*(present(database, ids) for database in databases)) if ids else set()
+        broker.forget_relayed([job_id for job_id in ids if job_id not in kept])
+        if len(ids) < batch:
+            return 0
+        start += len(kept)
+        if len(kept) == len(ids):
+            break
+    return start
 
 
 def find(databases: Sequence[str], backend: str, job_id: str) -> NewJob | None:
@@ -246,10 +246,8 @@ def relay(
             backend=backend,
             databases=databases or [database],
         )
-        relayed = [row for row in taken if row.job_id not in kept]
-        _delete_rows(database, [row.id for row in relayed])
-    forget_records(broker, [row.job_id for row in relayed])
-    return len(relayed)
+        _delete_rows(database, [row.id for row in taken if row.job_id not in kept])
+    return len(taken) - len(kept)
 
 
 def _delete_rows(database: str, ids: Sequence[int]) -> None:

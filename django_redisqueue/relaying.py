@@ -85,7 +85,7 @@ class OutboxRelay(JobPreparation):
             )
             return
         try:
-            outbox.forget(self.broker, database, [r.id for r in results if r.id not in kept])
+            outbox.forget(database, [r.id for r in results if r.id not in kept])
         except (DatabaseError, InterfaceError) as exc:  # relayed again later: stores nothing
             logger.warning("Outbox: relayed jobs' rows not deleted yet: %s", exc)
 

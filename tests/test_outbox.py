@@ -158,22 +158,27 @@ def test_a_row_relayed_after_its_job_ran_and_its_result_expired_stores_nothing(
     wait_until(lambda: not r.exists(*keys), 10, "the results to expire")
     assert backend.relay_outbox(settle=0) == 5
     assert rows(database) == [] and queued(r, backend) == []
+    assert outbox.sweep_records(backend.broker, backend.config.outbox) == 0
     assert not r.exists(backend.keys.relayed)
     assert sorted(ledger.lrange("test:ledger", 0, -1)) == ["0", "1", "2", "3", "4"]
 
 
-def test_relay_records_left_behind_are_swept_once_their_rows_are_gone(backend, database, r):
-    """A relay whose process died after deleting its rows leaves their records; the
-    sweep drops them, and keeps those whose rows remain (relayed again, they must store
-    nothing)."""
-    with mock.patch.object(outbox, "forget_records"), transaction.atomic(using=database):
-        gone = enqueue(backend, 1, 1)
+def test_the_sweep_drops_the_relay_records_of_deleted_rows_only(backend, database, r):
+    """Records of rows deleted go; those of rows that remain stay (relayed again, they
+    must store nothing), and a page of them does not stop the sweep: it goes on past
+    them, and starts again from the oldest once it reached the end."""
     with mock.patch.object(outbox, "forget"), transaction.atomic(using=database):
-        kept = enqueue(backend, 2, 2)
-    assert set(r.zrange(backend.keys.relayed, 0, -1)) == {gone.id, kept.id}
-    assert outbox.sweep_records(backend.broker, backend.config.outbox) == 1
-    assert r.zrange(backend.keys.relayed, 0, -1) == [kept.id]
-    assert rows(database) == [kept.id]
+        kept = [enqueue(backend, i, i) for i in range(3)]
+    with transaction.atomic(using=database):
+        gone = [enqueue(backend, i, i) for i in range(4)]
+    assert r.zcard(backend.keys.relayed) == 7
+    start = outbox.sweep_records(backend.broker, backend.config.outbox, batch=3)
+    assert start == 3  # a first page all kept: the next sweep starts past it
+    assert r.zcard(backend.keys.relayed) == 7
+    assert outbox.sweep_records(backend.broker, backend.config.outbox, start, batch=3) == 0
+    assert set(r.zrange(backend.keys.relayed, 0, -1)) == {job.id for job in kept}
+    assert rows(database) == [job.id for job in kept]
+    assert not {job.id for job in gone} & set(r.zrange(backend.keys.relayed, 0, -1))
 
 
 def test_relays_at_once_relay_each_row_once_and_in_order(backend, database, r):

@@ -44,9 +44,6 @@ LOCAL_SLEEP_BELOW = 0.25
 BATCH = 500
 # How often the outbox is relayed (s) while it holds nothing to relay.
 RELAY_EVERY = 1.0
-# How often (s) the relay records of outbox rows deleted are swept (outbox.py): only
-# those the relays could not drop themselves are left.
-SWEEP_RELAY_RECORDS_EVERY = 60.0
 # How often (s) a scheduler deletes the Functions libraries of other versions.
 PRUNE_FUNCTIONS_EVERY = 3600.0
 # A step that reaches Redis later than expected by this share of the lease was held
@@ -89,7 +86,7 @@ class Scheduler:
         # Also without schedules: its sync deletes the state of schedules removed.
         self.periodic = PeriodicStep(backend)
         self.next_relay = 0.0  # when to relay the outbox again (monotonic)
-        self.next_sweep = 0.0  # when to sweep the relay records again (monotonic)
+        self.sweep_from = 0  # where the next sweep of the relay records starts
         self.next_prune = 0.0  # when to delete other versions' libraries (monotonic)
         # After a Redis error, leases are not recovered until a lease has passed since
         # Redis answered again (a monotonic time): workers whose heartbeats failed alike
@@ -216,9 +213,9 @@ class Scheduler:
         close_old_connections()
         try:
             relayed = self.backend.relay_outbox()
-            if time.monotonic() >= self.next_sweep:
-                self.next_sweep = time.monotonic() + SWEEP_RELAY_RECORDS_EVERY
-                outbox.sweep_records(self.broker, self.backend.config.outbox)
+            self.sweep_from = outbox.sweep_records(
+                self.broker, self.backend.config.outbox, self.sweep_from
+            )
         except NotReplicated as exc:
             # The master holds the jobs; their rows stay until a relay is confirmed
             # (relayed again, they store nothing). Not Redis failing: leases still go.

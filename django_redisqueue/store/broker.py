@@ -159,9 +159,11 @@ class Broker(Gateway):
         if job_ids:
             self.client.zrem(self.keys.relayed, *job_ids)
 
-    def relayed_jobs(self, count: int) -> list[str]:
-        """The ids of up to ``count`` relay records, the longest unrelayed first."""
-        return [text(i) or "" for i in sync(self.client.zrange(self.keys.relayed, 0, count - 1))]
+    def relayed_jobs(self, start: int, count: int) -> list[str]:
+        """The ids of up to ``count`` relay records from place ``start``, the longest
+        unrelayed first."""
+        page = self.client.zrange(self.keys.relayed, start, start + count - 1)
+        return [text(job_id) or "" for job_id in sync(page)]
 
     def cancel(self, job_id: str, error: str) -> str | None:
         """Cancel a READY job; return "CANCELLED", or the status that prevents it."""
