@@ -181,6 +181,20 @@ def test_the_sweep_drops_the_relay_records_of_deleted_rows_only(backend, databas
     assert not {job.id for job in gone} & set(r.zrange(backend.keys.relayed, 0, -1))
 
 
+def test_runscheduler_relays_what_is_left_and_sweeps_the_records_of_deleted_rows(
+    backend, database, r
+):
+    from django_redisqueue.runtime.scheduler import Scheduler
+
+    with transaction.atomic(using=database):
+        relayed = enqueue(backend, 1, 1)  # by the commit: its row is deleted, its record left
+    an_old_row(database, backend, 10, timezone.now())  # left behind: runscheduler's
+    Scheduler(backend, burst=True).run()
+    assert rows(database) == []
+    assert queued(r, backend) == [relayed.id, "d" * 26]
+    assert not r.exists(backend.keys.relayed)
+
+
 def test_relays_at_once_relay_each_row_once_and_in_order(backend, database, r):
     """Two relays at the same moment, the first holding the five oldest rows: where the
     database skips locked rows, the second leaves it the step (relaying the fifteen
