@@ -8,7 +8,6 @@ backoff; the outcome in hand is kept until Redis stores it.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import secrets
@@ -18,41 +17,25 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from types import FrameType
 
 from django.db import close_old_connections
 
 from django_redisqueue.backend import RedisQueueBackend
-from django_redisqueue.compat import (
-    TaskContext,
-    TaskError,
-    TaskResultStatus,
-    task_finished,
-    task_started,
-)
 from django_redisqueue.core import tracing
 from django_redisqueue.core.jobs import (
-    FAILED,
-    SUCCESSFUL,
     JobRecord,
-    ensure_json,
-    error_info,
-    to_json,
 )
 from django_redisqueue.core.registry import registry
-from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
 from django_redisqueue.exceptions import (
     InvalidPayload,
     LeaseLost,
     WorkerShutdown,
 )
-from django_redisqueue.observe.events import JobEvent
-from django_redisqueue.observe.logformat import job_fields, log_end, start_fields, worker_signals
 from django_redisqueue.observe.metrics import JobMetrics, MetricsRefused
 from django_redisqueue.preparation import make_result
-from django_redisqueue.runtime import WORKER_LOGGER
-from django_redisqueue.runtime.alarms import time_limit
+from django_redisqueue.runtime import WORKER_LOGGER, attempts
+from django_redisqueue.runtime.attempts import Finished
 from django_redisqueue.runtime.broadcasts import Inbox
 from django_redisqueue.runtime.heartbeat import Heartbeat
 from django_redisqueue.runtime.memory import past_limit
@@ -60,21 +43,21 @@ from django_redisqueue.runtime.queue_order import QueueOrder
 from django_redisqueue.runtime.scheduler_watch import SchedulerWatch
 from django_redisqueue.runtime.unknown_tasks import for_a_worker_that_knows
 from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector
-from django_redisqueue.store.wire import AFTER_GROUP_PREFIX, RELEASE, RETRY, Claimed, Outcome
+from django_redisqueue.store.wire import AFTER_GROUP_PREFIX, RELEASE, Claimed, Outcome
 
 logger = logging.getLogger(WORKER_LOGGER)
 
 
 @dataclass(frozen=True, slots=True)
-class Finished:
-    """A job that has run: its outcome to store, its result for the task_finished
-    signal (None when the job never reached its task), what the task raised, and the
-    event to log and count once the outcome is stored."""
+class _Claim:
+    """What the loop's call answered: whether it stored the outcome sent, the job it
+    claimed, whether it looked at the queues (not while ``receiving`` broadcasts), and
+    whether it read the last broadcast's number."""
 
-    outcome: Outcome
-    result: RedisTaskResult | None = None
-    error: BaseException | None = None
-    event: JobEvent | None = None
+    stored: bool
+    job: Claimed | None
+    receiving: bool
+    read_broadcasts: bool
 
 
 # Seconds an idle worker blocks on its wake-up lists per call.
@@ -128,6 +111,8 @@ class Worker:
         self.started_at = int(time.time() * 1000)
         self.jobs_done = 0
         self.stopping = False
+        self.drained = False  # a burst worker out of work: its run ends
+        self.uncertain = False  # the last call's reply was lost: it may have given a job
         self.in_task = False
         self.current: Claimed | None = None  # the job running now
         self.attempt: tracing.Attempt | tracing.NotTraced = tracing.NOT_TRACED  # its span
@@ -144,10 +129,20 @@ class Worker:
         # Whether it says when no scheduler runs (at start, and on retry lines); off in
         # run_jobs(), which moves delayed jobs and retries itself (testing.py).
         self.scheduler = SchedulerWatch(backend.queries) if watch_scheduler else None
+        # What every attempt has around its task (attempts.py), in this order.
+        self.hooks: list[attempts.Hook] = [
+            attempts.LogLines(logger, self._retry_note),
+            attempts.Signals(type(backend)),
+            attempts.Around(self._in_task),
+            attempts.TimeLimit(),
+        ]
+        if self.metrics is not None:
+            self.hooks.append(attempts.Metrics(self.metrics))
 
     def run(self) -> None:
         """Run jobs until stopped (``stop()``), out of work (burst), max_jobs or
         max_memory."""
+        self.drained = False
         if threading.current_thread() is threading.main_thread():
             signal.signal(LEASE_LOST_SIGNAL, self._on_lease_lost)
         heartbeat = Heartbeat(self)
@@ -165,81 +160,8 @@ class Worker:
             self.register()
         except REDIS_ERRORS as exc:
             backoff.failed(exc)  # the heartbeat registers it once Redis answers
-        finished: Finished | None = None
-        uncertain = False  # the last call's reply was lost: it may have claimed a job
         try:
-            while True:
-                wanted = not self._should_stop()
-                if not wanted and finished is None:
-                    break
-                try:
-                    if uncertain:
-                        finished = self._recover_claim(finished)
-                        uncertain = False
-                    self._refresh_queues()
-                    # With a broadcast to receive, only store the outcome: the worker
-                    # runs broadcasts holding no job, so no lease waits on them.
-                    receiving = self.broadcasts.waiting
-                    queues = self.order.next() if wanted and not receiving else []
-                    now = time.monotonic()
-                    reading = now - self.broadcasts_read_at >= BROADCASTS_READ_EVERY
-                    may_wait = wanted and not self.burst and bool(queues)
-                    stored, job = self.broker.claim(
-                        queues,
-                        self.worker_id,
-                        _outcome(finished),
-                        woken_by=self.woken_by,
-                        broadcasts=reading,
-                        take_handed=self.idle_registered and bool(queues),
-                        idle_ms=IDLE_MS if may_wait else None,
-                    )
-                    self.woken_by = ""
-                    if queues:
-                        self.idle_registered = job is None and may_wait
-                    if reading:
-                        self.broadcasts_read_at = now
-                    backoff.succeeded()
-                except UNCERTAIN_ERRORS as exc:
-                    uncertain = True
-                    if self._give_up(wanted, backoff, exc):
-                        break
-                    continue
-                except REDIS_ERRORS as exc:  # refused: nothing was changed
-                    if self._give_up(wanted, backoff, exc):
-                        break
-                    continue
-                if finished is not None:
-                    self._report(finished, bool(stored))
-                    finished = None
-                if job is None and not reading:
-                    # Before it waits or stops, a worker learns of the broadcasts.
-                    self.broadcasts_read_at = float("-inf")
-                    continue
-                if job is None and self.broadcasts.waiting:
-                    if self.idle_registered:  # busy with them: nothing is handed to it
-                        self._give_back_handed()
-                        self.idle_registered = False
-                    self.broadcasts.receive(self.queues, backoff)
-                    continue
-                if job is None and receiving:  # the claim did not look at the queues
-                    continue
-                if job is None:
-                    if not wanted or self.burst:
-                        break
-                    try:
-                        job = self._wait_for_work()
-                    except UNCERTAIN_ERRORS as exc:
-                        uncertain = True  # the lost reply may have carried a handed job
-                        backoff.failed(exc)
-                        continue
-                    except REDIS_ERRORS as exc:
-                        backoff.failed(exc)
-                        continue
-                    if job is None:
-                        continue
-                finished = self.execute(job)
-                self.jobs_done += 1
-                self.over_memory = self.over_memory or past_limit(self.max_memory, self.worker_id)
+            self._loop(backoff)
         finally:
             heartbeat.stopped.set()
             self.send_metrics()
@@ -250,6 +172,88 @@ class Worker:
             self.broker.close()
             tracing.flush()  # last: a pool's worker process exits without Python's clean-up
         logger.info("Worker %s stopped after %d job(s)", self.worker_id, self.jobs_done)
+
+    def _loop(self, backoff: Reconnector) -> None:
+        """Store the last outcome and claim the next job, in one call; between jobs,
+        receive broadcasts or wait for work; run the job; again, until stopping with no
+        outcome left to store."""
+        finished: Finished | None = None
+        while True:
+            wanted = not self._should_stop()
+            if not wanted and finished is None:
+                return
+            try:
+                if self.uncertain:  # the last call's reply was lost: it may have given a job
+                    finished = self._recover_claim(finished)
+                    self.uncertain = False
+                claim = self._store_and_claim(finished, wanted)
+                backoff.succeeded()
+            except REDIS_ERRORS as exc:  # refused (nothing changed), or its reply lost
+                self.uncertain = self.uncertain or isinstance(exc, UNCERTAIN_ERRORS)
+                if self._give_up(wanted, backoff, exc):
+                    return
+                continue
+            if finished is not None:
+                self._report(finished, claim.stored)
+                finished = None
+            job = claim.job or self._between_jobs(claim, wanted, backoff)
+            if job is not None:
+                finished = self.execute(job)
+                self.jobs_done += 1
+                self.over_memory = self.over_memory or past_limit(self.max_memory, self.worker_id)
+
+    def _store_and_claim(self, finished: Finished | None, wanted: bool) -> _Claim:
+        """Store the outcome in hand and claim the next job, in one call: from the
+        queues in this turn's order, none while stopping or with broadcasts to receive
+        (the worker runs those holding no job, so no lease waits on them). Redis errors
+        propagate."""
+        self._refresh_queues()
+        receiving = self.broadcasts.waiting
+        queues = self.order.next() if wanted and not receiving else []
+        now = time.monotonic()
+        reading = now - self.broadcasts_read_at >= BROADCASTS_READ_EVERY
+        may_wait = wanted and not self.burst and bool(queues)
+        stored, job = self.broker.claim(
+            queues,
+            self.worker_id,
+            _outcome(finished),
+            woken_by=self.woken_by,
+            broadcasts=reading,
+            take_handed=self.idle_registered and bool(queues),
+            idle_ms=IDLE_MS if may_wait else None,
+        )
+        self.woken_by = ""
+        if queues:
+            self.idle_registered = job is None and may_wait
+        if reading:
+            self.broadcasts_read_at = now
+        return _Claim(bool(stored), job, receiving, reading)
+
+    def _between_jobs(self, claim: _Claim, wanted: bool, backoff: Reconnector) -> Claimed | None:
+        """After a claim that found no job: learn of the broadcasts, run them, or wait
+        for work, which may hand a job over; or, out of work in burst mode, stop."""
+        if not claim.read_broadcasts:
+            # Before it waits or stops, a worker learns of the broadcasts.
+            self.broadcasts_read_at = float("-inf")
+            return None
+        if self.broadcasts.waiting:
+            if self.idle_registered:  # busy with them: nothing is handed to it
+                self._give_back_handed()
+                self.idle_registered = False
+            self.broadcasts.receive(self.queues, backoff)
+            return None
+        if claim.receiving:  # the claim did not look at the queues
+            return None
+        if not wanted or self.burst:
+            self.drained = self.burst
+            return None
+        try:
+            return self._wait_for_work()
+        except REDIS_ERRORS as exc:
+            # A lost reply may have carried a handed job.
+            self.uncertain = isinstance(exc, UNCERTAIN_ERRORS)
+            backoff.failed(exc)
+            return None
 
     def _give_up(self, wanted: bool, backoff: Reconnector, exc: Exception) -> bool:
         """Back off after a Redis error; True when stopping and out of tries."""
@@ -322,8 +326,11 @@ class Worker:
         except METRICS_ERRORS as exc:
             logger.debug("Worker %s: metrics not sent (%s)", self.worker_id, exc)
 
+    def _retry_note(self, status: str) -> str:
+        return self.scheduler.retry_note(status) if self.scheduler else ""
+
     def _should_stop(self) -> bool:
-        return self.stopping or self.recycled
+        return self.stopping or self.drained or self.recycled
 
     @property
     def recycled(self) -> bool:
@@ -394,35 +401,23 @@ class Worker:
             close_old_connections()
 
     def _report(self, finished: Finished, stored: bool, *, repeated: bool = False) -> None:
-        outcome, result, event = finished.outcome, finished.result, finished.event
-        if stored and event is not None and self.metrics is not None:
-            self.metrics.record(event, registry.get(event.task) is not None)
-        if not stored:
-            if repeated:
-                logger.info(
-                    "Job %s: outcome %s sent again after a lost reply; already stored, or "
-                    "the lease ran out",
-                    outcome.job_id,
-                    outcome.status,
-                )
-            else:
-                logger.warning(
-                    "Job %s: its lease ran out before it finished; this outcome (%s) is "
-                    "not stored: the job's new owner decides it",
-                    outcome.job_id,
-                    outcome.status,
-                )
-        elif result is not None and outcome.status not in (RETRY, RELEASE):
-            with worker_signals():  # the worker logged the end already
-                if finished.error is None:
-                    task_finished.send_robust(type(self.backend), task_result=result)
-                    return
-                # Receivers log a failure with logger.exception (Django's does): send
-                # it while the task's exception is the one being handled.
-                try:
-                    raise finished.error
-                except BaseException:
-                    task_finished.send_robust(type(self.backend), task_result=result)
+        outcome = finished.outcome
+        if not stored and repeated:
+            logger.info(
+                "Job %s: outcome %s sent again after a lost reply; already stored, or "
+                "the lease ran out",
+                outcome.job_id,
+                outcome.status,
+            )
+        elif not stored:
+            logger.warning(
+                "Job %s: its lease ran out before it finished; this outcome (%s) is "
+                "not stored: the job's new owner decides it",
+                outcome.job_id,
+                outcome.status,
+            )
+        for hook in reversed(self.hooks):
+            hook.stored(finished, stored)
 
     def execute(self, claimed: Claimed) -> Finished:
         """Run one claimed job; never raises for anything the job or its payload does."""
@@ -444,23 +439,15 @@ class Worker:
             self._lost = None
 
     def _execute(self, claimed: Claimed, record: JobRecord) -> Finished:
-        started = time.perf_counter()
-        config = self.backend.config
+        began = time.perf_counter()
         envelope = record.envelope
         try:
             if envelope is None:
                 raise InvalidPayload(record.problem)
             if registry.get(envelope.task_path) is None:
-                outcome = for_a_worker_that_knows(claimed, envelope, self.worker_id)
-                return Finished(outcome)
-        except InvalidPayload as exc:
-            event = JobEvent.of(claimed, envelope, FAILED, 0.0)
-            logger.error("Job %s FAILED: %s", claimed.job_id, exc, extra=job_fields(event))
-            error = to_json(error_info(exc))
-            return Finished(
-                Outcome(claimed.job_id, claimed.owner, FAILED, error=error), event=event
-            )
-
+                return Finished(for_a_worker_that_knows(claimed, envelope, self.worker_id))
+        except InvalidPayload as exc:  # (UnknownTask too, past its wait)
+            return attempts.unreadable(claimed, envelope, exc, logger)
         args = envelope.args
         after = claimed.fields.get("after", "")
         if after.startswith(AFTER_GROUP_PREFIX):  # a callback: the members' results first
@@ -477,68 +464,9 @@ class Worker:
             args = [results, *args]
         task = self.backend.task_for(envelope)
         result = make_result(self.backend.alias, task, record)
-        # Each line's fields are made only for a log that shows it: a busy worker logs
-        # thousands of jobs a second, or none.
-        if logger.isEnabledFor(logging.INFO):
-            begun = JobEvent.of(claimed, envelope, TaskResultStatus.RUNNING, 0.0)
-            logger.info(
-                "Job %s %s started (attempt %d)",
-                claimed.job_id,
-                envelope.task_path,
-                begun.attempt,
-                extra=start_fields(begun),
-            )
-        with worker_signals():  # logged just above
-            task_started.send_robust(type(self.backend), task_result=result)
-        raised: BaseException | None = None
-        with self._in_task():
-            try:
-                if task.takes_context:
-                    args = [TaskContext(task_result=result), *args]
-                with time_limit(getattr(task, "timeout", None), envelope.task_path):
-                    value = task.call(*args, **envelope.kwargs)
-                ensure_json(value, f"The return value of {envelope.task_path}()")
-                encoded = to_json(value)
-                if len(encoded.encode()) > config.max_payload_bytes:
-                    raise InvalidPayload(
-                        f"the return value is {len(encoded.encode())} bytes of JSON, over "
-                        f"the {config.max_payload_bytes}-byte MAX_PAYLOAD_BYTES limit"
-                    )
-                outcome = Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result=encoded)
-            except WorkerShutdown:
-                outcome = Outcome(claimed.job_id, claimed.owner, RELEASE)
-            # A task that calls sys.exit() fails; it does not stop the worker. Nor does
-            # one that raises KeyboardInterrupt: Ctrl-C reaches the worker's handler,
-            # not a task.
-            except (Exception, SystemExit, KeyboardInterrupt) as exc:
-                raised = exc
-                info = error_info(exc)
-                result.errors.append(TaskError(**info))
-                outcome = self._failure(task, record, claimed, exc, to_json(info))
-            else:
-                # As get_result() will return it: the value after a JSON round trip.
-                object.__setattr__(result, "_return_value", json.loads(encoded))
-        retrying = outcome.status in (RETRY, RELEASE)
-        object.__setattr__(
-            result, "status", TaskResultStatus.READY if retrying else outcome.status
-        )
-        if not retrying:
-            object.__setattr__(result, "finished_at", datetime.now(tz=UTC))
-        event = JobEvent.of(claimed, envelope, outcome.status, time.perf_counter() - started)
-        note = self.scheduler.retry_note(outcome.status) if self.scheduler else ""
-        log_end(logger, event, raised, outcome.retry_in_ms, note=note)
-        return Finished(outcome, result, raised, event)
-
-    def _failure(
-        self, task: object, record: JobRecord, claimed: Claimed, exc: BaseException, error: str
-    ) -> Outcome:
-        """FAILED, or RETRY later if the task's retry policy says so."""
-        failures = record.attempts - record.lost  # attempts that ended in an exception
-        delay = task.retry_delay(exc, failures) if isinstance(task, RedisTask) else None
-        if delay is None:
-            return Outcome(claimed.job_id, claimed.owner, FAILED, error=error)
-        return Outcome(
-            claimed.job_id, claimed.owner, RETRY, error=error, retry_in_ms=int(delay * 1000)
+        attempt = attempts.Attempt(claimed, envelope, task, result, began)
+        return attempts.run(
+            attempt, record, args, self.hooks, self.backend.config.max_payload_bytes
         )
 
     def lease_lost(self, job: Claimed) -> None:
