@@ -2,12 +2,20 @@
 ``check --database`` without stopping ``migrate``, said by ``runscheduler``, which goes
 on with its other work, and loud in the metrics."""
 
+import logging
 import os
+from unittest import mock
 
 import pytest
 from django.core import checks
+from django.db import OperationalError
 
-from tests.conftest import manage, not_on_cluster
+from django_redisqueue.compat import task_backends
+from django_redisqueue.runtime import outbox_watch
+from django_redisqueue.runtime.outbox_watch import OTHER_WORK as OTHER
+from django_redisqueue.runtime.outbox_watch import OutboxWatch
+from tests import tasks
+from tests.conftest import manage, not_on_cluster, wait_until
 from tests.outboxes import outbox_table_gone
 
 DATABASES = ["default", "postgresql", "mariadb"]
@@ -56,3 +64,53 @@ def test_check_and_migrate_where_the_outbox_migration_is_not_applied(empty_datab
     assert migrated.returncode == 0, migrated.stderr
     assert "Applying django_redisqueue.0002_outbox... OK" in migrated.stdout
     assert "W005" not in manage("check", "--database", "default").stderr
+
+
+def test_a_scheduler_without_the_outbox_table_promotes_and_says_why_once(empty_database, procs):
+    backend = task_backends["outbox-default"]
+    scheduler = procs.start("runscheduler", "--backend", backend.alias)
+    first = tasks.add.using(backend=backend.alias, delay=1).enqueue(1, 1)
+    wait_until(lambda: backend.queries.queue_length("default") == 1, 30, "the promotion")
+    # A promotion 3 s later: the relay has been tried at least twice more meanwhile.
+    tasks.add.using(backend=backend.alias, delay=3).enqueue(2, 2)
+    wait_until(lambda: backend.queries.queue_length("default") == 2, 30, "the promotion")
+    assert backend.get_result(first.id).status == "READY"
+    log = scheduler.output
+    assert log.count("the outbox's table is missing from database 'default'") == 1, log
+    assert f"run `{MIGRATE}`" in log
+
+    migrated = manage("migrate", "django_redisqueue")
+    assert migrated.returncode == 0, migrated.stderr
+    procs.expect(scheduler, "the outbox can be read again")
+    assert "Traceback" not in procs.stop(scheduler)
+    assert scheduler.returncode == 0
+
+
+@pytest.mark.django_db
+def test_a_scheduler_says_again_while_the_outbox_cannot_be_read_and_when_it_can(caplog):
+    caplog.set_level(logging.INFO)
+    clock = [1000.0]
+    watch = OutboxWatch(logging.getLogger("tests"), "Scheduler s", ["default"])
+    with mock.patch.object(outbox_watch.time, "monotonic", lambda: clock[0]):
+        for _ in range(3):
+            watch.failed(OperationalError("server closed the connection"))
+            clock[0] += outbox_watch.REMIND_EVERY / 2
+        watch.succeeded()
+        watch.succeeded()
+        watch.failed(OperationalError("server closed the connection"))
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        (
+            "WARNING",
+            f"Scheduler s: the outbox cannot be read: server closed the connection; {OTHER}",
+        ),
+        (
+            "WARNING",
+            "Scheduler s: the outbox cannot be read (for 300 s): server closed the connection; "
+            f"{OTHER}",
+        ),
+        ("INFO", "Scheduler s: the outbox can be read again (after 450 s); relaying its jobs"),
+        (
+            "WARNING",
+            f"Scheduler s: the outbox cannot be read: server closed the connection; {OTHER}",
+        ),
+    ]

@@ -30,6 +30,7 @@ from django_redisqueue.exceptions import WorkerLost
 from django_redisqueue.periodic import PeriodicStep
 from django_redisqueue.runtime import SCHEDULER_IDLE_WAIT
 from django_redisqueue.runtime.heartbeat import HEARTBEAT_RETRY
+from django_redisqueue.runtime.outbox_watch import OutboxWatch
 from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,9 @@ class Scheduler:
         # Also without schedules: its sync deletes the state of schedules removed.
         self.periodic = PeriodicStep(backend)
         self.next_relay = 0.0  # when to relay the outbox again (monotonic)
+        self.outbox_watch = OutboxWatch(
+            logger, f"Scheduler {self.scheduler_id}", backend.config.outbox
+        )
         self.next_prune = 0.0  # when to delete other versions' libraries (monotonic)
         # After a Redis error, leases are not recovered until a lease has passed since
         # Redis answered again (a monotonic time): workers whose heartbeats failed alike
@@ -212,10 +216,11 @@ class Scheduler:
         try:
             relayed = self.backend.relay_outbox()
         except (DatabaseError, InterfaceError) as exc:
-            logger.warning("Scheduler %s: the outbox cannot be read: %s", self.scheduler_id, exc)
+            self.outbox_watch.failed(exc)
             for database in self.backend.config.outbox:
                 connections[database].close()  # a new connection at the next step
             return 0
+        self.outbox_watch.succeeded()
         if relayed:
             logger.info(
                 "Scheduler %s: relayed %d job(s) from the outbox", self.scheduler_id, relayed
