@@ -3,6 +3,7 @@
 on with its other work, and loud in the metrics."""
 
 import logging
+import math
 import os
 from unittest import mock
 
@@ -17,6 +18,7 @@ from django_redisqueue.runtime.outbox_watch import OutboxWatch
 from tests import tasks
 from tests.conftest import manage, not_on_cluster, wait_until
 from tests.outboxes import outbox_table_gone
+from tests.test_metrics import samples
 
 DATABASES = ["default", "postgresql", "mariadb"]
 MIGRATE = "python manage.py migrate django_redisqueue --database default"
@@ -84,6 +86,25 @@ def test_a_scheduler_without_the_outbox_table_promotes_and_says_why_once(empty_d
     procs.expect(scheduler, "the outbox can be read again")
     assert "Traceback" not in procs.stop(scheduler)
     assert scheduler.returncode == 0
+
+
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
+@pytest.mark.usefixtures("outbox_backends")
+@pytest.mark.parametrize("database", DATABASES)
+def test_an_outbox_that_cannot_be_read_is_loud_in_the_metrics(client, database):
+    """A threshold alert on the oldest job's age fires: +Inf, not silence."""
+    at = frozenset({"backend": f"outbox-{database}"}.items())
+    with outbox_table_gone(database):
+        found = samples(client.get("/metrics").content.decode())
+    assert found["redisqueue_outbox_readable", at] == 0
+    assert found["redisqueue_outbox_oldest_seconds", at] == math.inf
+    assert ("redisqueue_outbox_jobs", at) not in found  # unknown, not 0
+    assert found["redisqueue_up", at] == 1  # Redis answered
+
+    found = samples(client.get("/metrics").content.decode())
+    assert found["redisqueue_outbox_readable", at] == 1
+    assert found["redisqueue_outbox_oldest_seconds", at] == 0
+    assert found["redisqueue_outbox_jobs", at] == 0
 
 
 @pytest.mark.django_db
