@@ -14,6 +14,7 @@
 | ``django_redisqueue.W001`` | Redis does not answer (``--deploy`` only) |
 | ``django_redisqueue.W002`` | another app's ``runworker`` or ``runscheduler`` wins |
 | ``django_redisqueue.W003`` | a ``PERIODIC`` schedule's task cannot be used (import, backend) |
+| ``django_redisqueue.W005`` | an ``OUTBOX`` database has no outbox table (``--database`` only) |
 
 W004 (the app is not in ``INSTALLED_APPS``) is the backend's own ``check()``: the checks
 registered here run only when the app is installed.
@@ -29,7 +30,9 @@ from urllib.parse import urlsplit, urlunsplit
 from django.apps import AppConfig, apps
 from django.core import checks
 from django.core.management import find_commands
+from django.db import DatabaseError, InterfaceError
 
+from django_redisqueue import outbox
 from django_redisqueue.backend import RedisQueueBackend, our_backends
 from django_redisqueue.core.conf import validate
 
@@ -163,9 +166,51 @@ def check_periodic_tasks(
     return messages
 
 
+def check_outbox_tables(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[checks.CheckMessage]:
+    """W005: each database of ``databases`` (``check --database``) that an OUTBOX names
+    has the outbox's table. A warning, as ``migrate`` runs it too, and must go on to
+    create the table; and as a scheduler goes on with its other work meanwhile."""
+    from django_redisqueue.compat import task_backends
+
+    outboxes: dict[str, list[str]] = {}  # database -> the backends whose outbox it holds
+    for alias, params in our_backends():
+        if validate(alias, params):
+            continue  # the settings errors say what to fix first
+        backend = cast(RedisQueueBackend, task_backends[alias])
+        for database in backend.config.outbox:
+            if database in (databases or ()):
+                outboxes.setdefault(database, []).append(alias)
+    messages: list[checks.CheckMessage] = []
+    for database, aliases in outboxes.items():
+        users = ", ".join(f"TASKS[{alias!r}]" for alias in aliases)
+        try:
+            if outbox.has_table(database):
+                continue
+        except (DatabaseError, InterfaceError) as exc:
+            problem = f"cannot be read: {exc}"
+            fix = "Start the database, or fix its entry in DATABASES"
+        else:
+            problem = "has no outbox table (its migration is not applied)"
+            fix = f"Run `{outbox.migrate_command(database)}`"
+        messages.append(
+            checks.Warning(
+                f"Database {database!r} {problem}; the OUTBOX of {users} names it.",
+                hint=f"{fix}. Until then, enqueue() in a transaction on it raises, and "
+                "runscheduler relays nothing from it (its other work goes on).",
+                id=f"{APP}.W005",
+            )
+        )
+    return messages
+
+
 def register() -> None:
     """Register the checks; called from ``RedisQueueConfig.ready()``."""
     checks.register(check_settings)
     checks.register(check_periodic_tasks)
     checks.register(check_commands)
     checks.register(check_redis, deploy=True)
+    checks.register(check_outbox_tables, checks.Tags.database)

@@ -150,6 +150,17 @@ def backlog(databases: Sequence[str], backend: str) -> Backlog:
     return Backlog(jobs, oldest)
 
 
+def has_table(database: str) -> bool:
+    """Whether ``database`` has the outbox's table (its migration applied). Database
+    errors propagate."""
+    return OutboxJob._meta.db_table in connections[database].introspection.table_names()
+
+
+def migrate_command(database: str) -> str:
+    """The command that creates the outbox's table in ``database``."""
+    return f"python manage.py migrate {OutboxJob._meta.app_label} --database {database}"
+
+
 def present(database: str, job_ids: Iterable[str]) -> set[str]:
     """Which of ``job_ids`` have a row: the jobs a transaction committed, less those a
     savepoint rolled back (which Django's ``savepoint_rollback()`` leaves among the

@@ -1,15 +1,17 @@
-"""What the outbox's tests share: jobs as the outbox keeps them, and two relays at
-once."""
+"""What the outbox's tests share: jobs as the outbox keeps them, two relays at once,
+and a database without the outbox's table."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from unittest import mock
 
 from django.db import connections
 
 from django_redisqueue import outbox
+from django_redisqueue.models import OutboxJob
 from django_redisqueue.store.wire import NewJob
 
 
@@ -64,3 +66,17 @@ def two_relays_at_once(
             for thread in threads:
                 thread.join(30)
     return relayed
+
+
+@contextmanager
+def outbox_table_gone(database: str) -> Iterator[None]:
+    """``database`` without the outbox's table, as before its migration: renamed away,
+    and back after."""
+    table = OutboxJob._meta.db_table
+    with connections[database].schema_editor() as editor:
+        editor.alter_db_table(OutboxJob, table, f"{table}_away")
+    try:
+        yield
+    finally:
+        with connections[database].schema_editor() as editor:
+            editor.alter_db_table(OutboxJob, f"{table}_away", table)

@@ -25,7 +25,8 @@ BACKEND = "django_redisqueue.backend.RedisQueueBackend"
 def run_checks(**kwargs):
     """Django's system checks, on the default database only: from Django 6.1 they look
     at every database, and the test settings' MariaDB (the outbox's tests) would be
-    asked for its settings, which a test without its database may not do."""
+    asked for its settings, which a test without its database may not do. The database
+    checks read the default one's tables (W005) where an OUTBOX names it."""
     return checks.run_checks(databases=[DEFAULT_DB_ALIAS], **kwargs)
 
 
@@ -57,6 +58,7 @@ def test_manage_py_check_reports_every_problem_with_its_id_and_hint():
     assert "Traceback" not in skipped.stderr
 
 
+@pytest.mark.django_db
 def test_the_test_settings_pass_every_check_against_a_live_redis():
     assert our_messages(deploy=True) == []
 
@@ -197,6 +199,7 @@ def test_the_backend_without_the_app_installed_is_a_warning(backend):
         assert [m for m in run_checks() if m.id == "django_redisqueue.W004"] == []
 
 
+@pytest.mark.django_db
 def test_runworker_of_an_app_listed_first_is_reported():
     from django.conf import settings
 

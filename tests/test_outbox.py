@@ -416,8 +416,9 @@ def test_an_outbox_that_cannot_be_read_fails_the_probe_and_spares_the_overview(r
             call_command("queuehealth", "--backend", backend.alias, "--no-workers",
                          "--no-scheduler", stdout=out)  # fmt: skip
         assert "outbox: cannot be read: OperationalError" in out.getvalue()
-        samples = [line for line in metrics.render([backend]).splitlines() if line[:1] != "#"]
-        assert samples and not [line for line in samples if "redisqueue_outbox" in line]
+        exposition = metrics.render([backend])
+        assert 'redisqueue_outbox_readable{backend="outbox-default"} 0' in exposition
+        assert 'redisqueue_outbox_oldest_seconds{backend="outbox-default"} +Inf' in exposition
     assert failed.value.code == OUTBOX_STUCK
 
 

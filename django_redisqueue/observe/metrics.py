@@ -193,7 +193,13 @@ class Exposition:
         self.outbox_age = Family(
             "redisqueue_outbox_oldest_seconds",
             "gauge",
-            "How long the oldest job in the outbox has waited for the relay (0: none).",
+            "How long the oldest job in the outbox has waited for the relay (0: none; "
+            "+Inf: the outbox cannot be read).",
+        )
+        self.outbox_readable = Family(
+            "redisqueue_outbox_readable",
+            "gauge",
+            "1 when the outbox's databases could be read (OUTBOX).",
         )
         self.finished = Family(
             "redisqueue_jobs_total",
@@ -222,6 +228,7 @@ class Exposition:
             self.scheduler_age,
             self.outbox_jobs,
             self.outbox_age,
+            self.outbox_readable,
             self.finished,
             self.duration,
             self.wait,
@@ -256,14 +263,19 @@ class Exposition:
 
     def _add_outbox(self, backend: RedisQueueBackend, labels: dict[str, str]) -> None:
         """The outbox's gauges, read from the database whatever Redis does; none when
-        the backend has no outbox or its database cannot be read (logged)."""
+        the backend has no outbox. When it cannot be read (logged), the oldest job's age
+        is +Inf, so that an alert on it fires rather than falls silent, and the count
+        is left out (unknown)."""
         if not backend.config.outbox:
             return
         try:
             backlog = outbox.backlog(backend.config.outbox, backend.alias)
         except (DatabaseError, InterfaceError) as exc:
             logger.warning("Outbox of backend %r unread: %s", backend.alias, exc)
+            self.outbox_readable.add(labels, 0)
+            self.outbox_age.add(labels, math.inf)
             return
+        self.outbox_readable.add(labels, 1)
         self.outbox_jobs.add(labels, float(backlog.jobs))
         self.outbox_age.add(labels, backlog.age())
 

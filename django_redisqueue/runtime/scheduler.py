@@ -30,6 +30,7 @@ from django_redisqueue.exceptions import WorkerLost
 from django_redisqueue.periodic import PeriodicStep
 from django_redisqueue.runtime import SCHEDULER_IDLE_WAIT
 from django_redisqueue.runtime.heartbeat import HEARTBEAT_RETRY
+from django_redisqueue.runtime.outbox_watch import OutboxWatch
 from django_redisqueue.store.calls import NotReplicated
 from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
 
@@ -87,6 +88,9 @@ class Scheduler:
         self.periodic = PeriodicStep(backend)
         self.next_relay = 0.0  # when to relay the outbox again (monotonic)
         self.sweep_from = 0  # where the next sweep of the relay records starts
+        self.outbox_watch = OutboxWatch(
+            logger, f"Scheduler {self.scheduler_id}", backend.config.outbox
+        )
         self.next_prune = 0.0  # when to delete other versions' libraries (monotonic)
         # After a Redis error, leases are not recovered until a lease has passed since
         # Redis answered again (a monotonic time): workers whose heartbeats failed alike
@@ -222,10 +226,11 @@ class Scheduler:
             self.broker.unreplicated.note("enqueue", exc)
             return 0
         except (DatabaseError, InterfaceError) as exc:
-            logger.warning("Scheduler %s: the outbox cannot be read: %s", self.scheduler_id, exc)
+            self.outbox_watch.failed(exc)
             for database in self.backend.config.outbox:
                 connections[database].close()  # a new connection at the next step
             return 0
+        self.outbox_watch.succeeded()
         if relayed:
             logger.info(
                 "Scheduler %s: relayed %d job(s) from the outbox", self.scheduler_id, relayed
