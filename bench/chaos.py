@@ -5,8 +5,8 @@ A worker SIGKILLed while idle stays registered for up to 6 s; a job handed to it
 redis-server, one ``runscheduler`` and ``--workers`` ``runworker --concurrency 1``
 (``bench/settings.py``, LEASE 60 s) run ``--jobs`` jobs enqueued at ``--rate`` per
 second, whose task records its number and Redis's ``TIME`` at each run. Every
-``--kill-every`` s a worker standing idle (its ``{P}:idle-worker:<wid>`` key stands:
-at random, or ``--pick latest``, the latest registered) is SIGKILLed and replaced.
+``--kill-every`` s a worker standing idle (``{P}:idle-worker:<wid>``; at random, or
+``--pick latest``, the latest registered) is SIGKILLed and replaced (logged).
 ``--group N`` instead kills a whole ``runworker --concurrency N`` just after each of its
 workers ran a job (every registration fresh), starts another and enqueues at once.
 Printed: lost (never ran), run twice, the pickup (the task's start minus the job's
@@ -30,17 +30,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import redis
 
 from bench.backlog import percentile
 from bench.systems.base import python
+from django_redisqueue.store.keys import KeySchema
 from tests.servers import RedisServer, wait_for
-
-if TYPE_CHECKING:
-    from django_redisqueue.store.keys import KeySchema
 
 RUNS = "bench:chaos:runs"  # chaos_job's ledger: "<number> <ms>" per run
 SLOW_MS = 2000  # the target's p99: jobs slower than this are listed
@@ -51,10 +50,9 @@ Process = subprocess.Popen[bytes]
 class Bench:
     """The processes of one run, the workers killed, and what Redis says of them."""
 
-    def __init__(
-        self, client: redis.Redis, keys: KeySchema, env: dict[str, str], log: Path
-    ) -> None:
-        self.client, self.keys, self.env, self.log = client, keys, env, log
+    def __init__(self, client: redis.Redis, keys: KeySchema, env: dict[str, str]) -> None:
+        self.client, self.keys, self.env = client, keys, env
+        self.log = Path(tempfile.mkdtemp(prefix="bench-chaos-")) / "processes.log"
         self.live: list[Process] = []
         self.killed: set[str] = set()  # worker ids
         self.not_idle = 0  # killed workers whose registration had gone by the kill
@@ -95,6 +93,8 @@ class Bench:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         self.live.remove(process)  # reaped: its pid, free for reuse, is never signalled
+        with open(self.log, "a") as out:  # in the log's format, to read beside its lines
+            out.write(f"{datetime.now():%Y-%m-%d %H:%M:%S,%f}"[:-3] + f" SIGKILL {worker_ids}\n")
         for worker_id, value in zip(worker_ids, before, strict=True):
             self.killed.add(worker_id)
             after = self.client.get(self.keys.idle_worker(worker_id))
@@ -229,8 +229,7 @@ def main() -> None:
         from django_redisqueue.management.common import get_backend
 
         client = redis.Redis.from_url(server.url, decode_responses=True)
-        log = Path(tempfile.mkdtemp(prefix="bench-chaos-")) / "processes.log"
-        bench = Bench(client, get_backend("default").keys, env, log)
+        bench = Bench(client, get_backend("default").keys, env)
         try:
             bench.start("runscheduler")
             wait_for("the scheduler", lambda: client.zcard(bench.keys.schedulers), 60)
