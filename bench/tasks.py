@@ -9,11 +9,15 @@ from django_redisqueue import task
 _client = None
 
 
-def record(key: str, value: float) -> None:
+def client() -> redis.Redis:
     global _client
     if _client is None:
         _client = redis.Redis.from_url(os.environ["BENCH_REDIS_URL"])
-    _client.rpush(key, value)
+    return _client
+
+
+def record(key: str, value: float | str) -> None:
+    client().rpush(key, value)
 
 
 @task
@@ -49,3 +53,11 @@ def group_member(key: str) -> None:
 def group_callback(results: list, key: str) -> None:
     """A timed group's callback: records when it starts."""
     record(f"{key}:start", time.time())
+
+
+@task
+def chaos_job(number: int) -> None:
+    """A job of bench/chaos.py: records its number and when it started (ms by Redis's
+    clock, as the job's enqueued_at), once per run, so that a job run twice shows twice."""
+    seconds, micros = client().time()
+    record("bench:chaos:runs", f"{number} {seconds * 1000 + micros // 1000}")
