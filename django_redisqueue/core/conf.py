@@ -163,10 +163,40 @@ def _queue_problems(where: str, queues: Any) -> list[Problem]:
 
 
 def _value_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
+    problems = _type_problems(where, raw)
+    if raw.get("URL") is not None:
+        problems += _url_problems(where, raw["URL"])
+    chosen = [name for name in CONNECTION_OPTIONS if raw.get(name)]
+    if len(chosen) > 1:
+        problems.append(
+            Problem(
+                "E005",
+                f"{where} sets {'both ' if len(chosen) == 2 else ''}"
+                f"{', '.join(chosen[:-1])} and {chosen[-1]}.",
+                "Keep one of them: CONNECTION reuses a Redis cache's connection pool "
+                "(Django's, or django-redis's, which may itself use Sentinel), URL names "
+                "one server (or, with CLUSTER, a node of a cluster), SENTINELS names the "
+                "sentinels of a master, CLUSTER_NODES names nodes of a cluster.",
+            )
+        )
+    elif raw.get("CONNECTION") is not None:
+        problems += _connection_problems(where, raw["CONNECTION"])
+    problems += _topology_problems(where, raw)
+    if raw.get("PERIODIC") is not None:
+        problems += _periodic_problems(f"{where}['PERIODIC']", raw["PERIODIC"])
+    return problems + _outbox_problems(where, raw)
+
+
+def _wrong(where: str, raw: Mapping[str, Any], name: str, hint: str) -> Problem:
+    return Problem("E006", f"{where}[{name!r}] is {raw[name]!r}.", hint)
+
+
+def _type_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
+    """The options that must be a number, a flag, a string or a dict."""
     problems = []
 
     def wrong(name: str, hint: str) -> None:
-        problems.append(Problem("E006", f"{where}[{name!r}] is {raw[name]!r}.", hint))
+        problems.append(_wrong(where, raw, name, hint))
 
     for name, least in WHOLE_NUMBERS.items():
         value = raw.get(name, least)
@@ -188,39 +218,21 @@ def _value_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
             wrong(name, "Use a dict of redis-py keyword arguments, e.g. {'password': '...'}.")
     if not isinstance(raw.get("CLUSTER", False), bool):
         wrong("CLUSTER", "Use True or False.")
-    if raw.get("URL") is not None:
-        problems += _url_problems(where, raw["URL"])
-    chosen = [name for name in CONNECTION_OPTIONS if raw.get(name)]
-    if len(chosen) > 1:
-        problems.append(
-            Problem(
-                "E005",
-                f"{where} sets {'both ' if len(chosen) == 2 else ''}"
-                f"{', '.join(chosen[:-1])} and {chosen[-1]}.",
-                "Keep one of them: CONNECTION reuses a Redis cache's connection pool "
-                "(Django's, or django-redis's, which may itself use Sentinel), URL names "
-                "one server (or, with CLUSTER, a node of a cluster), SENTINELS names the "
-                "sentinels of a master, CLUSTER_NODES names nodes of a cluster.",
-            )
-        )
-    elif raw.get("CONNECTION") is not None:
-        problems += _connection_problems(where, raw["CONNECTION"])
-    problems += _topology_problems(where, raw)
-    if raw.get("PERIODIC") is not None:
-        problems += _periodic_problems(f"{where}['PERIODIC']", raw["PERIODIC"])
+    return problems
+
+
+def _outbox_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
     databases = outbox_databases(raw.get("OUTBOX", False))
     if databases is None:
-        wrong(
-            "OUTBOX",
-            "Use True (the 'default' database), a database alias, or a list of them.",
-        )
-    elif missing := _unknown_databases(databases):
-        wrong(
-            "OUTBOX",
+        hint = "Use True (the 'default' database), a database alias, or a list of them."
+        return [_wrong(where, raw, "OUTBOX", hint)]
+    if missing := _unknown_databases(databases):
+        hint = (
             f"DATABASES has no {' nor '.join(map(repr, missing))}: name an alias of "
-            "DATABASES (the outbox's table lives in that database), or set OUTBOX to False.",
+            "DATABASES (the outbox's table lives in that database), or set OUTBOX to False."
         )
-    return problems
+        return [_wrong(where, raw, "OUTBOX", hint)]
+    return []
 
 
 def _unknown_databases(aliases: Sequence[str]) -> list[str]:

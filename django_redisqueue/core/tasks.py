@@ -128,14 +128,29 @@ class RedisTask(Task):
             isinstance(self.depends_on, str) and JOB_ID_RE.fullmatch(self.depends_on)
         ):
             raise ValueError(f"depends_on must be a job id, not {self.depends_on!r:.80}.")
-        if not isinstance(self.retries, int) or self.retries < 0:
-            raise ValueError(f"retries must be a whole number >= 0, not {self.retries!r}.")
-        if not isinstance(self.retry_backoff, int | float) or self.retry_backoff < 0:
-            raise ValueError(f"retry_backoff must be seconds >= 0, not {self.retry_backoff!r}.")
         if self.timeout is not None and (
             not isinstance(self.timeout, int | float) or self.timeout <= 0
         ):
             raise ValueError(f"timeout must be seconds > 0 or None, not {self.timeout!r}.")
+        self._check_retries()
+        self._check_uniqueness()
+        self._check_limits()
+        Task.__post_init__(self)
+
+    def _check_retries(self) -> None:
+        if not isinstance(self.retries, int) or self.retries < 0:
+            raise ValueError(f"retries must be a whole number >= 0, not {self.retries!r}.")
+        if not isinstance(self.retry_backoff, int | float) or self.retry_backoff < 0:
+            raise ValueError(f"retry_backoff must be seconds >= 0, not {self.retry_backoff!r}.")
+        if not (
+            isinstance(self.retry_on, tuple)
+            and all(isinstance(c, type) and issubclass(c, BaseException) for c in self.retry_on)
+        ):
+            raise ValueError(
+                f"retry_on must be a tuple of exception classes, not {self.retry_on!r}."
+            )
+
+    def _check_uniqueness(self) -> None:
         if not isinstance(self.unique, bool):
             _check_key("unique", self.unique)
         if self.unique_for is not None and (
@@ -148,6 +163,8 @@ class RedisTask(Task):
             raise ValueError("unique_for needs unique=True or a unique key.")
         if self.unique is not False and self.depends_on is not None:
             raise ValueError("A job that runs after another (depends_on) cannot be unique.")
+
+    def _check_limits(self) -> None:
         if self.concurrency_limit is not None and (
             not isinstance(self.concurrency_limit, int)
             or isinstance(self.concurrency_limit, bool)
@@ -163,14 +180,6 @@ class RedisTask(Task):
             _check_key("limit_key", self.limit_key)
             if self.concurrency_limit is None and self.rate_limit is None:
                 raise ValueError("limit_key needs a concurrency_limit or a rate_limit.")
-        if not (
-            isinstance(self.retry_on, tuple)
-            and all(isinstance(c, type) and issubclass(c, BaseException) for c in self.retry_on)
-        ):
-            raise ValueError(
-                f"retry_on must be a tuple of exception classes, not {self.retry_on!r}."
-            )
-        Task.__post_init__(self)
 
     def retry_delay(self, exc: BaseException, failures: int) -> float | None:
         """Seconds to wait before trying again after ``failures`` failed attempts
