@@ -1,5 +1,5 @@
-"""Time limits by alarm (SIGALRM), for the worker's tasks and the health probe's
-deadline: one mechanism, in the main thread only."""
+"""Time limits by alarm (SIGALRM), for the worker's tasks (through their stop tokens)
+and the health probe's deadline: one mechanism, in the main thread only."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from contextlib import contextmanager
 from types import FrameType
 
 from django_redisqueue.exceptions import JobTimeout
+from django_redisqueue.runtime.stopping import StopToken
 
 
 @contextmanager
-def raise_after(seconds: float | None, error: Callable[[], BaseException]) -> Iterator[None]:
-    """Raise ``error()`` inside the block once it has run ``seconds`` (SIGALRM).
+def call_after(seconds: float | None, action: Callable[[], None]) -> Iterator[None]:
+    """Call ``action`` once the block has run ``seconds`` (SIGALRM), in the main thread,
+    inside the block: it may raise, to stop it.
 
     Only in the main thread (elsewhere, or with no seconds, the block runs unbounded).
     Code blocked inside C that does not return to Python is stopped only when it does.
@@ -25,7 +27,7 @@ def raise_after(seconds: float | None, error: Callable[[], BaseException]) -> It
         return
 
     def on_alarm(signum: int, frame: FrameType | None) -> None:
-        raise error()
+        action()
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -36,8 +38,23 @@ def raise_after(seconds: float | None, error: Callable[[], BaseException]) -> It
         signal.signal(signal.SIGALRM, previous)
 
 
-def time_limit(seconds: float | None, what: str) -> contextlib.AbstractContextManager[None]:
-    """Stop a task (JobTimeout) that runs past its timeout, on the worker's main thread."""
-    return raise_after(
-        seconds, lambda: JobTimeout(f"{what} ran past its timeout of {seconds} s and was stopped")
-    )
+def raise_after(
+    seconds: float | None, error: Callable[[], BaseException]
+) -> contextlib.AbstractContextManager[None]:
+    """Raise ``error()`` inside the block once it has run ``seconds``."""
+
+    def fail() -> None:
+        raise error()
+
+    return call_after(seconds, fail)
+
+
+def time_limit(
+    seconds: float | None, what: str, token: StopToken
+) -> contextlib.AbstractContextManager[None]:
+    """Stop a task that runs past its timeout through its stop token (JobTimeout)."""
+
+    def stop() -> None:
+        token.stop(JobTimeout(f"{what} ran past its timeout of {seconds} s and was stopped"))
+
+    return call_after(seconds, stop)

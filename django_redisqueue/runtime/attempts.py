@@ -40,6 +40,7 @@ from django_redisqueue.observe.events import JobEvent
 from django_redisqueue.observe.logformat import job_fields, log_end, start_fields, worker_signals
 from django_redisqueue.observe.metrics import JobMetrics
 from django_redisqueue.runtime.alarms import time_limit
+from django_redisqueue.runtime.stopping import StopToken
 from django_redisqueue.store.wire import RELEASE, RETRY, Claimed, Outcome
 
 Context = contextlib.AbstractContextManager[None]
@@ -66,6 +67,7 @@ class Attempt:
     envelope: Envelope
     task: Any  # the registered Task
     result: RedisTaskResult
+    token: StopToken  # how it is stopped while it runs
     began: float = field(default_factory=time.perf_counter)
     outcome: Outcome | None = None
     raised: BaseException | None = None
@@ -145,19 +147,21 @@ class Signals(Hook):
 
 
 class TimeLimit(Hook):
-    """JobTimeout raised inside a task that runs past its ``timeout``."""
+    """A task that runs past its ``timeout`` stopped through its token (JobTimeout)."""
 
     def around(self, attempt: Attempt) -> Context:
-        return time_limit(getattr(attempt.task, "timeout", None), attempt.envelope.task_path)
+        timeout = getattr(attempt.task, "timeout", None)
+        return time_limit(timeout, attempt.envelope.task_path, attempt.token)
 
 
 class Around(Hook):
-    """A context of the worker's around each call (its database connections)."""
+    """A context of the worker's around each call (its database connections, the stop
+    token running)."""
 
-    def __init__(self, context: Callable[[], Context]) -> None:
+    def __init__(self, context: Callable[[], contextlib.AbstractContextManager[Any]]) -> None:
         self.context = context
 
-    def around(self, attempt: Attempt) -> Context:
+    def around(self, attempt: Attempt) -> contextlib.AbstractContextManager[Any]:
         return self.context()
 
 

@@ -14,6 +14,7 @@ from django_redisqueue.core.registry import registry
 from django_redisqueue.exceptions import InvalidPayload, UnknownTask, WorkerShutdown
 from django_redisqueue.runtime import WORKER_LOGGER
 from django_redisqueue.runtime.alarms import time_limit
+from django_redisqueue.runtime.stopping import StopToken
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
 
@@ -27,7 +28,7 @@ def run_broadcast(
     number: int,
     payload: str,
     config: Options,
-    in_task: Callable[[], AbstractContextManager[None]],
+    in_task: Callable[[], AbstractContextManager[StopToken]],
 ) -> str:
     """Run one broadcast message's task within ``in_task()``; return SUCCESSFUL or
     FAILED. Whatever the task raises is logged, never raised."""
@@ -41,7 +42,10 @@ def run_broadcast(
         logger.error("Broadcast %d FAILED: %s", number, exc)
         return FAILED
     try:
-        with in_task(), time_limit(getattr(task, "timeout", None), envelope.task_path):
+        with (
+            in_task() as token,
+            time_limit(getattr(task, "timeout", None), envelope.task_path, token),
+        ):
             task.call(*envelope.args, **envelope.kwargs)
     except (Exception, SystemExit, KeyboardInterrupt, WorkerShutdown) as exc:
         logger.error(
@@ -71,7 +75,7 @@ class Inbox:
         worker_id: str,
         broker: Broker,
         config: Options,
-        in_task: Callable[[], AbstractContextManager[None]],
+        in_task: Callable[[], AbstractContextManager[StopToken]],
     ) -> None:
         self.worker_id, self.broker, self.config, self.in_task = worker_id, broker, config, in_task
         self.seen = 0  # the last broadcast message this worker received

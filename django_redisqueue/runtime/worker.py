@@ -41,6 +41,7 @@ from django_redisqueue.runtime.heartbeat import Heartbeat
 from django_redisqueue.runtime.memory import past_limit
 from django_redisqueue.runtime.queue_order import QueueOrder
 from django_redisqueue.runtime.scheduler_watch import SchedulerWatch
+from django_redisqueue.runtime.stopping import STOP_SIGNAL, StopToken
 from django_redisqueue.runtime.unknown_tasks import for_a_worker_that_knows
 from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector
 from django_redisqueue.store.wire import AFTER_GROUP_PREFIX, RELEASE, Claimed, Outcome
@@ -77,8 +78,6 @@ QUEUES_REFRESH = 1.0
 BROADCASTS_READ_EVERY = 0.1
 # What sending the metrics may raise: it is logged, and the worker goes on.
 METRICS_ERRORS: tuple[type[Exception], ...] = (MetricsRefused, *REDIS_ERRORS)
-# Sent by the heartbeat to the main thread to stop a job whose lease was lost.
-LEASE_LOST_SIGNAL = signal.SIGUSR1
 
 
 class Worker:
@@ -113,10 +112,9 @@ class Worker:
         self.stopping = False
         self.drained = False  # a burst worker out of work: its run ends
         self.uncertain = False  # the last call's reply was lost: it may have given a job
-        self.in_task = False
         self.current: Claimed | None = None  # the job running now
         self.attempt: tracing.Attempt | tracing.NotTraced = tracing.NOT_TRACED  # its span
-        self._lost: Claimed | None = None  # the job the heartbeat found taken from us
+        self.token: StopToken | None = None  # how the running task is stopped
         self.woken_by = ""  # the queue whose wake-up token this worker took, to pass on
         # Registered as idle by its last claim that named queues: its next such claim
         # takes the job handed to it meanwhile, if its wait has not.
@@ -144,7 +142,7 @@ class Worker:
         max_memory."""
         self.drained = False
         if threading.current_thread() is threading.main_thread():
-            signal.signal(LEASE_LOST_SIGNAL, self._on_lease_lost)
+            signal.signal(STOP_SIGNAL, self._on_stop_signal)
         heartbeat = Heartbeat(self)
         heartbeat.start()
         logger.info(
@@ -384,16 +382,19 @@ class Worker:
         return not lost
 
     @contextlib.contextmanager
-    def _in_task(self) -> Iterator[None]:
-        """Around a task's run: Django's connections checked before and after, as around
-        a request, and the signal handlers told that a task runs."""
+    def _in_task(self) -> Iterator[StopToken]:
+        """Around a task's run (a job's, or a broadcast's): Django's connections checked
+        before and after, as around a request, and its stop token running."""
+        token = self.token or StopToken()
+        self.token = token
         self._close_old_connections()
-        self.in_task = True
         try:
-            yield
+            with token.running():
+                yield token
         finally:
-            self.in_task = False
             self._close_old_connections()
+            if self.current is None:  # a broadcast's: it ends with it
+                self.token = None
 
     def _close_old_connections(self) -> None:
         """Before and after each task, as Django does around each request."""
@@ -421,7 +422,7 @@ class Worker:
 
     def execute(self, claimed: Claimed) -> Finished:
         """Run one claimed job; never raises for anything the job or its payload does."""
-        self.current = claimed
+        self.current, self.token = claimed, StopToken()
         config = self.backend.config
         record = JobRecord.parse(claimed.job_id, claimed.fields, config.max_payload_bytes)
         try:
@@ -435,8 +436,7 @@ class Worker:
         except LeaseLost:
             return self._abandoned(claimed)
         finally:
-            self.current = None
-            self._lost = None
+            self.current, self.token = None, None
 
     def _execute(self, claimed: Claimed, record: JobRecord) -> Finished:
         began = time.perf_counter()
@@ -464,7 +464,8 @@ class Worker:
             args = [results, *args]
         task = self.backend.task_for(envelope)
         result = make_result(self.backend.alias, task, record)
-        attempt = attempts.Attempt(claimed, envelope, task, result, began)
+        assert self.token is not None
+        attempt = attempts.Attempt(claimed, envelope, task, result, self.token, began)
         return attempts.run(
             attempt, record, args, self.hooks, self.backend.config.max_payload_bytes
         )
@@ -472,20 +473,20 @@ class Worker:
     def lease_lost(self, job: Claimed) -> None:
         """Called by the heartbeat: Redis says ``job`` is no longer ours (its lease ran
         out and it was recovered). Stop it: its outcome would be refused anyway."""
-        if self.current is not job or self._lost is job:
+        token = self.token
+        if self.current is not job or token is None:
             return
-        self._lost = job
-        logger.warning(
-            "Job %s: lease lost (the worker stalled or Redis failed for longer than the "
-            "lease); stopping it, as its outcome would be refused: it runs again elsewhere",
-            job.job_id,
-        )
-        if self.in_task:
-            signal.pthread_kill(threading.main_thread().ident or 0, LEASE_LOST_SIGNAL)
+        if token.stop(LeaseLost(f"the lease of job {job.job_id} was lost")):
+            logger.warning(
+                "Job %s: lease lost (the worker stalled or Redis failed for longer than "
+                "the lease); stopping it, as its outcome would be refused: it runs again "
+                "elsewhere",
+                job.job_id,
+            )
 
-    def _on_lease_lost(self, signum: int, frame: FrameType | None) -> None:
-        if self.in_task and self._lost is not None and self._lost is self.current:
-            raise LeaseLost(f"the lease of job {self._lost.job_id} was lost")
+    def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.token is not None:
+            self.token.deliver()
 
     def _abandoned(self, claimed: Claimed) -> Finished:
         # Sent anyway, fenced: Redis refuses it, as the job has another owner now.
@@ -506,13 +507,14 @@ class Worker:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.stopping:
-            if self.in_task:
+            token = self.token
+            if token is not None and token.is_running:
                 logger.warning(
                     "Worker %s: %s again, giving the running job back to its queue",
                     self.worker_id,
                     name,
                 )
-                raise WorkerShutdown
+                token.stop(WorkerShutdown())
             return
         # Stop first: a second signal may arrive while this one is being logged.
         self.stop()

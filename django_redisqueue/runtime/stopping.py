@@ -1,0 +1,60 @@
+"""Stopping a running task from outside its own code: a lost lease, a time limit, a
+second SIGTERM. Each task a worker runs has a ``StopToken``; whoever stops it names the
+exception the task gets, raised in the task's own thread, once."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+# Sent to the task's thread by a stop from another thread (the heartbeat's).
+STOP_SIGNAL = signal.SIGUSR1
+
+
+class StopToken:
+    """The one way a running task is stopped. ``stop(reason)`` raises ``reason`` in the
+    task's thread while it runs (inside ``running()``): at once from that thread itself
+    (a signal handler there: the time limit's, a second SIGTERM's), else by STOP_SIGNAL,
+    whose handler (``deliver``) raises it, ending a blocking sleep too. A token
+    stopped before its task runs raises as the task begins. The first reason wins.
+
+    Only the main thread receives signals: a task on another thread would need
+    ``PyThreadState_SetAsyncExc`` (docs/architecture.md, "Many jobs in one process")."""
+
+    def __init__(self) -> None:
+        self.reason: BaseException | None = None
+        self.thread: int | None = None  # the running task's thread
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Around the task's own code: a stop raises there, and only there."""
+        self.thread = threading.get_ident()
+        try:
+            if self.reason is not None:
+                raise self.reason
+            yield
+        finally:
+            self.thread = None
+
+    @property
+    def is_running(self) -> bool:
+        return self.thread is not None
+
+    def stop(self, reason: BaseException) -> bool:
+        """Stop the task with ``reason``; False if it was stopped already."""
+        if self.reason is not None:
+            return False
+        self.reason = reason
+        thread = self.thread
+        if thread == threading.get_ident():
+            raise reason
+        if thread is not None and thread == threading.main_thread().ident:
+            signal.pthread_kill(thread, STOP_SIGNAL)
+        return True
+
+    def deliver(self) -> None:
+        """In STOP_SIGNAL's handler: raise the reason, if the task runs on this thread."""
+        if self.reason is not None and self.thread == threading.get_ident():
+            raise self.reason

@@ -1,0 +1,63 @@
+"""The stop token: how a running task is stopped from outside its own code (a lost
+lease, a time limit, a second SIGTERM)."""
+
+import signal
+import threading
+import time
+
+import pytest
+
+from django_redisqueue.exceptions import JobTimeout, LeaseLost, WorkerShutdown
+from django_redisqueue.runtime.alarms import time_limit
+from django_redisqueue.runtime.stopping import STOP_SIGNAL, StopToken
+from tests.conftest import wait_until
+
+
+@pytest.fixture
+def token():
+    token = StopToken()
+    previous = signal.signal(STOP_SIGNAL, lambda signum, frame: token.deliver())
+    yield token
+    signal.signal(STOP_SIGNAL, previous)
+
+
+def test_a_stop_from_another_thread_ends_the_tasks_blocking_sleep(token):
+    def stop_once_running():
+        wait_until(lambda: token.is_running, 10, "the task to run")
+        assert token.stop(LeaseLost("gone"))
+
+    stopper = threading.Thread(target=stop_once_running)
+    stopper.start()
+    with pytest.raises(LeaseLost, match="gone"), token.running():
+        time.sleep(60)  # ended by the signal, not sat out
+    stopper.join()
+    assert not token.is_running
+
+
+def test_the_first_reason_wins_and_a_stop_from_the_tasks_thread_raises_at_once(token):
+    with pytest.raises(WorkerShutdown), token.running():
+        token.stop(WorkerShutdown())
+    assert not token.stop(LeaseLost("later"))
+    assert isinstance(token.reason, WorkerShutdown)
+
+
+def test_a_token_stopped_before_its_task_runs_stops_it_as_it_begins(token):
+    assert token.stop(LeaseLost("before"))
+    ran = []
+    with pytest.raises(LeaseLost), token.running():
+        ran.append(1)
+    assert ran == []
+
+
+def test_a_stop_after_the_task_ended_raises_nothing(token):
+    with token.running():
+        pass
+    assert token.stop(LeaseLost("late"))  # recorded, nothing to interrupt
+    token.deliver()  # a signal arriving late is ignored
+
+
+def test_the_time_limit_stops_the_task_through_its_token(token):
+    with pytest.raises(JobTimeout, match="ran past its timeout"), token.running():
+        with time_limit(0.05, "tests.slow", token):
+            time.sleep(60)
+    assert isinstance(token.reason, JobTimeout)
