@@ -30,7 +30,6 @@ from urllib.parse import urlsplit, urlunsplit
 from django.apps import AppConfig, apps
 from django.core import checks
 from django.core.management import find_commands
-from django.db import DatabaseError, InterfaceError
 
 from django_redisqueue import outbox
 from django_redisqueue.backend import RedisQueueBackend, our_backends
@@ -190,7 +189,7 @@ def check_outbox_tables(
         try:
             if outbox.has_table(database):
                 continue
-        except (DatabaseError, InterfaceError) as exc:
+        except outbox.OUTBOX_ERRORS as exc:
             problem = f"cannot be read: {exc}"
             fix = "Start the database, or fix its entry in DATABASES"
         else:

@@ -22,7 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import connections, transaction
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, InterfaceError, connections, transaction
 from django.db.models import Count, Min
 from django.utils import timezone
 
@@ -32,6 +33,9 @@ from django_redisqueue.store.wire import MissingJob, NewJob
 
 logger = logging.getLogger(__name__)
 
+# What reading or writing an outbox may raise while its database is down, lacks the
+# table, or cannot even be loaded (a DATABASES entry whose driver is missing).
+OUTBOX_ERRORS: tuple[type[Exception], ...] = (DatabaseError, InterfaceError, ImproperlyConfigured)
 # Rows runscheduler relays per transaction.
 RELAY_BATCH = 500
 # runscheduler relays a row once it is this old (s): a commit's own relay usually

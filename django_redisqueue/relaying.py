@@ -9,8 +9,6 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError, InterfaceError
-
 from django_redisqueue import outbox
 from django_redisqueue.compat import TaskResultDoesNotExist
 from django_redisqueue.core.tasks import RedisTaskResult
@@ -57,7 +55,7 @@ class OutboxRelay(JobPreparation):
         transaction has committed, is not told: the jobs are safe."""
         try:
             committed = outbox.present(database, [result.id for result in results])
-        except (DatabaseError, InterfaceError) as exc:
+        except outbox.OUTBOX_ERRORS as exc:
             logger.warning("Outbox: rows unread after the commit, left to runscheduler: %s", exc)
             return
         results = [result for result in results if result.id in committed]
@@ -86,7 +84,7 @@ class OutboxRelay(JobPreparation):
             return
         try:
             outbox.forget(database, [r.id for r in results if r.id not in kept])
-        except (DatabaseError, InterfaceError) as exc:  # relayed again later: stores nothing
+        except outbox.OUTBOX_ERRORS as exc:  # relayed again later: stores nothing
             logger.warning("Outbox: relayed jobs' rows not deleted yet: %s", exc)
 
     def relay_outbox(self, settle: float = outbox.SETTLE_SECONDS) -> int:

@@ -2,6 +2,7 @@
 ``check --database`` without stopping ``migrate``, said by ``runscheduler``, which goes
 on with its other work, and loud in the metrics."""
 
+import dataclasses
 import logging
 import math
 import os
@@ -135,3 +136,34 @@ def test_a_scheduler_says_again_while_the_outbox_cannot_be_read_and_when_it_can(
             f"Scheduler s: the outbox cannot be read: server closed the connection; {OTHER}",
         ),
     ]
+
+
+@pytest.fixture
+def broken_database():
+    """A database Django cannot even load (its ENGINE's driver missing): its alias
+    raises ImproperlyConfigured, as Django's own connection handler does."""
+    from django.db import connections
+
+    connections.settings["broken"] = {
+        **connections.settings["default"],
+        "ENGINE": "django.db.backends.no_such_driver",
+    }
+    try:
+        yield "broken"
+    finally:
+        del connections.settings["broken"]
+
+
+@pytest.mark.django_db
+def test_an_outbox_database_django_cannot_load_is_said_and_the_scheduler_goes_on(
+    broken_database, caplog
+):
+    from django_redisqueue.runtime.scheduler import Scheduler
+
+    backend = task_backends["outbox-default"]
+    config = dataclasses.replace(backend.config, outbox=(broken_database,))
+    with mock.patch.object(backend, "config", config):
+        scheduler = Scheduler(backend, burst=True)
+        assert scheduler._relay_step() == 0
+    [said] = [r.getMessage() for r in caplog.records if "outbox cannot be read" in r.getMessage()]
+    assert "no_such_driver" in said

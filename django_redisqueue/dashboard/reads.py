@@ -9,7 +9,6 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError
 from django.utils.timezone import localtime
 
 from django_redisqueue import outbox
@@ -343,7 +342,7 @@ class Dashboard:
             return None
         try:
             backlog = outbox.backlog(databases, self.backend.alias)
-        except (DatabaseError, InterfaceError) as exc:
+        except outbox.OUTBOX_ERRORS as exc:
             return {"jobs": None, "oldest_seconds": None, "error": str(exc)}
         return {"jobs": backlog.jobs, "oldest_seconds": round(backlog.age(), 3)}
 

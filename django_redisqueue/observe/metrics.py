@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import DatabaseError, InterfaceError, connections
+from django.db import connections
 
 from django_redisqueue import outbox
 from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS
@@ -270,7 +270,7 @@ class Exposition:
             return
         try:
             backlog = outbox.backlog(backend.config.outbox, backend.alias)
-        except (DatabaseError, InterfaceError) as exc:
+        except outbox.OUTBOX_ERRORS as exc:
             logger.warning("Outbox of backend %r unread: %s", backend.alias, exc)
             self.outbox_readable.add(labels, 0)
             self.outbox_age.add(labels, math.inf)

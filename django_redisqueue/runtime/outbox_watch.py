@@ -8,8 +8,6 @@ import logging
 import time
 from collections.abc import Sequence
 
-from django.db import DatabaseError, InterfaceError
-
 from django_redisqueue import outbox
 
 # How often (s) a scheduler says again that its outbox still cannot be read.
@@ -73,6 +71,6 @@ class OutboxWatch:
             try:
                 if not outbox.has_table(database):
                     missing.append(database)
-            except (DatabaseError, InterfaceError):
+            except outbox.OUTBOX_ERRORS:
                 continue
         return missing

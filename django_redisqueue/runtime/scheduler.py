@@ -21,7 +21,7 @@ import time
 from collections import deque
 from types import FrameType
 
-from django.db import DatabaseError, InterfaceError, close_old_connections, connections
+from django.db import close_old_connections, connections
 
 from django_redisqueue import outbox
 from django_redisqueue.backend import RedisQueueBackend
@@ -225,10 +225,11 @@ class Scheduler:
             # (relayed again, they store nothing). Not Redis failing: leases still go.
             self.broker.unreplicated.note("enqueue", exc)
             return 0
-        except (DatabaseError, InterfaceError) as exc:
+        except outbox.OUTBOX_ERRORS as exc:
             self.outbox_watch.failed(exc)
             for database in self.backend.config.outbox:
-                connections[database].close()  # a new connection at the next step
+                with contextlib.suppress(*outbox.OUTBOX_ERRORS):  # (one Django cannot load)
+                    connections[database].close()  # a new connection at the next step
             return 0
         self.outbox_watch.succeeded()
         if relayed:

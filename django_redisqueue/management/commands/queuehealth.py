@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, InterfaceError
 
 from django_redisqueue import outbox
 from django_redisqueue.backend import RedisQueueBackend
@@ -204,7 +203,7 @@ class Probe:
     def outbox_check(self) -> Check:
         try:
             backlog = outbox.backlog(self.backend.config.outbox, self.backend.alias)
-        except (DatabaseError, InterfaceError) as exc:
+        except outbox.OUTBOX_ERRORS as exc:
             return Check(
                 "outbox",
                 False,
