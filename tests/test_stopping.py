@@ -57,7 +57,10 @@ def test_a_stop_after_the_task_ended_raises_nothing(token):
 
 
 def test_the_time_limit_stops_the_task_through_its_token(token):
-    with pytest.raises(JobTimeout, match="ran past its timeout"), token.running():
-        with time_limit(0.05, "tests.slow", token):
-            time.sleep(60)
+    with (
+        pytest.raises(JobTimeout, match="ran past its timeout"),
+        token.running(),
+        time_limit(0.05, "tests.slow", token),
+    ):
+        time.sleep(60)
     assert isinstance(token.reason, JobTimeout)
