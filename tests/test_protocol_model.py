@@ -93,6 +93,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "handed jobs given back untaken",
             "results expired",
             "rows relayed after their result expired",
+            "jobs kept in hand by a give-back",
         )
     )
     report(

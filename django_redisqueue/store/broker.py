@@ -218,17 +218,20 @@ class Broker(Gateway):
         """Store a job's outcome; False if the caller no longer owns the job."""
         return bool(self.claim((), "", outcome, broadcasts=False)[0])
 
-    def abandon(self, worker_id: str, *, handed_only: bool = False) -> list[str]:
-        """Give back, uncounted, every job ``worker_id`` owns; return their ids. Its
-        registration as idle ends. ``handed_only``: only the job handed to it that it
-        has not taken (a worker that stops while idle holds no other): one job looked
-        at, not every running one."""
+    def abandon(
+        self, worker_id: str, *, handed_only: bool = False, keep: Sequence[str] = ()
+    ) -> list[str]:
+        """Give back, uncounted, every job ``worker_id`` owns but those it ``keep``s
+        (running in its other slots); return their ids. Its registration as idle ends.
+        ``handed_only``: only the job handed to it that it has not taken (a worker that
+        stops while idle holds no other): one job looked at, not every running one."""
         given_back = self._run(
             "abandon",
             worker_id,
             self.result_ttl,
             self.lease_ms,
             "1" if handed_only else "",
+            *keep,
             acked=True,
         )
         return [text(job_id) or "" for job_id in given_back]

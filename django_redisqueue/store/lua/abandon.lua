@@ -6,16 +6,22 @@
 -- claimed and those handed to it, taken or not. A worker calls this when the reply to
 -- a claim or to its wait was lost: the call may have given it a job, which would
 -- otherwise wait for its lease and count as lost though it never ran. The worker
--- holds no other job then (its last outcome was stored first). Its registration as
--- idle ends (handoff.lua).
+-- holds no other job then (its last outcome was stored first), but those it keeps.
+-- Its registration as idle ends (handoff.lua).
 -- ARGV[1] worker id, ARGV[2] result TTL (s), ARGV[3] lease (ms), which limits use,
 -- ARGV[4] '1': only the job handed to the worker that it has not taken, as a worker
 -- stopping while registered as idle, which holds no other job, gives back: one job
 -- looked at instead of every running one.
+-- ARGV[5..] ids of jobs the worker keeps: those it runs in its other slots (a process
+-- running several jobs at once), which the lost call cannot have given it.
 -- Returns the ids given back.
 local worker, prefix = ARGV[1], ARGV[1] .. '/'
 local now, ttl = clock_ms(), tonumber(ARGV[2])
 local given = {}
+local keep = {}
+for i = 5, #ARGV do
+  keep[ARGV[i]] = true
+end
 local owned
 if ARGV[4] == '1' then
   local _, handed = take_handed(worker)
@@ -32,7 +38,8 @@ for _, id in ipairs(owned) do
   local job = JOB .. id
   if is_job(id) then
     local f = redis.call('HMGET', job, 'owner', 'status')
-    if f[1] and f[2] == 'RUNNING' and string.sub(f[1], 1, #prefix) == prefix then
+    if f[1] and f[2] == 'RUNNING' and string.sub(f[1], 1, #prefix) == prefix
+        and not keep[id] then
       give_back(id, redis.call('HGET', job, 'limit'), now, tonumber(ARGV[3]), ttl)
       given[#given + 1] = id
     end

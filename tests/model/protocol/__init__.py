@@ -61,6 +61,10 @@ its window of rates, the parked sets and the looks agree with the model, no job 
 beside more jobs of its key than its max_running, and no parked job is left without a
 look or a slot holder to bring it back.
 
+A worker may hold several jobs at once (claims that do not finish the one before), as
+a process running jobs in several slots does: a give-back after a lost reply keeps the
+jobs it names (those of its other slots) and gives back the rest.
+
 Outbox relays are modelled in relays.py: relays store jobs and record their ids, a
 finished job's result expires, a row is relayed again whatever its job became (stored
 nothing), and a relay forgets the records of the rows it deleted.

@@ -282,11 +282,13 @@ class CoreModel:
                 return job
         return None
 
-    def m_abandon(self, worker: str) -> list[Job]:
+    def m_abandon(self, worker: str, keep: frozenset[str] = frozenset()) -> list[Job]:
+        """Every job the worker owns goes back, but those it ``keep``s (running in its
+        other slots)."""
         mine = [
             j
             for j in self.job_list(RUNNING)
-            if j.owner is not None and j.owner.startswith(worker + "/")
+            if j.owner is not None and j.owner.startswith(worker + "/") and j.id not in keep
         ]
         # The running set's order, then the handed set's.
         mine.sort(

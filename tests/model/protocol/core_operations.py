@@ -428,19 +428,26 @@ class CoreOperations:
                     expected += 1
         assert changed == expected, f"{action} {queue} {ids} {limit}: {changed}, model {expected}"
 
-    def op_abandon(self, worker: str, handed_only: bool = False) -> None:
+    def op_abandon(
+        self, worker: str, handed_only: bool = False, keep: tuple[str, ...] = ()
+    ) -> None:
         """abandon; ``handed_only``: as a worker stopping while registered as idle,
-        only the job handed to it and not taken goes back (its held jobs stay)."""
+        only the job handed to it and not taken goes back (its held jobs stay);
+        ``keep``: the jobs it holds in other slots stay too."""
         if handed_only:
             given = self.broker.abandon(worker, handed_only=True)
             expected = [j.id for j in self.m_give_back_handed(worker)]
             assert given == expected, f"give-back gave back {given}, model {expected}"
             RUN["handed jobs given back"] += len(given)
             return
-        given = self.broker.abandon(worker)
-        expected = [j.id for j in self.m_abandon(worker)]  # in the running zset's order
+        given = self.broker.abandon(worker, keep=keep)
+        expected = [j.id for j in self.m_abandon(worker, frozenset(keep))]  # running zset order
         assert given == expected, f"abandon gave back {given}, model {expected}"
-        self.held[worker].clear()
+        for job_id in list(self.held[worker]):
+            if job_id in keep:
+                RUN["jobs kept in hand by a give-back"] += 1
+            else:
+                del self.held[worker][job_id]
 
     def op_watch(self, job: Job) -> None:
         status = self.broker.watch(job.id)

@@ -265,9 +265,15 @@ class CoreRules:
                 extra["no-such-job"] = f"{worker}/1"
         self.op_heartbeat(worker, extra, traced)
 
-    @rule(worker=WORKER)
-    def abandon(self, worker):
-        self.op_abandon(worker)
+    @rule(worker=WORKER, keep=st.lists(PICK, max_size=2))
+    def abandon(self, worker, keep):
+        """A lost reply: the worker gives back what the lost call may have given it,
+        keeping the jobs it runs in its other slots (picked among those it holds, and
+        another worker's, which it cannot give back anyway)."""
+        mine = sorted(self.held[worker])
+        others = sorted(j for w, held in self.held.items() if w != worker for j in held)
+        kept = {self.pick(mine, p) for p in keep[:1]} | {self.pick(others, p) for p in keep[1:]}
+        self.op_abandon(worker, keep=tuple(sorted(kept - {None})))
 
     @rule(worker=WORKER)
     def stop_while_idle(self, worker):
