@@ -230,6 +230,16 @@ def overruns(seconds):
     return "finished"
 
 
+@task(timeout=0.5)
+def overruns_in_steps(seconds):
+    """Python that runs past its timeout a step at a time: stopped from another thread,
+    a task stops between two steps (a sleep in C ends first)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    return "finished"
+
+
 # The conformance suite: the cases Django's own tests run on its backends.
 
 

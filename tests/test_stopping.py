@@ -10,7 +10,8 @@ import pytest
 from django_redisqueue.exceptions import JobTimeout, LeaseLost, WorkerShutdown
 from django_redisqueue.runtime.alarms import time_limit
 from django_redisqueue.runtime.stopping import STOP_SIGNAL, StopToken
-from tests.conftest import wait_until
+from tests import tasks
+from tests.conftest import run_worker_here, wait_until
 
 
 @pytest.fixture
@@ -64,3 +65,72 @@ def test_the_time_limit_stops_the_task_through_its_token(token):
     ):
         time.sleep(60)
     assert isinstance(token.reason, JobTimeout)
+
+
+def run_in_a_thread(body):
+    """Run ``body`` on a thread of its own; return what it raised (None if nothing)."""
+    raised = []
+
+    def target():
+        try:
+            body()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, raised
+
+
+def busy(seconds):
+    """Python code that runs for ``seconds`` (a stop lands at its next bytecode)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_task_on_another_thread_is_stopped_with_the_reasons_class():
+    token = StopToken()
+
+    def task():
+        with token.running():
+            busy(60)
+
+    thread, raised = run_in_a_thread(task)
+    wait_until(lambda: token.is_running, 10, "the task to run")
+    assert token.stop(LeaseLost("gone"))
+    thread.join(30)
+    assert not thread.is_alive()
+    [exc] = raised
+    assert isinstance(exc, LeaseLost)
+    assert token.reason is not None and str(token.reason) == "gone"
+
+
+def test_the_time_limit_stops_a_task_on_another_thread_by_a_timer():
+    token = StopToken()
+
+    def task():
+        with token.running(), time_limit(0.05, "tests.slow", token):
+            busy(60)
+
+    thread, raised = run_in_a_thread(task)
+    thread.join(30)
+    assert not thread.is_alive()
+    [exc] = raised
+    assert isinstance(exc, JobTimeout)
+    assert "ran past its timeout" in str(token.reason)
+
+
+def test_a_worker_off_the_main_thread_keeps_its_jobs_time_limits(r, backend):
+    """A worker run on a thread of the caller's (no signals there) still stops a task
+    past its timeout, with the time limit's message."""
+    from django_redisqueue.core.jobs import FAILED
+
+    job = tasks.overruns_in_steps.enqueue(30)
+    thread = threading.Thread(target=run_worker_here, args=(backend,))
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive()
+    stored = backend.get_result(job.id)
+    assert stored.status == FAILED
+    assert "ran past its timeout of 0.5 s" in stored.errors[0].traceback

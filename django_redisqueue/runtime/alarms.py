@@ -1,5 +1,6 @@
-"""Time limits by alarm (SIGALRM), for the worker's tasks (through their stop tokens)
-and the health probe's deadline: one mechanism, in the main thread only."""
+"""Time limits: by alarm (SIGALRM) on the main thread, for the worker's tasks (through
+their stop tokens) and the health probe's deadline; a task on another thread is
+stopped by a timer thread through its token."""
 
 from __future__ import annotations
 
@@ -49,12 +50,22 @@ def raise_after(
     return call_after(seconds, fail)
 
 
-def time_limit(
-    seconds: float | None, what: str, token: StopToken
-) -> contextlib.AbstractContextManager[None]:
-    """Stop a task that runs past its timeout through its stop token (JobTimeout)."""
+@contextmanager
+def time_limit(seconds: float | None, what: str, token: StopToken) -> Iterator[None]:
+    """Stop a task that runs past its timeout through its stop token (JobTimeout): by
+    SIGALRM on the main thread, elsewhere by a timer thread."""
 
     def stop() -> None:
         token.stop(JobTimeout(f"{what} ran past its timeout of {seconds} s and was stopped"))
 
-    return call_after(seconds, stop)
+    if not seconds or threading.current_thread() is threading.main_thread():
+        with call_after(seconds, stop):
+            yield
+        return
+    timer = threading.Timer(seconds, stop)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

@@ -213,10 +213,14 @@ def run(
     # A task that calls sys.exit() fails; it does not stop the worker. Nor does one that
     # raises KeyboardInterrupt: Ctrl-C reaches the worker's handler, not a task.
     except (Exception, SystemExit, KeyboardInterrupt) as exc:
-        attempt.raised = exc
-        info = error_info(exc)
+        reason = attempt.token.reason  # raised by its class in another thread: the message
+        raised: BaseException = exc
+        if reason is not None and reason is not exc and isinstance(exc, type(reason)):
+            raised = reason.with_traceback(exc.__traceback__)
+        attempt.raised = raised
+        info = error_info(raised)
         result.errors.append(TaskError(**info))
-        outcome = _failure(attempt.task, record, claimed, exc, to_json(info))
+        outcome = _failure(attempt.task, record, claimed, raised, to_json(info))
     retrying = outcome.status in (RETRY, RELEASE)
     object.__setattr__(result, "status", TaskResultStatus.READY if retrying else outcome.status)
     if not retrying:

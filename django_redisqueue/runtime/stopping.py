@@ -4,6 +4,7 @@ exception the task gets, raised in the task's own thread, once."""
 
 from __future__ import annotations
 
+import ctypes
 import signal
 import threading
 from collections.abc import Iterator
@@ -16,12 +17,12 @@ STOP_SIGNAL = signal.SIGUSR1
 class StopToken:
     """The one way a running task is stopped. ``stop(reason)`` raises ``reason`` in the
     task's thread while it runs (inside ``running()``): at once from that thread itself
-    (a signal handler there: the time limit's, a second SIGTERM's), else by STOP_SIGNAL,
-    whose handler (``deliver``) raises it, ending a blocking sleep too. A token
-    stopped before its task runs raises as the task begins. The first reason wins.
-
-    Only the main thread receives signals: a task on another thread would need
-    ``PyThreadState_SetAsyncExc`` (docs/architecture.md, "Many jobs in one process")."""
+    (a signal handler there: the time limit's, a second SIGTERM's); on the main thread
+    from another (the heartbeat's) by STOP_SIGNAL, whose handler (``deliver``) raises it,
+    ending a blocking sleep too; on any other thread by ``PyThreadState_SetAsyncExc``,
+    which raises ``reason``'s class at the task's next bytecode (a sleep or a call into
+    C ends first; ``reason`` itself is the token's, for the message). A token stopped
+    before its task runs raises as the task begins. The first reason wins."""
 
     def __init__(self) -> None:
         self.reason: BaseException | None = None
@@ -52,6 +53,9 @@ class StopToken:
             raise reason
         if thread is not None and thread == threading.main_thread().ident:
             signal.pthread_kill(thread, STOP_SIGNAL)
+        elif thread is not None:
+            set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+            set_async_exc(ctypes.c_ulong(thread), ctypes.py_object(type(reason)))
         return True
 
     def deliver(self) -> None:
