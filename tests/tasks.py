@@ -118,6 +118,21 @@ def block_until_released(label, timeout):
     return released
 
 
+@task
+def steps_until_released(label, timeout):
+    """Report "started", then run Python steps until the test pushes to test:release: a
+    stop from another thread lands between two steps (a blocking call ends first)."""
+    r = client()
+    r.rpush(LOG, f"started:{label}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if r.lpop("test:release") is not None:
+            r.rpush(LOG, f"done:{label}")
+            return True
+        time.sleep(0.01)
+    return False
+
+
 @task(retries=3, retry_backoff=0.2, retry_jitter=False)
 def always_fails(label):
     client().rpush(f"test:attempts:{label}", time.time())

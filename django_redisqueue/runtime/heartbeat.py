@@ -7,7 +7,6 @@ import threading
 from collections.abc import Mapping
 from typing import Protocol
 
-from django_redisqueue.core.tracing import Attempt, NotTraced
 from django_redisqueue.runtime import WORKER_LOGGER
 from django_redisqueue.store.gateway import REDIS_ERRORS
 from django_redisqueue.store.wire import Claimed
@@ -23,8 +22,10 @@ class Beating(Protocol):
     """What the heartbeat needs of its worker."""
 
     worker_id: str
-    current: Claimed | None
-    attempt: Attempt | NotTraced  # the running attempt's span
+
+    def in_hand(self) -> list[tuple[Claimed, str]]:
+        """The jobs running now, each with its attempt's trace record ('' for none)."""
+        ...
 
     @property
     def lease(self) -> float: ...
@@ -39,10 +40,10 @@ class Beating(Protocol):
 
 
 class Heartbeat(threading.Thread):
-    """Keeps the worker's record alive for the dashboard, and extends the lease of the
-    running job, every few seconds (at most a third of the lease). While Redis fails it
-    tries again every HEARTBEAT_RETRY seconds, so a lease is renewed as soon as Redis
-    accepts writes again."""
+    """Keeps the worker's record alive for the dashboard, and extends the leases of the
+    jobs it runs, in one call, every few seconds (at most a third of the lease). While
+    Redis fails it tries again every HEARTBEAT_RETRY seconds, so a lease is renewed as
+    soon as Redis accepts writes again."""
 
     def __init__(self, worker: Beating) -> None:
         super().__init__(name="redisqueue-heartbeat", daemon=True)
@@ -54,11 +55,10 @@ class Heartbeat(threading.Thread):
         delay = self.interval
         failures = 0
         while not self.stopped.wait(delay):
-            job = self.worker.current
-            owned = {job.job_id: job.owner} if job else {}
-            # The running attempt's trace record: a recovery's attempt links to it.
-            record = self.worker.attempt.record
-            traces = {job.job_id: record} if job and record else None
+            jobs = self.worker.in_hand()
+            owned = {job.job_id: job.owner for job, _ in jobs}
+            # The running attempts' trace records: a recovery's attempt links to them.
+            traces = {job.job_id: record for job, record in jobs if record} or None
             try:
                 lost = self.worker.register(owned, traces)
             except REDIS_ERRORS as exc:
@@ -76,6 +76,7 @@ class Heartbeat(threading.Thread):
             if failures:
                 logger.warning("Worker %s: heartbeat sent again", self.worker.worker_id)
             failures, delay = 0, self.interval
-            if job is not None and job.job_id in lost:
-                self.worker.lease_lost(job)
+            for job, _ in jobs:
+                if job.job_id in lost:
+                    self.worker.lease_lost(job)
             self.worker.send_metrics()

@@ -7,11 +7,15 @@ from __future__ import annotations
 import ctypes
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 # Sent to the task's thread by a stop from another thread (the heartbeat's).
 STOP_SIGNAL = signal.SIGUSR1
+# How soon a stop raised in a thread other than the main one is raised again while the
+# task has not taken it (s).
+RAISE_AGAIN_AFTER = 0.05
 
 
 class StopToken:
@@ -54,9 +58,21 @@ class StopToken:
         if thread is not None and thread == threading.main_thread().ident:
             signal.pthread_kill(thread, STOP_SIGNAL)
         elif thread is not None:
-            set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-            set_async_exc(ctypes.c_ulong(thread), ctypes.py_object(type(reason)))
+            threading.Thread(
+                target=self._raise_in, args=(thread, type(reason)), daemon=True
+            ).start()
         return True
+
+    def _raise_in(self, thread: int, exc_type: type[BaseException]) -> None:
+        """Raise ``exc_type`` in ``thread`` until its task has left ``running()``, not
+        once: before Python 3.13 the interpreter-wide signal for these is cleared by the
+        first thread to take its exception, and another thread's, set meanwhile, waits
+        for the next switch of threads, which a lone busy thread may not make soon."""
+        set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+        while self.thread == thread:
+            set_async_exc(ctypes.c_ulong(thread), ctypes.py_object(exc_type))
+            time.sleep(RAISE_AGAIN_AFTER)
+        set_async_exc(ctypes.c_ulong(thread), None)  # any left undelivered is dropped
 
     def deliver(self) -> None:
         """In STOP_SIGNAL's handler: raise the reason, if the task runs on this thread."""

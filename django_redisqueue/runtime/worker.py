@@ -284,7 +284,9 @@ class Worker:
         this worker, so that it runs at once and does not count as lost."""
         if finished is not None:
             self._report(finished, self.broker.finish(finished.outcome), repeated=True)
-        given_back = self.broker.abandon(self.worker_id)
+        # The jobs running in other slots stay: the lost call cannot have given them.
+        keep = [job.job_id for job, _ in self.in_hand()]
+        given_back = self.broker.abandon(self.worker_id, keep=keep)
         self.idle_registered = False
         if given_back:
             logger.warning(
@@ -294,6 +296,11 @@ class Worker:
                 ", ".join(given_back),
             )
         return None
+
+    def in_hand(self) -> list[tuple[Claimed, str]]:
+        """The job running now (none or one), with its attempt's trace record."""
+        job = self.current
+        return [(job, self.attempt.record)] if job is not None else []
 
     @property
     def lease(self) -> float:
@@ -473,16 +480,20 @@ class Worker:
     def lease_lost(self, job: Claimed) -> None:
         """Called by the heartbeat: Redis says ``job`` is no longer ours (its lease ran
         out and it was recovered). Stop it: its outcome would be refused anyway."""
-        token = self.token
-        if self.current is not job or token is None:
-            return
-        if token.stop(LeaseLost(f"the lease of job {job.job_id} was lost")):
+        self._stop_lost(job, self.token if self.current is job else None)
+
+    def _stop_lost(self, job: Claimed, token: StopToken | None) -> None:
+        if token is not None and token.stop(LeaseLost(f"the lease of job {job.job_id} was lost")):
             logger.warning(
                 "Job %s: lease lost (the worker stalled or Redis failed for longer than "
                 "the lease); stopping it, as its outcome would be refused: it runs again "
                 "elsewhere",
                 job.job_id,
             )
+
+    def _tokens(self) -> list[StopToken]:
+        """The stop tokens of the tasks running now."""
+        return [self.token] if self.token is not None else []
 
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.token is not None:
@@ -507,13 +518,15 @@ class Worker:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.stopping:
-            token = self.token
-            if token is not None and token.is_running:
+            running = [token for token in self._tokens() if token.is_running]
+            if running:
                 logger.warning(
-                    "Worker %s: %s again, giving the running job back to its queue",
+                    "Worker %s: %s again, giving the running job%s back to %s queue",
                     self.worker_id,
                     name,
+                    *(("", "its") if len(running) == 1 else ("s", "their")),
                 )
+            for token in running:
                 token.stop(WorkerShutdown())
             return
         # Stop first: a second signal may arrive while this one is being logged.

@@ -23,6 +23,7 @@ from django_redisqueue.runtime.reloading import (
     is_reload_child,
     run_reloading_parent,
 )
+from django_redisqueue.runtime.slots import SlotWorker
 from django_redisqueue.runtime.worker import Worker
 
 
@@ -107,6 +108,14 @@ class Command(BaseCommand):
             help="number of worker processes (default: 1)",
         )
         parser.add_argument(
+            "--threads",
+            type=positive_int,
+            default=1,
+            help="jobs each worker process runs at once, each on a thread of its own "
+            "(default: 1): for jobs that mostly wait (email, HTTP APIs, files); with "
+            "--concurrency P, P x N in all",
+        )
+        parser.add_argument(
             "--max-jobs",
             type=positive_int,
             default=None,
@@ -185,14 +194,15 @@ class Command(BaseCommand):
 
         def maker(backend: RedisQueueBackend) -> Callable[[], Worker]:
             def make_worker() -> Worker:
-                return Worker(
-                    backend,
-                    queues,
-                    weights=weights,
-                    burst=options["burst"],
-                    max_jobs=options["max_jobs"],
-                    max_memory=options["max_memory"],
-                )
+                settings = {
+                    "weights": weights,
+                    "burst": options["burst"],
+                    "max_jobs": options["max_jobs"],
+                    "max_memory": options["max_memory"],
+                }
+                if options["threads"] > 1:
+                    return SlotWorker(backend, queues, threads=options["threads"], **settings)
+                return Worker(backend, queues, **settings)
 
             return make_worker
 
@@ -227,6 +237,7 @@ class Command(BaseCommand):
                 extra={
                     "queues": order,
                     "concurrency": options["concurrency"],
+                    "threads": options["threads"],
                     "burst": options["burst"],
                     "tasks": registry.paths(),
                 },
@@ -236,6 +247,7 @@ class Command(BaseCommand):
             title,
             f"  queues:      {order}",
             f"  concurrency: {options['concurrency']} process(es)"
+            + (f" x {options['threads']} threads" if options["threads"] > 1 else "")
             + (", burst" if options["burst"] else ""),
             "  tasks:",
             *(f"    {path}" for path in registry.paths()),

@@ -1,0 +1,174 @@
+"""A worker process that runs several jobs at once: ``runworker --threads N``.
+
+The loop (the main thread) claims a job whenever one of N slots is free and hands it to
+a slot's thread, which runs it as a one-slot worker does (``Worker.execute``: the same
+attempt, hooks and trace) and stores its outcome itself, on the backend's pooled
+connections, so that a result is not held behind the loop's wait. One worker id and
+one idle registration for the process, made only with a slot free (docs/architecture.md,
+"Many jobs in one process"). A lost reply gives back what the lost call may have given,
+keeping the jobs of the other slots; the heartbeat renews every job in hand in one
+call; a lost lease, a time limit or a second SIGTERM stops one job through its own stop
+token, in its own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Generic, TypeVar, cast
+
+from django_redisqueue.backend import RedisQueueBackend
+from django_redisqueue.core import tracing
+from django_redisqueue.runtime import WORKER_LOGGER
+from django_redisqueue.runtime.attempts import Finished
+from django_redisqueue.runtime.memory import past_limit
+from django_redisqueue.runtime.stopping import StopToken
+from django_redisqueue.runtime.worker import WAIT_TIMEOUT, Worker
+from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector
+from django_redisqueue.store.wire import Claimed
+
+logger = logging.getLogger(WORKER_LOGGER)
+T = TypeVar("T")
+
+
+class _Slot:
+    """What a thread of the worker is running: its job, its stop token, its trace."""
+
+    def __init__(self) -> None:
+        self.current: Claimed | None = None
+        self.token: StopToken | None = None
+        self.attempt: tracing.Attempt | tracing.NotTraced = tracing.NOT_TRACED
+
+
+class _OfTheThread(Generic[T]):
+    """An attribute Worker reads and writes that is each thread's own: the job it runs,
+    its stop token, its trace (kept in the thread's ``_Slot``)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, worker: SlotWorker, owner: type | None = None) -> T:
+        return cast(T, getattr(worker._slot(), self.name))
+
+    def __set__(self, worker: SlotWorker, value: T) -> None:
+        setattr(worker._slot(), self.name, value)
+
+
+class SlotWorker(Worker):
+    """A worker that runs up to ``threads`` jobs at once, each on a thread of its own."""
+
+    def __init__(
+        self,
+        backend: RedisQueueBackend,
+        queues: Sequence[str] | None = None,
+        *,
+        threads: int,
+        weights: Mapping[str, int] | None = None,
+        **options: Any,
+    ) -> None:
+        # Before Worker's own: it sets the job, token and trace, which are each thread's.
+        self._local = threading.local()
+        self._running: dict[str, _Slot] = {}  # by job id
+        self._changed = threading.Condition()  # a job taken into a slot, or ended
+        super().__init__(backend, queues, weights=weights, **options)
+        self.threads = threads
+        self._free = threading.Semaphore(threads)
+
+    def _slot(self) -> _Slot:
+        slot: _Slot | None = getattr(self._local, "slot", None)
+        if slot is None:
+            slot = self._local.slot = _Slot()
+        return slot
+
+    current: _OfTheThread[Claimed | None] = _OfTheThread()
+    token: _OfTheThread[StopToken | None] = _OfTheThread()
+    attempt: _OfTheThread[tracing.Attempt | tracing.NotTraced] = _OfTheThread()
+
+    def in_hand(self) -> list[tuple[Claimed, str]]:
+        with self._changed:
+            slots = list(self._running.values())
+        return [(slot.current, slot.attempt.record) for slot in slots if slot.current]
+
+    def lease_lost(self, job: Claimed) -> None:
+        with self._changed:
+            slot = self._running.get(job.job_id)
+        self._stop_lost(job, slot.token if slot and slot.current is job else None)
+
+    def _tokens(self) -> list[StopToken]:
+        with self._changed:
+            return [slot.token for slot in self._running.values() if slot.token is not None]
+
+    # The loop: claim while a slot is free; the slots run the jobs and store them.
+
+    def _loop(self, backoff: Reconnector) -> None:
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="redisqueue-slot") as pool:
+            while not self._should_stop():
+                if not self._free.acquire(timeout=WAIT_TIMEOUT):
+                    continue  # every slot busy: look at the stop flags again
+                # A slot freed as the worker stops (a second SIGTERM gave a job back)
+                # takes nothing: that job would be claimed again at once.
+                job = None if self._should_stop() else self._claim(backoff)
+                if job is None:
+                    self._free.release()
+                    continue
+                slot = _Slot()
+                with self._changed:
+                    self._running[job.job_id] = slot
+                pool.submit(self._run_in_slot, job, slot)
+            # Leaving the block waits for the jobs in hand: each stores its outcome.
+
+    def _claim(self, backoff: Reconnector) -> Claimed | None:
+        """One claim for a free slot (no outcome: the slots store theirs), or what the
+        wait hands over; None when nothing came, or Redis failed."""
+        try:
+            if self.uncertain:
+                self._recover_claim(None)
+                self.uncertain = False
+            claim = self._store_and_claim(None, True)
+            backoff.succeeded()
+        except REDIS_ERRORS as exc:  # refused (nothing changed), or its reply lost
+            self.uncertain = self.uncertain or isinstance(exc, UNCERTAIN_ERRORS)
+            backoff.failed(exc)
+            return None
+        if claim.job is None and self.burst and claim.read_broadcasts:
+            # Out of work once no job is in hand: one ending may release others.
+            with self._changed:
+                if self._running:
+                    self._changed.wait(WAIT_TIMEOUT)
+                    return None
+        return claim.job or self._between_jobs(claim, True, backoff)
+
+    def _run_in_slot(self, job: Claimed, slot: _Slot) -> None:
+        self._local.slot = slot
+        try:
+            finished = self.execute(job)
+            self._store(finished)
+        except BaseException:  # a bug of this app's: said, and the slot is freed
+            logger.exception("Worker %s: job %s's slot failed", self.worker_id, job.job_id)
+        finally:
+            self.over_memory = self.over_memory or past_limit(self.max_memory, self.worker_id)
+            with self._changed:
+                del self._running[job.job_id]
+                self.jobs_done += 1
+                self._changed.notify_all()
+            self._free.release()
+
+    def _store(self, finished: Finished) -> None:
+        """Store the outcome, trying again while Redis fails (a repeat after a lost
+        reply is fenced), up to a few tries once the worker stops."""
+        backoff = Reconnector(
+            logger, f"Worker {self.worker_id}", where=self.backend.broker.describe
+        )
+        repeated = False
+        while True:
+            try:
+                stored = self.backend.broker.finish(finished.outcome)
+                break
+            except REDIS_ERRORS as exc:
+                repeated = repeated or isinstance(exc, UNCERTAIN_ERRORS)
+                if self._give_up(not self._should_stop(), backoff, exc):
+                    return
+        backoff.succeeded()
+        self._report(finished, stored, repeated=repeated)

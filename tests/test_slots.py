@@ -1,0 +1,90 @@
+"""A worker process that runs several jobs at once (``runworker --threads N``): the
+jobs run side by side, each stopped alone (its time limit, its lost lease, a second
+SIGTERM for all), each outcome stored once, and nothing is given back that a slot runs."""
+
+import os
+import signal
+import threading
+from unittest.mock import patch
+
+from django_redisqueue.compat import TaskResultStatus, task_backends
+from django_redisqueue.runtime.slots import SlotWorker
+from tests import tasks
+from tests.conftest import wait_until
+
+
+def run_slots_here(backend, threads=2, **options):
+    """A burst worker of ``threads`` slots, run in this process (as run_worker_here)."""
+    with patch("django_redisqueue.runtime.worker.close_old_connections"):
+        worker = SlotWorker(backend, threads=threads, burst=True, **options)
+        worker.run()
+    return worker
+
+
+def log(r):
+    return r.lrange(tasks.LOG, 0, -1)
+
+
+def test_the_jobs_of_one_process_run_at_once(r, backend):
+    a = tasks.rendezvous.enqueue("a", "b", 20)  # they meet only if both run at once
+    b = tasks.rendezvous.enqueue("b", "a", 20)
+    worker = run_slots_here(backend)
+    assert a.wait(timeout=5) is True and b.wait(timeout=5) is True
+    ran_on = {tuple(backend.get_result(job.id).worker_ids) for job in (a, b)}
+    assert ran_on == {(worker.worker_id,)} and worker.jobs_done == 2
+
+
+def test_a_time_limit_stops_its_job_and_spares_the_others(r, backend):
+    slow = tasks.overruns_in_steps.enqueue(30)  # timeout=0.5
+    quick = [tasks.add.enqueue(i, i) for i in range(5)]
+    run_slots_here(backend)
+    stored = backend.get_result(slow.id)
+    assert stored.status == TaskResultStatus.FAILED
+    assert "ran past its timeout of 0.5 s" in stored.errors[0].traceback
+    assert [job.wait(timeout=5) for job in quick] == [0, 2, 4, 6, 8]
+
+
+def test_a_lost_lease_stops_its_job_and_no_other(r):
+    """The heartbeat finds one of two running jobs taken from the worker: that one is
+    stopped (its late outcome refused), the other runs to its end."""
+    backend = task_backends["leased"]  # 1 s leases: a heartbeat every 1/3 s
+    leased = tasks.steps_until_released.using(backend="leased")
+    lost, kept = leased.enqueue("lost", 30), leased.enqueue("kept", 30)
+    worker = SlotWorker(backend, threads=2, burst=True)
+
+    def steal_one_lease():
+        wait_until(lambda: {"started:lost", "started:kept"} <= set(log(r)), 30, "both starts")
+        r.hset(backend.keys.job(lost.id), "owner", "another-worker/2")
+        wait_until(
+            lambda: [job.job_id for job, _ in worker.in_hand()] == [kept.id], 30, "the stop"
+        )
+        r.rpush("test:release", 1)
+
+    thief = threading.Thread(target=steal_one_lease)
+    thief.start()
+    with patch("django_redisqueue.runtime.worker.close_old_connections"):
+        worker.run()
+    thief.join()
+    assert "done:lost" not in log(r)  # interrupted, not released
+    assert backend.get_result(lost.id).status == TaskResultStatus.RUNNING  # not ours now
+    assert kept.wait(timeout=5) is True
+
+
+def test_a_second_sigterm_gives_back_every_job_in_hand(r, backend, procs):
+    held = [tasks.steps_until_released.enqueue(label, 60) for label in ("a", "b")]
+    worker = procs.start("runworker", "--threads", "2")
+    wait_until(lambda: {"started:a", "started:b"} <= set(log(r)), 30, "both starts")
+    os.kill(worker.pid, signal.SIGTERM)
+    procs.expect(worker, "SIGTERM received")
+    os.kill(worker.pid, signal.SIGTERM)
+    procs.expect(worker, "SIGTERM again, giving the running jobs back to their queue")
+    try:
+        wait_until(lambda: worker.poll() is not None, 30, "the worker's exit")
+    except AssertionError:
+        print(worker.output[-4000:])
+        raise
+    for job in held:
+        stored = backend.get_result(job.id)
+        assert stored.status == TaskResultStatus.READY, stored.status  # back in its queue
+        assert stored.attempts == 0  # uncounted: it runs again as attempt 1
+    assert backend.queries.queue_length("default") == 2
