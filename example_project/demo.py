@@ -80,7 +80,8 @@ def main() -> None:
         subprocess.Popen(command, process_group=0)
         for command in (
             manage("runserver", ADDRESS, "--noreload"),
-            manage("runworker", "--reload"),
+            # Threads: its email and supplier jobs mostly wait, four at a time.
+            manage("runworker", "--reload", "--threads", "4"),
             manage("runscheduler"),
         )
     ]
