@@ -158,6 +158,17 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
+def rated(bench: Bench, path: Path, jobs: int, capped: bool) -> tuple[float, str]:
+    """Jobs per second from the first start to the last end stamped in ``path``, and a
+    note if the run was cut short; all ``jobs`` must have run if it was not."""
+    rows = stamps.read(str(path))
+    if not capped and len(rows) != jobs:
+        raise RuntimeError(f"{len(rows)} jobs ran for {jobs} enqueued")
+    rate = len(rows) / (max(r.ended for r in rows) - min(r.started for r in rows))
+    note = f"cut short after {bench.drain_cap:.0f} s: {len(rows):,} of {jobs:,} jobs" * capped
+    return rate, note
+
+
 def enqueue(bench: Bench, system: System) -> None:
     """Jobs per second enqueued one at a time from one process, with the Redis commands
     and CPU per job that cost; then in bulk, and from inside database transactions."""
@@ -216,11 +227,7 @@ def drain(bench: Bench, system: System, config: str) -> None:
         worker_cpu = sample(processes.worker)[0] - worker_cpu_before
     finally:
         processes.stop()
-    rows = stamps.read(str(path))
-    if not capped and len(rows) != jobs:
-        raise RuntimeError(f"{len(rows)} jobs ran for {jobs} enqueued")
-    rate = len(rows) / (max(r.ended for r in rows) - min(r.started for r in rows))
-    note = f"cut short after {bench.drain_cap:.0f} s: {len(rows):,} of {jobs:,} jobs" * capped
+    rate, note = rated(bench, path, jobs, capped)
     drained = max(1, ran_after - ran_before)
     commands, cpu = redisstats.between(before, after).per_job(drained)
     metric = {ONE: "drain_one", DEFAULT: "drain_default", FOUR: "drain_four"}[config]
@@ -313,11 +320,7 @@ def io_bound(bench: Bench, system: System, name: str) -> None:
             time.sleep(0.01)
     finally:
         processes.stop()
-    rows = stamps.read(str(path))
-    if not capped and len(rows) != jobs:
-        raise RuntimeError(f"{len(rows)} jobs ran for {jobs} enqueued")
-    rate = len(rows) / (max(r.ended for r in rows) - min(r.started for r in rows))
-    note = f"cut short after {bench.drain_cap:.0f} s: {len(rows):,} of {jobs:,} jobs" * capped
+    rate, note = rated(bench, path, jobs, capped)
     bench.record(system, f"{name}_rate", rate, note)
     if peak:  # none if the last job ended before the first sample
         note = f"{peak.processes} processes" if peak.processes > 1 else ""
