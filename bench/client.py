@@ -8,6 +8,9 @@ Prints one JSON object on stdout.
     commit --jobs N           the same from inside database transactions
     fill --jobs N [--arg]     enqueue N jobs, untimed (bulk if offered); --arg gives
                               each one small argument, its number
+    fill --jobs N --wait S [--async]
+                              enqueue N jobs that each wait S seconds, untimed:
+                              --async picks the coroutine where a system runs both
     latency --jobs N          one warm-up job, a rest, then N jobs at --rate per second,
                               each given its enqueue time
     delayed --jobs N          N jobs due over --span seconds from --lead seconds on,
@@ -79,6 +82,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, required=True)
     parser.add_argument("--arg", action="store_true")
     parser.add_argument("--first", type=int, default=0, help="fill: number of the first job")
+    parser.add_argument("--wait", type=float, default=0.0, help="fill: seconds each job waits")
+    parser.add_argument("--async", dest="asynchronous", action="store_true")
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--rest", type=float, default=2.0, help="latency: idle seconds first")
     parser.add_argument("--span", type=float, default=2.0)
@@ -90,6 +95,8 @@ def main() -> None:
     out: dict[str, float] = {}
     if options.action in ("enqueue", "bulk", "commit"):
         out = timed_rate(system, options.jobs, options.action)
+    elif options.action == "fill" and options.wait:
+        system.enqueue_waits(options.wait, options.jobs, asynchronous=options.asynchronous)
     elif options.action == "fill":
         numbers = range(options.first, options.first + options.jobs)
         calls: list[Args] = [(i,) if options.arg else () for i in numbers]

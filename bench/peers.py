@@ -1,9 +1,10 @@
 """This app against the task queues Django users pick instead, in one sitting, on one
 private redis-server: enqueue and drain rates (one worker, default concurrency, four
 processes), the Redis commands and CPU each enqueued and drained job costs, idle
-latency, delayed-job lateness, Redis memory per waiting job and worker memory. Runs are
-interleaved between the systems. Each system is set up as its own docs advise for
-throughput (``bench/systems/<name>.py``); ``bench/published.py`` holds what each
+latency, delayed-job lateness, Redis memory per waiting job, worker memory, and the rate
+and memory of one worker running jobs that wait, many at once (``io32``, ``io256``).
+Runs are interleaved between the systems. Each system is set up as its own docs advise
+for throughput (``bench/systems/<name>.py``); ``bench/published.py`` holds what each
 project publishes of its speed.
 
     python3 -m venv bench-venv    # its own: arq holds redis-py below 6
@@ -69,6 +70,10 @@ def parameters(bench: Bench) -> dict[str, float]:
         "delayed_span": workloads.DELAYED_SPAN,
         "delayed_lead": workloads.DELAYED_LEAD,
         "memory_jobs": bench.jobs(workloads.MEMORY_JOBS),
+        **{
+            f"{name}_jobs": bench.jobs(load.at_once * load.rounds)
+            for name, load in workloads.IO_LOADS.items()
+        },
     }
 
 
@@ -76,6 +81,7 @@ def describe(system: System) -> dict[str, Any]:
     return {
         "title": system.title,
         "settings": system.settings,
+        "io_settings": system.io_settings,
         "default_is_one": system.default_is_one,
     }
 

@@ -125,10 +125,19 @@ def wait_for_rest(
         if now - started > timeout:
             raise RuntimeError(f"the worker did not come to rest within {timeout:.0f} s")
         time.sleep(step)
+    return tree_memory(root)
+
+
+def tree_memory(root: psutil.Process) -> Memory:
+    """The memory of the tree now."""
     rss = pss = 0.0
-    procs = tree(root)
-    for proc in procs:
-        info = proc.memory_full_info()
+    count = 0
+    for proc in tree(root):
+        try:
+            info = proc.memory_full_info()
+        except psutil.NoSuchProcess:  # a child that ended since the tree was listed
+            continue
         rss += info.rss
         pss += info.pss
-    return Memory(rss / MiB, pss / MiB, len(procs))
+        count += 1
+    return Memory(rss / MiB, pss / MiB, count)

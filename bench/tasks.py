@@ -3,7 +3,7 @@ import time
 
 import redis
 
-from bench.systems.stamps import run_job
+from bench.systems.stamps import run_job, wait_job, wait_job_async
 from django_redisqueue import task
 
 _client = None
@@ -41,6 +41,18 @@ def stamp_due(due: float) -> None:
 def job(given: float = 0.0) -> None:
     """The peer benchmark's job: stamps a file (see bench/systems/stamps.py)."""
     run_job(given)
+
+
+@task
+def wait(seconds: float) -> None:
+    """The peer benchmark's I/O-bound job, in a thread."""
+    wait_job(seconds)
+
+
+@task
+async def wait_async(seconds: float) -> None:
+    """The same as a coroutine."""
+    await wait_job_async(seconds)
 
 
 @task

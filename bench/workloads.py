@@ -20,7 +20,7 @@ from pathlib import Path
 import redis
 
 from bench import redisstats
-from bench.procs import ROOT, Processes, sample, wait_for_rest
+from bench.procs import ROOT, Processes, sample, tree_memory, wait_for_rest
 from bench.systems import stamps
 from bench.systems.base import DEFAULT, FOUR, ONE, SERVE, System
 
@@ -34,6 +34,31 @@ DELAYED_LEAD = 3.0  # seconds from the start of their enqueue to the first due t
 MEMORY_JOBS = 100_000
 FILL_PROCESSES = 4  # untimed fills run in parallel to save time
 START_TIMEOUT = 90.0  # seconds for a worker's first job
+# Seconds between samples of a worker's memory while it runs jobs; at least ten times
+# what a sample took, as reading a tree of hundreds of processes takes CPU from them.
+MEMORY_EVERY = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class IoLoad:
+    """Jobs that each wait, run by one worker ``at_once`` at a time."""
+
+    at_once: int
+    seconds: float  # each job's wait
+    rounds: int  # jobs, as a multiple of at_once: enough for a steady rate
+    asynchronous: bool  # what django-redisqueue runs; each peer runs its own kind
+
+    @property
+    def ideal(self) -> float:
+        """Jobs per second if nothing but the waits took time."""
+        return self.at_once / self.seconds
+
+
+# The I/O-bound figure: sync jobs of 50 ms, 32 at once; async jobs of 500 ms, 256 at once.
+IO_LOADS = {
+    "io32": IoLoad(at_once=32, seconds=0.05, rounds=50, asynchronous=False),
+    "io256": IoLoad(at_once=256, seconds=0.5, rounds=20, asynchronous=True),
+}
 
 
 @dataclass
@@ -88,8 +113,11 @@ class Bench:
             raise RuntimeError(f"{' '.join(command[2:])} failed:\n{done.stderr[-3000:]}")
         return json.loads(done.stdout.splitlines()[-1])
 
-    def fill(self, system: System, jobs: int, *, arg: bool) -> None:
-        """Enqueue ``jobs`` jobs, untimed, from several client processes at once."""
+    def fill(
+        self, system: System, jobs: int, *, arg: bool = False, wait: IoLoad | None = None
+    ) -> None:
+        """Enqueue ``jobs`` jobs, untimed, from several client processes at once; with
+        ``wait``, jobs that wait as that workload says."""
         share = -(-jobs // FILL_PROCESSES)
         popens = []
         for first in range(0, jobs, share):
@@ -97,6 +125,8 @@ class Bench:
                 *(sys.executable, "-m", "bench.client", system.name, "fill"),
                 *("--jobs", str(min(share, jobs - first)), "--first", str(first)),
                 *(["--arg"] if arg else []),
+                *(["--wait", str(wait.seconds)] if wait else []),
+                *(["--async"] if wait and wait.asynchronous else []),
             ]
             popens.append(
                 subprocess.Popen(command, cwd=ROOT, env=self.env(), stdout=subprocess.DEVNULL)
@@ -126,6 +156,17 @@ def wait_for_count(
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def rated(bench: Bench, path: Path, jobs: int, capped: bool) -> tuple[float, str]:
+    """Jobs per second from the first start to the last end stamped in ``path``, and a
+    note if the run was cut short; all ``jobs`` must have run if it was not."""
+    rows = stamps.read(str(path))
+    if not capped and len(rows) != jobs:
+        raise RuntimeError(f"{len(rows)} jobs ran for {jobs} enqueued")
+    rate = len(rows) / (max(r.ended for r in rows) - min(r.started for r in rows))
+    note = f"cut short after {bench.drain_cap:.0f} s: {len(rows):,} of {jobs:,} jobs" * capped
+    return rate, note
 
 
 def enqueue(bench: Bench, system: System) -> None:
@@ -186,11 +227,7 @@ def drain(bench: Bench, system: System, config: str) -> None:
         worker_cpu = sample(processes.worker)[0] - worker_cpu_before
     finally:
         processes.stop()
-    rows = stamps.read(str(path))
-    if not capped and len(rows) != jobs:
-        raise RuntimeError(f"{len(rows)} jobs ran for {jobs} enqueued")
-    rate = len(rows) / (max(r.ended for r in rows) - min(r.started for r in rows))
-    note = f"cut short after {bench.drain_cap:.0f} s: {len(rows):,} of {jobs:,} jobs" * capped
+    rate, note = rated(bench, path, jobs, capped)
     drained = max(1, ran_after - ran_before)
     commands, cpu = redisstats.between(before, after).per_job(drained)
     metric = {ONE: "drain_one", DEFAULT: "drain_default", FOUR: "drain_four"}[config]
@@ -250,6 +287,47 @@ def serve(bench: Bench, system: System) -> None:
     bench.fresh()
 
 
+def io_bound(bench: Bench, system: System, name: str) -> None:
+    """Jobs per second of one worker running waiting jobs many at a time, first start to
+    last end, and the peak memory (PSS) of its process tree meanwhile. The worker is
+    started and left to settle first, then the jobs are enqueued from several processes,
+    faster than any worker here runs them: a worker of hundreds of processes would
+    otherwise be rated on their start-up."""
+    load = IO_LOADS[name]
+    commands = system.io_commands(load.at_once)
+    if not commands:
+        return
+    jobs = bench.jobs(load.at_once * load.rounds)
+    bench.fresh()
+    path = bench.file(system, f"{name}.stamps")
+    processes = Processes(commands, bench.env(path), path.with_suffix(".log"))
+    capped = False
+    try:
+        wait_for_rest(processes)
+        bench.fill(system, jobs, wait=load)
+        cap = time.monotonic() + bench.drain_cap
+        peak, every, sampled = None, MEMORY_EVERY, 0.0
+        while stamps.count(str(path)) < jobs:
+            processes.check()
+            if time.monotonic() > cap:
+                capped = True
+                break
+            if time.monotonic() - sampled >= every:
+                sampled = time.monotonic()
+                now = tree_memory(processes.worker)
+                every = max(MEMORY_EVERY, 10 * (time.monotonic() - sampled))
+                peak = now if peak is None or now.pss > peak.pss else peak
+            time.sleep(0.01)
+    finally:
+        processes.stop()
+    rate, note = rated(bench, path, jobs, capped)
+    bench.record(system, f"{name}_rate", rate, note)
+    if peak:  # none if the last job ended before the first sample
+        note = f"{peak.processes} processes" if peak.processes > 1 else ""
+        bench.record(system, f"{name}_pss", peak.pss, note)
+    bench.fresh()
+
+
 # In the order they run, by the names --workloads takes.
 WORKLOADS: dict[str, Callable[[Bench, System], None]] = {
     "enqueue": enqueue,
@@ -260,4 +338,5 @@ WORKLOADS: dict[str, Callable[[Bench, System], None]] = {
     "rest": lambda bench, system: rest(bench, system, ONE),
     "rest-default": lambda bench, system: rest(bench, system, DEFAULT),
     "serve": serve,
+    **{name: lambda b, s, name=name: io_bound(b, s, name) for name in IO_LOADS},
 }

@@ -2,11 +2,13 @@
 delayed jobs with ``_defer_until``. The worker polls its queue every ``poll_delay``
 (0.5 s) rather than blocking, and each poll starts at most ``queue_read_limit`` jobs (100).
 
-    python -m bench.systems.arq    # the worker, logging warnings only
+    python -m bench.systems.arq                  # the worker, logging warnings only
+    python -m bench.systems.arq --max-jobs 32    # the same, 32 jobs at a time
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 from collections.abc import Iterable
@@ -18,15 +20,19 @@ from arq.connections import RedisSettings
 from arq.worker import run_worker
 
 from bench.systems.base import FOUR, PROCESSES, Args, System, python, redis_url
-from bench.systems.stamps import run_job
+from bench.systems.stamps import run_job, wait_job_async
 
 
 async def job(ctx: dict[str, Any], given: float = 0.0) -> None:
     run_job(given)  # no await: one job's body runs at a time in a worker, whatever max_jobs
 
 
+async def wait(ctx: dict[str, Any], seconds: float) -> None:
+    await wait_job_async(seconds)
+
+
 class WorkerSettings:
-    functions = [job]
+    functions = [job, wait]
     redis_settings = RedisSettings.from_dsn(redis_url())
 
 
@@ -42,6 +48,10 @@ class Arq(System):
         "(with `max_jobs=1` a poll starts one job: 2 jobs/s). arq's docs advise no other "
         f"values, so none are changed. {PROCESSES} processes: {PROCESSES} such workers. The "
         "client enqueues from one asyncio loop; delayed jobs: `_defer_until`"
+    )
+    io_settings = (
+        "`max_jobs` N, the rest as above: each poll (every 0.5 s) starts jobs into the free "
+        "slots, so a slot freed between polls waits for the next one; the job is async"
     )
     default_is_one = True  # its default set-up already runs one job at a time (above)
 
@@ -65,13 +75,25 @@ class Arq(System):
 
         self.loop.run_until_complete(each())
 
+    def enqueue_waits(self, seconds: float, jobs: int, *, asynchronous: bool) -> None:
+        async def each() -> None:
+            for _ in range(jobs):
+                await self.pool.enqueue_job("wait", seconds)
+
+        self.loop.run_until_complete(each())
+
     def commands(self, config: str) -> list[list[str]]:
         worker = python("-m", "bench.systems.arq")
         return [worker] * (PROCESSES if config == FOUR else 1)
+
+    def io_commands(self, at_once: int) -> list[list[str]]:
+        return [python("-m", "bench.systems.arq", "--max-jobs", str(at_once))]
 
 
 SYSTEM = Arq()
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="The arq worker of the benchmark")
+    parser.add_argument("--max-jobs", type=int, default=10, help="arq's max_jobs")
     logging.basicConfig(level=logging.WARNING)
-    run_worker(WorkerSettings)  # type: ignore[arg-type]
+    run_worker(WorkerSettings, max_jobs=parser.parse_args().max_jobs)  # type: ignore[arg-type]

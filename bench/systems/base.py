@@ -39,6 +39,7 @@ class System:
     has_commit = False  # enqueue_commit(): jobs queued inside database transactions
     has_delay = True
     default_is_one = False  # the default concurrency is one job at a time
+    io_settings = ""  # how one worker runs many waiting jobs at once, as the report states it
 
     def connect(self) -> None:
         """Prepare the client side (connections, framework set-up)."""
@@ -63,6 +64,17 @@ class System:
         """Enqueue one delayed job per due time (seconds), given its due time."""
         raise NotImplementedError
 
+    def enqueue_waits(self, seconds: float, jobs: int, *, asynchronous: bool) -> None:
+        """Enqueue ``jobs`` jobs that each wait ``seconds``: with ``asyncio.sleep`` where
+        the system runs coroutines, ``time.sleep`` where it runs threads; ``asynchronous``
+        chooses for a system that runs both."""
+        raise NotImplementedError
+
     def commands(self, config: str) -> list[list[str]]:
         """The processes to start for ``config``; the first one is the worker."""
         raise NotImplementedError
+
+    def io_commands(self, at_once: int) -> list[list[str]]:
+        """The processes to start for one worker that runs ``at_once`` jobs at a time, its
+        own way; none if it has no way (the I/O-bound workloads then leave it out)."""
+        return []

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from celery import Celery
 
 from bench.systems.base import FOUR, ONE, PROCESSES, System, python, redis_url
-from bench.systems.stamps import run_job
+from bench.systems.stamps import run_job, wait_job
 
 # No result backend (Celery's default): the jobs return nothing anyone reads.
 app = Celery("bench", broker=redis_url())
@@ -28,6 +28,14 @@ def job(given: float = 0.0) -> None:
     run_job(given)
 
 
+@app.task(name="bench.wait")
+def wait(seconds: float) -> None:
+    wait_job(seconds)
+
+
+WORKER = python(*("-m", "celery", "-A", "bench.systems.celery", "worker", "-l", "WARNING", *QUIET))
+
+
 class CeleryBroker(System):
     name = "celery"
     title = "Celery"
@@ -42,6 +50,13 @@ class CeleryBroker(System):
         "delayed jobs: `apply_async(eta=...)`, held by the worker until due"
     )
 
+    io_settings = (
+        "`celery worker --pool threads --concurrency N`: a pool of N threads in one "
+        "process (its gevent and eventlet pools need libraries not installed here), with "
+        f"the same prefetch ({PREFETCH_MULTIPLIER} per thread) and flags as above; the job "
+        "is sync"
+    )
+
     def enqueue_one(self, *args: float) -> None:
         job.delay(*args)
 
@@ -49,15 +64,19 @@ class CeleryBroker(System):
         for due in dues:
             job.apply_async((due,), eta=datetime.fromtimestamp(due, UTC))
 
+    def enqueue_waits(self, seconds: float, jobs: int, *, asynchronous: bool) -> None:
+        for _ in range(jobs):
+            wait.delay(seconds)
+
     def commands(self, config: str) -> list[list[str]]:
-        worker = python(
-            *("-m", "celery", "-A", "bench.systems.celery", "worker", "-l", "WARNING", *QUIET)
-        )
         if config == ONE:
-            return [[*worker, "--pool", "solo", "--concurrency", "1"]]
+            return [[*WORKER, "--pool", "solo", "--concurrency", "1"]]
         if config == FOUR:
-            return [[*worker, "--pool", "prefork", "--concurrency", str(PROCESSES)]]
-        return [worker]
+            return [[*WORKER, "--pool", "prefork", "--concurrency", str(PROCESSES)]]
+        return [WORKER]
+
+    def io_commands(self, at_once: int) -> list[list[str]]:
+        return [[*WORKER, "--pool", "threads", "--concurrency", str(at_once)]]
 
 
 SYSTEM = CeleryBroker()

@@ -10,7 +10,7 @@ import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
 from bench.systems.base import FOUR, ONE, PROCESSES, System, python, redis_url
-from bench.systems.stamps import run_job
+from bench.systems.stamps import run_job, wait_job
 
 dramatiq.set_broker(RedisBroker(url=redis_url()))
 
@@ -18,6 +18,14 @@ dramatiq.set_broker(RedisBroker(url=redis_url()))
 @dramatiq.actor
 def job(given: float = 0.0) -> None:
     run_job(given)
+
+
+@dramatiq.actor
+def wait(seconds: float) -> None:
+    wait_job(seconds)
+
+
+WORKER = python("-m", "dramatiq", "bench.systems.dramatiq")
 
 
 class Dramatiq(System):
@@ -34,6 +42,11 @@ class Dramatiq(System):
         f"`--processes {PROCESSES} --threads 1`; delayed jobs: `send_with_options(delay=...)`"
     )
 
+    io_settings = (
+        "`dramatiq --processes 1 --threads N`: N worker threads in one process, "
+        "prefetching twice as many messages (the default); the job is sync"
+    )
+
     def enqueue_one(self, *args: float) -> None:
         job.send(*args)
 
@@ -41,11 +54,17 @@ class Dramatiq(System):
         for due in dues:
             job.send_with_options(args=(due,), delay=max(0, round((due - time.time()) * 1000)))
 
+    def enqueue_waits(self, seconds: float, jobs: int, *, asynchronous: bool) -> None:
+        for _ in range(jobs):
+            wait.send(seconds)
+
     def commands(self, config: str) -> list[list[str]]:
-        worker = python("-m", "dramatiq", "bench.systems.dramatiq")
         if config == FOUR:
-            return [[*worker, "--processes", str(PROCESSES), "--threads", "1"]]
-        return [[*worker, "--processes", "1", "--threads", "1"] if config == ONE else worker]
+            return [[*WORKER, "--processes", str(PROCESSES), "--threads", "1"]]
+        return [[*WORKER, "--processes", "1", "--threads", "1"] if config == ONE else WORKER]
+
+    def io_commands(self, at_once: int) -> list[list[str]]:
+        return [[*WORKER, "--processes", "1", "--threads", str(at_once)]]
 
 
 SYSTEM = Dramatiq()

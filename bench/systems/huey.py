@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from huey import RedisHuey
 
 from bench.systems.base import FOUR, PROCESSES, System, python, redis_url
-from bench.systems.stamps import run_job
+from bench.systems.stamps import run_job, wait_job
 
 huey = RedisHuey("bench", url=redis_url())
 
@@ -17,6 +17,14 @@ huey = RedisHuey("bench", url=redis_url())
 @huey.task()
 def job(given: float = 0.0) -> None:
     run_job(given)
+
+
+@huey.task()
+def wait(seconds: float) -> None:
+    wait_job(seconds)
+
+
+CONSUMER = python("-m", "huey.bin.huey_consumer", "bench.systems.huey.huey", "--quiet")
 
 
 class Huey(System):
@@ -30,6 +38,10 @@ class Huey(System):
         "`-w` for throughput, processes for CPU-bound work); delayed jobs: "
         "`schedule(eta=...)`, the scheduler checking every second (`-s 1`, the default)"
     )
+    io_settings = (
+        "`huey_consumer -k thread -w N`: N worker threads in one process (its greenlet "
+        "workers need gevent, not installed here); the job is sync"
+    )
     default_is_one = True  # -w 1 -k thread is the consumer's default
 
     def enqueue_one(self, *args: float) -> None:
@@ -39,11 +51,17 @@ class Huey(System):
         for due in dues:
             job.schedule(args=(due,), eta=datetime.fromtimestamp(due, UTC))
 
+    def enqueue_waits(self, seconds: float, jobs: int, *, asynchronous: bool) -> None:
+        for _ in range(jobs):
+            wait(seconds)
+
     def commands(self, config: str) -> list[list[str]]:
-        consumer = python("-m", "huey.bin.huey_consumer", "bench.systems.huey.huey", "--quiet")
         if config == FOUR:
-            return [[*consumer, "--workers", str(PROCESSES), "--worker-type", "process"]]
-        return [[*consumer, "--workers", "1", "--worker-type", "thread"]]
+            return [[*CONSUMER, "--workers", str(PROCESSES), "--worker-type", "process"]]
+        return [[*CONSUMER, "--workers", "1", "--worker-type", "thread"]]
+
+    def io_commands(self, at_once: int) -> list[list[str]]:
+        return [[*CONSUMER, "--workers", str(at_once), "--worker-type", "thread"]]
 
 
 SYSTEM = Huey()

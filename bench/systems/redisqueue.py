@@ -29,6 +29,13 @@ class RedisQueue(System):
         f"{BULK_CHUNK} jobs per transaction (in-memory SQLite), sent together at each "
         "commit; delayed jobs: `task.using(run_after=...)` and `runscheduler`"
     )
+    io_settings = (
+        "no threads or event loop in a worker process yet, so N at once is what it can "
+        "run today: `runworker --concurrency N`, N processes forked by one supervisor, "
+        "each running one job at a time (memory: PSS summed over the process tree); the "
+        "job is sync (`time.sleep`) at 32 at once, async (`asyncio.sleep`, run to its "
+        "end in the process's thread) at 256"
+    )
     has_bulk = True
     has_commit = True
 
@@ -60,6 +67,13 @@ class RedisQueue(System):
         for due in dues:
             self.job.using(run_after=datetime.fromtimestamp(due, UTC)).enqueue(due)
 
+    def enqueue_waits(self, seconds: float, jobs: int, *, asynchronous: bool) -> None:
+        from bench.tasks import wait, wait_async
+
+        chosen = wait_async if asynchronous else wait
+        for i in range(0, jobs, BULK_CHUNK):
+            chosen.enqueue_many(((seconds,), {}) for _ in range(min(BULK_CHUNK, jobs - i)))
+
     def commands(self, config: str) -> list[list[str]]:
         if config == ONE:
             return [manage("runworker", "--concurrency", "1")]
@@ -67,6 +81,9 @@ class RedisQueue(System):
             return [manage("runworker", "--concurrency", str(PROCESSES))]
         worker = manage("runworker", "--concurrency", "2")
         return [worker] if config == DEFAULT else [worker, manage("runscheduler")]
+
+    def io_commands(self, at_once: int) -> list[list[str]]:
+        return [manage("runworker", "--concurrency", str(at_once))]
 
 
 SYSTEM = RedisQueue()

@@ -37,6 +37,11 @@ class RQ(System):
         "delayed jobs: `enqueue_at` and `--with-scheduler` (which checks every second and "
         "keeps due times in whole seconds)"
     )
+    io_settings = (
+        "none: a worker runs one job at a time (`SimpleWorker` in its own process, the "
+        "default `Worker` in a work horse it forks per job), so many at once takes as many "
+        "workers; left out, its rate would be one job per wait"
+    )
     has_bulk = True
     default_is_one = True  # more than one job at a time means more workers
 

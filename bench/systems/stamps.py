@@ -9,6 +9,7 @@ can share the file; fixed width makes the count a division of its size.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from dataclasses import dataclass
@@ -32,6 +33,20 @@ def stamp(given: float, started: float) -> None:
 def run_job(given: float = 0.0) -> None:
     """The body of every system's benchmark job: nothing but its stamp."""
     stamp(given, time.time())
+
+
+def wait_job(seconds: float) -> None:
+    """The body of the I/O-bound job in a thread: it waits, as on a network reply."""
+    started = time.time()
+    time.sleep(seconds)
+    stamp(0.0, started)
+
+
+async def wait_job_async(seconds: float) -> None:
+    """The same in an event loop: the wait leaves the loop to the other jobs."""
+    started = time.time()
+    await asyncio.sleep(seconds)
+    stamp(0.0, started)
 
 
 @dataclass(frozen=True, slots=True)

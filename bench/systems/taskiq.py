@@ -19,7 +19,7 @@ from taskiq import TaskiqScheduler
 from taskiq_redis import ListRedisScheduleSource, RedisStreamBroker
 
 from bench.systems.base import FOUR, ONE, PROCESSES, SERVE, Args, System, python, redis_url
-from bench.systems.stamps import run_job
+from bench.systems.stamps import run_job, wait_job_async
 
 # Stream broker with its defaults (one stream "taskiq", one consumer group "taskiq"
 # created at "$" by startup(), XREADGROUP of up to 100 entries blocking 2 s, XACK per
@@ -40,6 +40,16 @@ UPDATE_INTERVAL = 1
 @broker.task
 async def job(given: float = 0.0) -> None:
     run_job(given)  # no await: one job's body runs at a time in a process, whatever the limit
+
+
+@broker.task
+async def wait(seconds: float) -> None:
+    await wait_job_async(seconds)
+
+
+WORKER = python(
+    *("-m", "taskiq", "worker", "bench.systems.taskiq:broker", "--log-level", "WARNING")
+)
 
 
 class Taskiq(System):
@@ -67,6 +77,11 @@ class Taskiq(System):
         "reloaded once a minute, too rarely for jobs due seconds ahead) and its "
         "1-second loop"
     )
+    io_settings = (
+        "`taskiq worker --workers 1 --max-async-tasks N`: one worker process (under its "
+        "supervising process, whose memory is counted too) running up to N jobs in its "
+        "event loop; the job is async"
+    )
     default_is_one = False  # 2 processes of up to 100 async jobs each
 
     def connect(self) -> None:
@@ -90,23 +105,30 @@ class Taskiq(System):
 
         self.loop.run_until_complete(each())
 
+    def enqueue_waits(self, seconds: float, jobs: int, *, asynchronous: bool) -> None:
+        async def each() -> None:
+            for _ in range(jobs):
+                await wait.kiq(seconds)
+
+        self.loop.run_until_complete(each())
+
     def commands(self, config: str) -> list[list[str]]:
-        worker = python(
-            *("-m", "taskiq", "worker", "bench.systems.taskiq:broker", "--log-level", "WARNING")
-        )
         if config == ONE:
-            return [[*worker, "--workers", "1", "--max-async-tasks", "1"]]
+            return [[*WORKER, "--workers", "1", "--max-async-tasks", "1"]]
         if config == FOUR:
-            return [[*worker, "--workers", str(PROCESSES), "--max-async-tasks", "1"]]
+            return [[*WORKER, "--workers", str(PROCESSES), "--max-async-tasks", "1"]]
         if config == SERVE:
             return [
-                worker,
+                WORKER,
                 python(
                     *("-m", "taskiq", "scheduler", "bench.systems.taskiq:scheduler"),
                     *("--update-interval", str(UPDATE_INTERVAL), "--log-level", "WARNING"),
                 ),
             ]
-        return [worker]  # DEFAULT
+        return [WORKER]  # DEFAULT
+
+    def io_commands(self, at_once: int) -> list[list[str]]:
+        return [[*WORKER, "--workers", "1", "--max-async-tasks", str(at_once)]]
 
 
 SYSTEM = Taskiq()
