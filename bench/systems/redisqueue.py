@@ -30,11 +30,10 @@ class RedisQueue(System):
         "commit; delayed jobs: `task.using(run_after=...)` and `runscheduler`"
     )
     io_settings = (
-        "no threads or event loop in a worker process yet, so N at once is what it can "
-        "run today: `runworker --concurrency N`, N processes forked by one supervisor, "
-        "each running one job at a time (memory: PSS summed over the process tree); the "
-        "job is sync (`time.sleep`) at 32 at once, async (`asyncio.sleep`, run to its "
-        "end in the process's thread) at 256"
+        "`runworker --threads N`: one process running N jobs at once, each on a thread "
+        "of its own (no event loop shared by async tasks yet); the job is sync "
+        "(`time.sleep`) at 32 at once, async (`asyncio.sleep`, run to its end on its "
+        "thread's own loop) at 256"
     )
     has_bulk = True
     has_commit = True
@@ -83,7 +82,7 @@ class RedisQueue(System):
         return [worker] if config == DEFAULT else [worker, manage("runscheduler")]
 
     def io_commands(self, at_once: int) -> list[list[str]]:
-        return [manage("runworker", "--concurrency", str(at_once))]
+        return [manage("runworker", "--threads", str(at_once))]
 
 
 SYSTEM = RedisQueue()
