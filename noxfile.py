@@ -5,14 +5,14 @@ what ``make test`` did not run there. ``make test`` runs the suite in .venv, on 
 oldest pair, but for the browser, failover and long tests and with the model-based tests
 at a third of their examples; so the oldest pair's session runs the model-based tests at
 their full examples and the browser tests. On the pair between, the suites where
-Django's version shows (its tasks API and the backport, the admin's markup, the checks),
-and the broker's suites again on a Redis without Functions (as Redis 6.2 is); on the
-newest pair those Django suites again, the suites where Python's version shows
+Django's version shows (its tasks API and the backport, the admin's markup, the checks);
+on the newest pair those Django suites again, the suites where Python's version shows
 (processes, signals, threads: the pool, reload, the metrics server, the demo), the
 browser, failover and long tests, and the core suites again on a Redis Cluster. On every pair,
 Django's own ``tests/tasks/`` against this backend. The suites that test Redis and the
 Lua scripts alone (the protocol models, Redis errors, faults, fuzzing of what Redis
-holds), which no Django or Python version changes, run on the oldest pair only.
+holds), which no Django or Python version changes, run on the oldest pair only, and so
+do the suites where the server shows, again on Redis 6.2 and on Valkey 8.1.
 ``nox -s tests-3.11`` runs one pair, ``nox -s lint`` the type check.
 
 The ``tests`` sessions need ``redis-server`` on the PATH: the suites start their own.
@@ -84,12 +84,26 @@ NEWEST_SUITES = [
 # What the oldest pair's session adds to ``make test``, which ran the rest on that pair.
 OLDEST_REST = ["tests/test_protocol_model.py", "tests/test_periodic_model.py", BROWSER]
 
-# The suites that run a second time on a Redis Cluster.
-# Again on a redis-server without Redis Functions, as Redis 6.2 is: the scripts by
-# EVALSHA (tests/topology.py). The calling is what differs: each script's EVALSHA form
-# is the one every suite ran before the scripts became Functions.
-NO_FUNCTIONS_TESTS = ["tests/test_script_calls.py", "tests/test_broker.py"]
+# On the oldest pair, again on each server a package of the dev extra ships
+# (REDISQUEUE_TEST_SERVER, tests/servers.py): Redis 6.2, which has no Functions (the
+# scripts by EVALSHA) and words its errors its own way, and Valkey 8.1. What the server
+# decides: how the scripts are called, every script (the broker's suite), enqueue, the
+# workers' and the scheduler's blocking waits, the hand-off, and the protocol model at
+# a few examples.
+SERVERS = ["redis-6.2", "valkey-8.1"]
+SERVER_TESTS = [
+    "tests/test_script_calls.py",
+    "tests/test_broker.py",
+    "tests/test_lua_facts.py",
+    "tests/test_enqueue.py",
+    "tests/test_worker.py",
+    "tests/test_scheduler.py",
+    "tests/test_handoff.py",
+    "tests/test_protocol_model.py",
+]
+SERVER_MODEL_EXAMPLES = "20"
 
+# The suites that run a second time on a Redis Cluster.
 CLUSTER_TESTS = [
     "tests/test_broker.py",
     "tests/test_enqueue.py",
@@ -173,11 +187,17 @@ def tests(session: nox.Session) -> None:
             *CLUSTER_TESTS,
             env={"REDISQUEUE_TEST_TOPOLOGY": "cluster"},
         )
-    if session.python == MATRIX[1][0] and not session.posargs:
-        session.run(
-            "pytest",
-            "--numprocesses=auto",
-            *NO_FUNCTIONS_TESTS,
-            env={"REDISQUEUE_TEST_TOPOLOGY": "scripts"},
-        )
+    if oldest and not session.posargs:
+        for server in SERVERS:
+            session.run(
+                "pytest",
+                "--numprocesses=auto",
+                "-m",
+                "not failover and not long",
+                *SERVER_TESTS,
+                env={
+                    "REDISQUEUE_TEST_SERVER": server,
+                    "REDISQUEUE_MODEL_EXAMPLES": SERVER_MODEL_EXAMPLES,
+                },
+            )
     session.run("python", "-m", "tests.django_suite")

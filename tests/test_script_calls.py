@@ -17,7 +17,7 @@ from django_redisqueue.store.calls import has_no_functions, is_missing, library_
 from django_redisqueue.store.keys import KeySchema
 from django_redisqueue.store.wire import NewJob, Outcome
 from tests.conftest import not_on_cluster
-from tests.servers import RedisServer
+from tests.servers import RedisServer, server_program
 from tests.topology import NO_FUNCTIONS, WITHOUT_FUNCTIONS
 
 PAYLOAD = '{"v":1,"task":"tests.tasks.noop"}'
@@ -43,8 +43,10 @@ def round_trip(broker: Broker, job_id: str) -> None:
 
 @pytest.fixture
 def own_server(request):
-    """A private redis-server; ``request.param``: its extra arguments."""
-    server = RedisServer(*getattr(request, "param", ()))
+    """A private redis-server; ``request.param``: the server program's name (see
+    ``server_program``) and its extra arguments."""
+    program, args = getattr(request, "param", (None, ()))
+    server = RedisServer(*args, program=server_program(program))
     server.start()
     yield server
     server.stop()
@@ -80,7 +82,15 @@ def test_a_pipeline_of_calls_loads_what_is_missing_and_runs_each_once(own_server
     assert client.zcard(broker.keys.queue("default")) == 2
 
 
-@pytest.mark.parametrize("own_server", [NO_FUNCTIONS], indirect=True)
+# The servers without Functions: a real Redis 6.2, and a Redis 7 from the PATH with
+# them renamed away; each answers FCALL in its own words.
+WITHOUT = [
+    pytest.param(("redis-6.2", ()), id="redis-6.2"),
+    pytest.param(("", NO_FUNCTIONS), id="renamed"),
+]
+
+
+@pytest.mark.parametrize("own_server", WITHOUT, indirect=True)
 def test_a_redis_without_functions_gets_the_same_scripts_by_evalsha(own_server):
     broker, client = broker_of(own_server)
     round_trip(broker, "a")
@@ -93,6 +103,17 @@ def test_a_redis_without_functions_gets_the_same_scripts_by_evalsha(own_server):
     assert script_stats(client) == {"fcall": 0, "evalsha": 7}
     # A pinned broker (a worker's loop) starts where its backend's broker is.
     assert not broker.pinned().scripts.functions
+
+
+@pytest.mark.parametrize("own_server", WITHOUT, indirect=True)
+def test_a_first_pipeline_to_a_redis_without_functions_runs_every_call(own_server):
+    broker, client = broker_of(own_server)
+    calls = [
+        ("enqueue", [0, "", *NewJob(f"j{i}", "default", 0, PAYLOAD).as_args()]) for i in "123"
+    ]
+    replies = broker._run_many(calls)  # each FCALL refused, then each sent by EVALSHA
+    assert all(reply[0] for reply in replies)
+    assert client.zcard(broker.keys.queue("default")) == 3
 
 
 @not_on_cluster
@@ -115,10 +136,14 @@ def test_the_answers_that_mean_not_run_are_told_apart_from_the_others():
     assert not is_missing(redis.ResponseError("WRONGTYPE Operation against a key"))
     assert has_no_functions(redis.ResponseError("unknown command 'FCALL', with args beginning"))
     assert has_no_functions(redis.ResponseError("unknown command 'FUNCTION', with args"))
+    # Redis 6.2's words
+    assert has_no_functions(redis.ResponseError("unknown command `FCALL`, with args beginning"))
+    assert has_no_functions(redis.ResponseError("unknown command `function`, with args"))
     assert has_no_functions(
         redis.exceptions.NoPermissionError("this user has no permissions to run the 'fcall'")
     )
     assert not has_no_functions(redis.ResponseError("unknown command 'FOO'"))
+    assert not has_no_functions(redis.ResponseError("unknown command `FCALLX`"))
     assert not has_no_functions(
         redis.exceptions.NoPermissionError("No permissions to access a key")
     )
@@ -199,7 +224,7 @@ def test_the_libraries_of_other_versions_go_and_a_process_still_using_one_loads_
     round_trip(broker, "d")
 
 
-@pytest.mark.parametrize("own_server", [NO_FUNCTIONS], indirect=True)
+@pytest.mark.parametrize("own_server", WITHOUT, indirect=True)
 def test_a_redis_without_functions_has_no_library_to_prune(own_server):
     broker, _ = broker_of(own_server)
     round_trip(broker, "a")

@@ -22,6 +22,7 @@ from tests.servers import (
     client_at,
     free_ports,
     server_info,
+    server_program,
     wait_for,
 )
 
@@ -146,7 +147,7 @@ class SentinelServer(RedisServer):
             )
 
     def _command(self) -> list[str]:
-        return ["redis-server", self.config_file, "--sentinel"]
+        return [server_program(), self.config_file, "--sentinel"]
 
     def start(self, timeout: float = 10.0) -> None:
         """Start the Sentinel and return once it answers PING, its timers tuned."""

@@ -1,18 +1,20 @@
-"""Which Redis the tests run on: one redis-server; or (``REDISQUEUE_TEST_TOPOLOGY=cluster``)
+"""Which Redis the tests run on: one server; or (``REDISQUEUE_TEST_TOPOLOGY=cluster``)
 a Redis Cluster of 3 masters and 3 replicas, on which each backend's keys live on one
-slot; or (``REDISQUEUE_TEST_TOPOLOGY=scripts``) one redis-server without Redis
-Functions, as Redis 6.2 is, on which the scripts are called by EVALSHA. Shared by the
-test process and the workers it starts."""
+slot. Which server program (``REDISQUEUE_TEST_SERVER``: Redis 6.2, without Redis
+Functions, on which the scripts are called by EVALSHA; Valkey 8.1) is
+``tests/servers.py``'s choice. Shared by the test process and the workers it starts."""
 
 import os
 
 import redis
 from redis.cluster import RedisCluster
 
+from tests.servers import SERVER_ENV
+
 ON_CLUSTER = os.environ.get("REDISQUEUE_TEST_TOPOLOGY") == "cluster"
-WITHOUT_FUNCTIONS = os.environ.get("REDISQUEUE_TEST_TOPOLOGY") == "scripts"
-# redis-server's arguments for a server that answers FCALL and FUNCTION as Redis 6.2
-# does: unknown commands.
+WITHOUT_FUNCTIONS = os.environ.get(SERVER_ENV) == "redis-6.2"
+# A Redis 7 with Functions renamed away, as some hosted services run it: it answers
+# FCALL and FUNCTION as unknown commands, in its own words (not 6.2's).
 NO_FUNCTIONS = ("--rename-command", "FCALL", "", "--rename-command", "FCALL_RO", "")
 NO_FUNCTIONS += ("--rename-command", "FUNCTION", "")
 # Set, for this process and the ones it starts, while the URL in use names a cluster node.

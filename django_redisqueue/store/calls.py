@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +26,11 @@ from django_redisqueue.store import scripts
 from django_redisqueue.store.connection import Client
 
 logger = logging.getLogger(__name__)
+
+# How a server without Functions answers FCALL and FUNCTION: as an unknown command,
+# named as sent, in backticks before Redis 7.0 ("unknown command `FCALL`, with args
+# beginning with: ..."), in quotes from 7.0 on (a command renamed away).
+NO_FUNCTIONS_REPLY = re.compile(r"unknown command [`'](fcall|function)[`']", re.IGNORECASE)
 
 # Seconds between two warnings that writes went unconfirmed by REPLICA_ACKS replicas.
 UNREPLICATED_WARNING_INTERVAL = 10.0
@@ -77,9 +83,7 @@ def has_no_functions(reply: Any) -> bool:
     Functions (before 7.0), or a user whose ACL does not allow them: nothing ran."""
     if isinstance(reply, NoPermissionError):
         return "fcall" in str(reply).lower() or "function" in str(reply).lower()
-    return isinstance(reply, redis.ResponseError) and str(reply).lower().startswith(
-        ("unknown command 'fcall'", "unknown command 'function'")
-    )
+    return isinstance(reply, redis.ResponseError) and bool(NO_FUNCTIONS_REPLY.match(str(reply)))
 
 
 class ScriptCalls:
@@ -139,8 +143,10 @@ class ScriptCalls:
         """True when ``reply`` says the call did not run and can be sent again once
         loaded: the Function or script is missing, or Redis has no Functions (from
         now on, scripts are called instead)."""
-        if self.functions and has_no_functions(reply):
-            self._without_functions(reply)
+        if has_no_functions(reply):
+            # (Also once the pipeline's first such reply has switched to scripts.)
+            if self.functions:
+                self._without_functions(reply)
             return True
         return is_missing(reply)
 
