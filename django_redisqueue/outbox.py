@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from django_redisqueue.models import OutboxJob
 from django_redisqueue.store.broker import Broker
+from django_redisqueue.store.calls import NotReplicated
 from django_redisqueue.store.wire import MissingJob, NewJob
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,10 @@ SETTLE_SECONDS = 2.0
 # time, and most pages it reads in a step: 10,000 a second.
 SWEEP_BATCH = 1000
 SWEEP_PAGES = 10
+# How long a deleted row's relay record is kept after its last relay (s): a relay that
+# read the row before its delete and stalled (a pause, a swap storm) finds it, unless
+# it stalled longer than this and the job's result expired meanwhile.
+RECORD_HOLD_SECONDS = 600.0
 # Most payload bytes one INSERT of outbox rows carries: a quarter of MariaDB's and
 # MySQL's default max_allowed_packet (16 MiB), as a driver may escape each byte to two.
 WRITE_BATCH_BYTES = 4 << 20
@@ -96,16 +101,25 @@ def forget(database: str, job_ids: Iterable[str]) -> None:
 
 
 def sweep_records(
-    broker: Broker, databases: Sequence[str], start: int = 0, batch: int = SWEEP_BATCH
+    broker: Broker,
+    databases: Sequence[str],
+    start: int = 0,
+    batch: int = SWEEP_BATCH,
+    hold: float | None = None,
 ) -> int:
-    """Drop the relay records whose jobs have no row left in ``databases``, a page of
-    ``batch`` from place ``start`` (0: the longest unrelayed) at a time, while pages
-    come full and yield some, at most SWEEP_PAGES; return the place the next sweep
-    starts from (0 once the end was reached). A deleted row is never relayed again, so
-    its record may go at any time; a row still there keeps its record, and the next
-    page starts past the ones kept. Redis and database errors propagate."""
+    """Drop the relay records last relayed ``hold`` seconds ago or more (by default
+    RECORD_HOLD_SECONDS) whose jobs have
+    no row left in ``databases``, a page of ``batch`` from place ``start`` (0: the
+    longest unrelayed) at a time, while pages come full and yield some, at most
+    SWEEP_PAGES; return the place the next sweep starts from (0 once the end was
+    reached). A row still there keeps its record, and the next page starts past the
+    ones kept. A deleted row's record is held a while: a relay that read the row before
+    its delete (a committing process stalled between its read and its store) may still
+    store it. Redis and database errors propagate."""
+    hold = RECORD_HOLD_SECONDS if hold is None else hold
+    before_ms = broker.clock_ms() - int(hold * 1000)
     for _ in range(SWEEP_PAGES):
-        ids = broker.relayed_jobs(start, batch)
+        ids = broker.relayed_jobs(before_ms, start, batch)
         kept = set().union(*(present(database, ids) for database in databases)) if ids else set()
         broker.forget_relayed([job_id for job_id in ids if job_id not in kept])
         if len(ids) < batch:
@@ -189,13 +203,20 @@ def store(
     wait for a job still in an outbox of ``databases`` (relayed later, once that one
     is). The others are in Redis now or were already (the id taken), or wait for a job
     that exists nowhere and are dropped, logged, as enqueue() would have refused them.
-    Redis errors propagate."""
+    Redis errors propagate; too few replicas confirming a store (NotReplicated) only
+    once every job was sent, so that a job is stored right after the one it runs after,
+    not left for a later relay that may find that one's result expired."""
     plain: list[NewJob] = []
     kept: set[str] = set()
+    unconfirmed: NotReplicated | None = None
 
     def flush() -> None:
+        nonlocal unconfirmed
         if plain:
-            broker.enqueue(plain, record_queues=record_queues, relayed=True)
+            try:
+                broker.enqueue(plain, record_queues=record_queues, relayed=True)
+            except NotReplicated as exc:
+                unconfirmed = unconfirmed or exc
             plain.clear()
 
     for job in jobs:
@@ -205,6 +226,8 @@ def store(
         flush()
         try:
             broker.enqueue_linked([job], record_queues=record_queues, relayed=True)
+        except NotReplicated as exc:
+            unconfirmed = unconfirmed or exc
         except MissingJob as exc:
             if find(databases, backend, exc.job_id) is not None:
                 kept.add(job.job_id)
@@ -216,6 +239,8 @@ def store(
                 exc.job_id,
             )
     flush()
+    if unconfirmed is not None:
+        raise unconfirmed  # the rows stay, relayed again until the replicas confirm
     return kept
 
 

@@ -89,19 +89,25 @@ class OutboxRelay(JobPreparation):
 
     def relay_outbox(self, settle: float = outbox.SETTLE_SECONDS) -> int:
         """Relay the rows left in this backend's outboxes, once ``settle`` seconds old
-        (runscheduler's step): one batch per database; return how many. Redis and
-        database errors propagate."""
-        return sum(
-            outbox.relay(
-                self.broker,
-                self.alias,
-                database,
-                record_queues=not self.queue_names,
-                databases=self.config.outbox,
-                settle=settle,
-            )
-            for database in self.config.outbox
-        )
+        (runscheduler's step): one batch per database; return how many. A database
+        that cannot be read leaves the others relayed; its error is raised after them,
+        as are Redis errors."""
+        relayed, failed = 0, None
+        for database in self.config.outbox:
+            try:
+                relayed += outbox.relay(
+                    self.broker,
+                    self.alias,
+                    database,
+                    record_queues=not self.queue_names,
+                    databases=self.config.outbox,
+                    settle=settle,
+                )
+            except outbox.OUTBOX_ERRORS as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+        return relayed
 
     def outboxed(self, job_id: str) -> dict[str, str] | None:
         """The fields of a job still in the outbox, as a READY job's hash holds them

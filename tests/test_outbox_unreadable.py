@@ -10,9 +10,11 @@ from unittest import mock
 
 import pytest
 from django.core import checks
-from django.db import OperationalError
+from django.db import DatabaseError, OperationalError, transaction
 
+from django_redisqueue import outbox
 from django_redisqueue.compat import task_backends
+from django_redisqueue.models import OutboxJob
 from django_redisqueue.runtime import outbox_watch
 from django_redisqueue.runtime.outbox_watch import OTHER_WORK as OTHER
 from django_redisqueue.runtime.outbox_watch import OutboxWatch
@@ -167,3 +169,24 @@ def test_an_outbox_database_django_cannot_load_is_said_and_the_scheduler_goes_on
         assert scheduler._relay_step() == 0
     [said] = [r.getMessage() for r in caplog.records if "outbox cannot be read" in r.getMessage()]
     assert "no_such_driver" in said
+
+
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
+@pytest.mark.usefixtures("outbox_backends")
+def test_an_outbox_that_cannot_be_read_leaves_the_others_relayed():
+    """OUTBOX names two databases; one loses its table: the other's rows still reach
+    Redis, and the error is raised after them, for the scheduler to say."""
+    from tests.outboxes import waiting
+
+    backend = task_backends["outbox-default"]
+    config = dataclasses.replace(backend.config, outbox=("postgresql", "default"))
+    with transaction.atomic(using="default"):
+        outbox.write("default", backend.alias, [waiting("e" * 26, 1)])
+    with (
+        mock.patch.object(backend, "config", config),
+        outbox_table_gone("postgresql"),
+        pytest.raises(DatabaseError),
+    ):
+        backend.relay_outbox(settle=0)
+    assert not OutboxJob.objects.using("default").exists()
+    assert backend.queries.get_job("e" * 26) is not None

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 from contextlib import contextmanager
+from unittest import mock
 
 import pytest
 import redis
@@ -237,6 +238,30 @@ def test_outbox_rows_no_replica_confirms_stay_and_their_jobs_run_once(pair):
             == 3
         )
         assert not rows.exists()
-        assert outbox.sweep_records(backend.broker, ["default"]) == 0
+        assert outbox.sweep_records(backend.broker, ["default"], hold=0) == 0
         assert not ledger.exists(backend.keys.relayed)
     assert sorted(ledger.lrange("test:ledger", 0, -1)) == ["0", "1", "2"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unconfirmed_relay_still_stores_each_job_right_after_the_one_it_waits_for(pair):
+    """runscheduler relays a job and one that runs after it, with no replica confirming:
+    both are stored in that relay (the second waiting for the first), so a later relay,
+    after the first's result expired, does not find the second's job missing."""
+    _, replica = pair
+    ledger = tasks.client()
+    ledger.delete("test:ledger")
+    with acked_backend(1, NOT_CONFIRMED_WITHIN, alias="outbox-default") as backend:
+        task = tasks.ledger.using(backend=backend.alias)
+        died = mock.patch.object(type(backend), "relay_committed")  # the producer died
+        with frozen(replica):
+            with died, transaction.atomic():
+                first = task.enqueue(1, 0)
+                then = task.using(depends_on=first.id).enqueue(2, 0)
+            with pytest.raises(NotReplicated):
+                outbox.relay(
+                    backend.broker, backend.alias, "default", record_queues=False, settle=0
+                )
+            assert ledger.exists(backend.keys.job(first.id), backend.keys.job(then.id)) == 2
+            run_worker_here(backend)
+    assert ledger.lrange("test:ledger", 0, -1) == ["1", "2"]

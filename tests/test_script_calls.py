@@ -109,7 +109,7 @@ def test_a_redis_without_functions_gets_the_same_scripts_by_evalsha(own_server):
 def test_a_first_pipeline_to_a_redis_without_functions_runs_every_call(own_server):
     broker, client = broker_of(own_server)
     calls = [
-        ("enqueue", [0, "", *NewJob(f"j{i}", "default", 0, PAYLOAD).as_args()]) for i in "123"
+        ("enqueue", [0, "", 0, *NewJob(f"j{i}", "default", 0, PAYLOAD).as_args()]) for i in "123"
     ]
     replies = broker._run_many(calls)  # each FCALL refused, then each sent by EVALSHA
     assert all(reply[0] for reply in replies)

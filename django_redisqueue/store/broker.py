@@ -159,10 +159,10 @@ class Broker(Gateway):
         if job_ids:
             self.client.zrem(self.keys.relayed, *job_ids)
 
-    def relayed_jobs(self, start: int, count: int) -> list[str]:
-        """The ids of up to ``count`` relay records from place ``start``, the longest
-        unrelayed first."""
-        page = self.client.zrange(self.keys.relayed, start, start + count - 1)
+    def relayed_jobs(self, before_ms: int, start: int, count: int) -> list[str]:
+        """The ids of up to ``count`` relay records last relayed before ``before_ms``
+        (Redis's clock), from place ``start``, the longest unrelayed first."""
+        page = self.client.zrangebyscore(self.keys.relayed, "-inf", f"({before_ms}", start, count)
         return [text(job_id) or "" for job_id in sync(page)]
 
     def cancel(self, job_id: str, error: str) -> str | None:
