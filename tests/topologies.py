@@ -23,6 +23,7 @@ from tests.servers import (
     free_ports,
     server_info,
     server_program,
+    system_program,
     wait_for,
 )
 
@@ -468,7 +469,7 @@ class RedisClusterGroup(_Topology):
                 n.port: self.client(n).execute_command("CLUSTER", "MYID") for n in self.nodes
             }
             command = [
-                "redis-cli",
+                system_program("redis-cli"),
                 "--cluster",
                 "create",
                 *(f"{HOST}:{node.port}" for node in self.nodes),
