@@ -96,7 +96,7 @@ def row_job(row: OutboxJob) -> NewJob:
 
 def forget(database: str, job_ids: Iterable[str]) -> None:
     """Delete the rows of jobs now in Redis: one statement, one round trip. Their relay
-    records go at runscheduler's next sweep (``sweep_records``)."""
+    records are held, then dropped by runscheduler's sweep (``sweep_records``)."""
     OutboxJob.objects.using(database).filter(job_id__in=list(job_ids)).delete()
 
 

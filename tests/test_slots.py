@@ -88,3 +88,10 @@ def test_a_second_sigterm_gives_back_every_job_in_hand(r, backend, procs):
         assert stored.status == TaskResultStatus.READY, stored.status  # back in its queue
         assert stored.attempts == 0  # uncounted: it runs again as attempt 1
     assert backend.queries.queue_length("default") == 2
+
+
+def test_async_tasks_run_in_the_threads_too(r, backend):
+    """An ``async def`` task runs on its thread, on an event loop of its own."""
+    jobs = [tasks.meaning_of_life_async.enqueue() for _ in range(4)]
+    run_slots_here(backend)
+    assert [job.wait(timeout=5) for job in jobs] == [42] * 4
