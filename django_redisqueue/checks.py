@@ -15,6 +15,7 @@
 | ``django_redisqueue.W002`` | another app's ``runworker`` or ``runscheduler`` wins |
 | ``django_redisqueue.W003`` | a ``PERIODIC`` schedule's task cannot be used (import, backend) |
 | ``django_redisqueue.W005`` | an ``OUTBOX`` database has no outbox table (``--database`` only) |
+| ``django_redisqueue.W006`` | backends with outboxes in other databases share a ``KEY_PREFIX`` |
 
 W004 (the app is not in ``INSTALLED_APPS``) is the backend's own ``check()``: the checks
 registered here run only when the app is installed.
@@ -33,7 +34,7 @@ from django.core.management import find_commands
 
 from django_redisqueue import outbox
 from django_redisqueue.backend import RedisQueueBackend, our_backends
-from django_redisqueue.core.conf import validate
+from django_redisqueue.core.conf import parse_options, validate
 
 APP = "django_redisqueue"
 COMMANDS = ("runworker", "runscheduler")
@@ -206,6 +207,34 @@ def check_outbox_tables(
     return messages
 
 
+def check_outbox_prefixes(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W006: backends with an OUTBOX keep their relay records under their KEY_PREFIX,
+    and each one's runscheduler drops the records of rows its own databases no longer
+    hold: two sharing a prefix, their outboxes in different databases, would drop each
+    other's (on one Redis; the check cannot tell whether theirs is one)."""
+    by_prefix: dict[str, list[tuple[str, frozenset[str]]]] = {}
+    for alias, params in our_backends():
+        if validate(alias, params):
+            continue  # the settings errors say what to fix first
+        options = parse_options(alias, params)
+        if options.outbox:
+            by_prefix.setdefault(options.key_prefix, []).append((alias, frozenset(options.outbox)))
+    return [
+        checks.Warning(
+            f"{' and '.join(f'TASKS[{alias!r}]' for alias, _ in sharing)} have outboxes in "
+            f"different databases and share KEY_PREFIX {prefix!r}: on one Redis, each "
+            "one's runscheduler would drop the other's relay records, and a row relayed "
+            "late could then store its job again.",
+            hint="Give each its own KEY_PREFIX (by default 'drq:<alias>'), or its own Redis.",
+            id=f"{APP}.W006",
+        )
+        for prefix, sharing in by_prefix.items()
+        if len({databases for _, databases in sharing}) > 1
+    ]
+
+
 def register() -> None:
     """Register the checks; called from ``RedisQueueConfig.ready()``."""
     checks.register(check_settings)
@@ -213,3 +242,4 @@ def register() -> None:
     checks.register(check_commands)
     checks.register(check_redis, deploy=True)
     checks.register(check_outbox_tables, checks.Tags.database)
+    checks.register(check_outbox_prefixes)

@@ -24,12 +24,11 @@ from datetime import datetime, timedelta
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, InterfaceError, connections, transaction
-from django.db.models import Count, Min
+from django.db.models import Count, Min, QuerySet
 from django.utils import timezone
 
 from django_redisqueue.models import OutboxJob
 from django_redisqueue.store.broker import Broker
-from django_redisqueue.store.calls import NotReplicated
 from django_redisqueue.store.wire import MissingJob, NewJob
 
 logger = logging.getLogger(__name__)
@@ -198,50 +197,49 @@ def store(
     backend: str,
     databases: Sequence[str],
 ) -> set[str]:
-    """Put ``jobs`` in Redis, as the outbox's relays do: in order, a job waiting for
-    another through the linked enqueue. Return the jobs whose rows must stay: those that
-    wait for a job still in an outbox of ``databases`` (relayed later, once that one
-    is). The others are in Redis now or were already (the id taken), or wait for a job
-    that exists nowhere and are dropped, logged, as enqueue() would have refused them.
-    Redis errors propagate; too few replicas confirming a store (NotReplicated) only
-    once every job was sent, so that a job is stored right after the one it runs after,
-    not left for a later relay that may find that one's result expired."""
-    plain: list[NewJob] = []
+    """Put ``jobs`` in Redis, as the outbox's relays do, in order and in one atomic
+    call (per enqueue batch) when some wait for another: a job is never stored without
+    the one it runs after (a relay cut between the two, then the first job run and its
+    result expired, would find it gone). Return the jobs whose rows must stay: those
+    that wait for a job still in an outbox of ``databases`` (relayed later, once that
+    one is). The others are in Redis now or were already (the id taken), or wait for a
+    job that exists nowhere and are dropped, logged, as enqueue() would have refused
+    them. Redis errors propagate, NotReplicated (too few replicas confirmed) once the
+    jobs were sent."""
+    if not any(job.after for job in jobs):
+        broker.enqueue(jobs, record_queues=record_queues, relayed=True)
+        return set()
     kept: set[str] = set()
-    unconfirmed: NotReplicated | None = None
-
-    def flush() -> None:
-        nonlocal unconfirmed
-        if plain:
-            try:
-                broker.enqueue(plain, record_queues=record_queues, relayed=True)
-            except NotReplicated as exc:
-                unconfirmed = unconfirmed or exc
-            plain.clear()
-
-    for job in jobs:
-        if not job.after:
-            plain.append(job)
-            continue
-        flush()
+    jobs = list(jobs)
+    while jobs:
         try:
-            broker.enqueue_linked([job], record_queues=record_queues, relayed=True)
-        except NotReplicated as exc:
-            unconfirmed = unconfirmed or exc
+            broker.enqueue_linked(jobs, record_queues=record_queues, relayed=True)
+            break
         except MissingJob as exc:
-            if find(databases, backend, exc.job_id) is not None:
-                kept.add(job.job_id)
+            # It names a job Redis lacks: leave out what waits for it, and send the rest.
+            waiting = _waiting_for(exc.job_id, jobs)
+            jobs = [job for job in jobs if job.job_id not in waiting]
+            relaying = any(job.job_id == exc.job_id for job in jobs)
+            if not relaying and find(databases, backend, exc.job_id) is not None:
+                kept |= waiting
                 continue
             logger.error(
-                "Outbox: job %s runs after job %s, which does not exist (or its result "
-                "expired): it is dropped, as enqueue() would have refused it",
-                job.job_id,
+                "Outbox: job(s) %s run after job %s, which does not exist (or its result "
+                "expired): dropped, as enqueue() would have refused them",
+                ", ".join(sorted(waiting)),
                 exc.job_id,
             )
-    flush()
-    if unconfirmed is not None:
-        raise unconfirmed  # the rows stay, relayed again until the replicas confirm
     return kept
+
+
+def _waiting_for(job_id: str, jobs: Sequence[NewJob]) -> set[str]:
+    """The ids of ``jobs`` that run after ``job_id``, directly or through one another
+    (``jobs`` in order: a job after the one it waits for)."""
+    waiting: set[str] = set()
+    for job in jobs:
+        if job.after == job_id or job.after in waiting:
+            waiting.add(job.job_id)
+    return waiting
 
 
 def relay(
@@ -255,11 +253,12 @@ def relay(
     settle: float = SETTLE_SECONDS,
 ) -> int:
     """Move up to ``batch`` of ``backend``'s rows of ``database`` that are ``settle``
-    seconds old into Redis, oldest first, and delete them, in one transaction; return
-    how many. ``databases``: every outbox of the backend (a job may wait for one in
-    another). Where the database skips locked rows, a relay that finds older rows held
-    by another relay leaves the step to it: relaying newer ones now would put them ahead
-    in their queues. On a Redis error nothing is deleted and the error propagates."""
+    seconds old into Redis, oldest first (with the later rows that run after one of
+    them), and delete them, in one transaction; return how many. ``databases``: every
+    outbox of the backend (a job may wait for one in another). Where the database skips
+    locked rows, a relay that finds older rows held by another relay leaves the step to
+    it: relaying newer ones now would put them ahead in their queues. On a Redis error
+    nothing is deleted and the error propagates."""
     eligible = OutboxJob.objects.using(database).filter(
         backend=backend, created_at__lte=timezone.now() - timedelta(seconds=settle)
     )
@@ -279,6 +278,7 @@ def relay(
             taken = list(eligible.order_by("id")[:batch])
             if not taken:
                 return 0
+        taken += _followers(eligible, taken, skip_locked)
         kept = store(
             broker,
             [row_job(row) for row in taken],
@@ -288,6 +288,26 @@ def relay(
         )
         _delete_rows(database, [row.id for row in taken if row.job_id not in kept])
     return len(taken) - len(kept)
+
+
+def _followers(
+    eligible: QuerySet[OutboxJob], taken: Sequence[OutboxJob], skip_locked: bool
+) -> list[OutboxJob]:
+    """The rows past the batch ``taken`` that run after one of its jobs, directly or
+    through one another, oldest first: relayed with it, in one call (``store``), lest
+    the job they wait for run and its result expire before the next batch."""
+    followers: list[OutboxJob] = []
+    waited_for = [row.job_id for row in taken]
+    while waited_for and len(followers) < RELAY_BATCH:
+        rows = eligible.filter(id__gt=taken[-1].id, after__in=waited_for).exclude(
+            id__in=[row.id for row in followers]
+        )
+        if skip_locked:
+            rows = rows.select_for_update(skip_locked=True)
+        found = list(rows.order_by("id")[:RELAY_BATCH])
+        followers += found
+        waited_for = [row.job_id for row in found]
+    return sorted(followers, key=lambda row: row.id)
 
 
 def _delete_rows(database: str, ids: Sequence[int]) -> None:

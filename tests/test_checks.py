@@ -151,6 +151,26 @@ def test_other_backends_are_left_alone():
         assert our_messages(deploy=True) == []
 
 
+@pytest.mark.parametrize(
+    ("second", "warned"),
+    [
+        ({"KEY_PREFIX": "drq:shared", "OUTBOX": "postgresql"}, True),
+        ({"KEY_PREFIX": "drq:shared", "OUTBOX": "default"}, False),  # one outbox table
+        ({"KEY_PREFIX": "drq:shared"}, False),  # no outbox: no relay records
+        ({"OUTBOX": "postgresql"}, False),  # a prefix of its own
+    ],
+)
+def test_outbox_backends_sharing_a_key_prefix_are_warned_of(second, warned):
+    conf = {"BACKEND": BACKEND, "OPTIONS": {"KEY_PREFIX": "drq:shared", "OUTBOX": "default"}}
+    tasks = {"orders": conf, "mail": {"BACKEND": BACKEND, "OPTIONS": second}}
+    with override_settings(TASKS=tasks):
+        messages = redisqueue_checks.check_outbox_prefixes()
+    assert [m.id for m in messages] == (["django_redisqueue.W006"] if warned else [])
+    if warned:
+        assert "TASKS['orders'] and TASKS['mail']" in messages[0].msg
+        assert "'drq:shared'" in messages[0].msg
+
+
 def test_unreachable_redis_is_a_deploy_warning():
     url = f"redis://:secret@127.0.0.1:{free_port()}/0"  # nothing listens there
     conf = {"BACKEND": BACKEND, "OPTIONS": {"URL": url}}

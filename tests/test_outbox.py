@@ -343,9 +343,67 @@ def test_a_job_waiting_for_a_job_still_in_the_outbox_is_relayed_after_it(backend
     assert backend.get_result(then.id).status == TaskResultStatus.READY
 
 
+def left_behind(backend):
+    """The committing process dies before its relay: the rows wait for runscheduler."""
+    return mock.patch.object(type(backend), "relay_committed")
+
+
+def test_a_batch_of_the_relay_takes_the_jobs_that_run_after_its_own(backend, database):
+    """Relayed alone, a chain's first job could run and its result expire before the
+    batch holding the next one, which would then be dropped: they go together."""
+    with left_behind(backend), transaction.atomic(using=database):
+        first = enqueue(backend, 1, 1)
+        other = enqueue(backend, 9, 9)
+        then = enqueue(backend, 2, 2, depends_on=first)
+        last = enqueue(backend, 3, 3, depends_on=then)
+    relayed = outbox.relay(
+        backend.broker, backend.alias, database, record_queues=False, batch=1, settle=0
+    )
+    assert relayed == 3
+    assert rows(database) == [other.id]  # not linked to the batch: the next one's
+    run_worker_here(backend)
+    assert backend.get_result(last.id).return_value == 6
+
+
+def test_a_relay_cut_by_redis_stores_a_job_with_the_one_it_runs_after_or_neither(
+    backend, database
+):
+    with left_behind(backend), transaction.atomic(using=database):
+        first = enqueue(backend, 1, 1)
+        then = enqueue(backend, 2, 2, depends_on=first)
+    send = backend.broker.enqueue_linked
+
+    def cut(jobs, **options):  # the connection drops before the call that carries it
+        if any(job.job_id == then.id for job in jobs):
+            raise redis.ConnectionError("connection reset")
+        return send(jobs, **options)
+
+    with mock.patch.object(backend.broker, "enqueue_linked", cut), pytest.raises(redis.RedisError):
+        backend.relay_outbox(settle=0)
+    assert not job_exists(backend, first.id)  # else it could run, and its result expire
+    assert backend.relay_outbox(settle=0) == 2
+    run_worker_here(backend)
+    assert backend.get_result(then.id).return_value == 4
+
+
+def test_a_job_after_one_relayed_before_whose_result_expired_is_dropped(
+    backend, database, r, caplog
+):
+    """Never left waiting for a job that is gone: dropped, said, its row deleted."""
+    first, then = "a" * 26, "b" * 26
+    backend.broker.enqueue([waiting(first, 1)], relayed=True)
+    r.delete(backend.keys.job(first))  # as its result's TTL would, once it ran
+    with transaction.atomic(using=database):
+        outbox.write(database, backend.alias, [waiting(first, 1), waiting(then, 2, after=first)])
+    assert backend.relay_outbox(settle=0) == 2
+    assert rows(database) == []
+    assert not job_exists(backend, then)
+    assert f"job(s) {then} run after job {first}, which does not exist" in caplog.text
+
+
 def test_a_job_in_the_outbox_cannot_be_cancelled_yet_and_has_its_page(backend, database, viewer):
-    with mock.patch.object(type(backend), "relay_committed"), transaction.atomic(using=database):
-        result = enqueue(backend, 1, 1)  # the committing process died before its relay
+    with left_behind(backend), transaction.atomic(using=database):
+        result = enqueue(backend, 1, 1)
     with pytest.raises(NotCancellable, match="in the outbox"):
         result.cancel()
     page = viewer.get(reverse("admin:redisqueue_job", args=[backend.alias, result.id]))

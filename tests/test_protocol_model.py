@@ -93,6 +93,8 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "handed jobs given back untaken",
             "results expired",
             "rows relayed after their result expired",
+            "relays run after a job relayed before",
+            "relays refused: the job waited for is gone",
             "jobs kept in hand by a give-back",
         )
     )

@@ -39,11 +39,12 @@ for i = 7, storing and first_job - 1 or 6 do
     return {1, ARGV[i]}
   end
 end
+-- One stored here is there; one skipped here (relayed before) may be long gone.
 local here = {}
 for at = first_job, #ARGV, 7 do
   local after = ARGV[at + 6]
-  if after ~= '' and after ~= '*' and not here[after] and not skipped[ARGV[at]]
-      and not is_job(after) then
+  if after ~= '' and after ~= '*' and (not here[after] or skipped[after])
+      and not skipped[ARGV[at]] and not is_job(after) then
     return {1, after}
   end
   here[ARGV[at]] = true

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
 from django_redisqueue.core.jobs import SUCCESSFUL
-from django_redisqueue.store.wire import NewJob
+from django_redisqueue.store.wire import MissingJob, NewJob
 from tests import tasks
 from tests.model.harness import RUN, snapshot
-from tests.model.protocol.records import DELAYS, DELETED, FINISHED, QUEUES, UNKNOWN_ID
+from tests.model.protocol.records import DELAYS, DELETED, FINISHED, QUEUES, UNKNOWN_ID, Spec
 from tests.model.protocol.strategies import JOB_QUEUE, PICK, PRIORITY, WORKER
 
 
@@ -97,6 +97,38 @@ class RelayModel:
         if self.jobs[job_id].place == DELETED:
             RUN["rows relayed after their result expired"] += 1
         self.relay_records.add(job_id)
+
+    @rule(pick=PICK, priority=PRIORITY)
+    def a_relay_sends_a_job_relayed_before_and_one_that_runs_after_it(self, pick, priority):
+        """One linked call of a relay: a row relayed before (its job in any state, its
+        result perhaps expired), then a new job that runs after it. The first stores
+        nothing; the second waits for it, runs at once after a success, fails after a
+        failure; if the first's result expired, nothing at all is stored (MissingJob):
+        it is never left waiting for a job that is gone."""
+        first = self.pick(sorted(self.relay_records), pick)
+        if first is None:
+            return
+        then = self.backend.prepare(tasks.noop, (), {})
+        jobs = [
+            NewJob(first, "low", 5, then._payload),
+            NewJob(then.id, "default", priority, then._payload, 0, first),
+        ]
+        before = snapshot(self.r)
+        gone = first not in self.jobs or self.jobs[first].place == DELETED
+        t0 = self.clock()
+        try:
+            enqueued = self.broker.enqueue_linked(jobs, relayed=True)
+        except MissingJob as exc:
+            assert gone and exc.job_id == first, f"MissingJob({exc.job_id}) for {first}"
+            assert snapshot(self.r) == before, "a refused relay stored something"
+            RUN["relays refused: the job waited for is gone"] += 1
+            return
+        assert not gone, f"{then.id} was stored after {first}, whose result expired"
+        t1 = self.clock()
+        assert enqueued[0] is None and enqueued[1] is not None, enqueued
+        self.m_enqueue_linked([Spec(then.id, "default", priority, 0, first)], "", (t0, t1))
+        self.relay_records |= {first, then.id}
+        RUN["relays run after a job relayed before"] += 1
 
     @rule(picks=st.lists(PICK, min_size=1, max_size=3))
     def relayed_rows_deleted(self, picks):
