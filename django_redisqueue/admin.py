@@ -33,9 +33,16 @@ from django_redisqueue.backend import RedisQueueBackend, our_backends
 from django_redisqueue.compat import task_backends
 from django_redisqueue.core.jobs import JOB_ID_RE, from_ms
 from django_redisqueue.dashboard import actions
-from django_redisqueue.dashboard.reads import FILTER_SCAN_LIMIT, MENU_QUEUES, FailedScan
+from django_redisqueue.dashboard.reads import FILTER_SCAN_LIMIT, FailedScan
 from django_redisqueue.dashboard.reads import Dashboard as DashboardData
-from django_redisqueue.dashboard.rows import PAGE_SIZE, JobRow, Page, is_path, page_number
+from django_redisqueue.dashboard.rows import (
+    MENU_QUEUES,
+    PAGE_SIZE,
+    JobRow,
+    Page,
+    is_path,
+    page_number,
+)
 from django_redisqueue.models import Dashboard
 from django_redisqueue.observe.metrics import QUEUE_SERIES_LIMIT
 from django_redisqueue.store.gateway import REDIS_ERRORS

@@ -141,7 +141,7 @@ def test_times_read_as_people_say_them_with_the_exact_time_in_a_title(viewer, ba
     with clock_at(seen + 1_000):
         overview = viewer.get(BASE).text
     workers = text_of(re.search(r'id="drq-workers".*?</table>', overview, re.S)[0])
-    assert "web-1:7:cafe default idle 1 second ago" in workers
+    assert "web-1:7:cafe default 0 of 1 idle 1 second ago" in workers
 
 
 def test_a_page_in_another_time_zone_titles_its_times_in_that_zone(viewer, backend, settings):

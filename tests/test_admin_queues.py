@@ -12,8 +12,7 @@ import pytest
 from django.test import Client
 
 from django_redisqueue.compat import TaskResultStatus, task_backends
-from django_redisqueue.dashboard.reads import MENU_QUEUES
-from django_redisqueue.dashboard.rows import PAGE_SIZE
+from django_redisqueue.dashboard.rows import MENU_QUEUES, PAGE_SIZE
 from django_redisqueue.runtime.worker import Worker
 from tests import tasks
 from tests.conftest import run_worker_here

@@ -1,8 +1,10 @@
 """Property-based fuzzing of the records the app reads besides jobs: worker, scheduler
 and stats records, and what every dashboard page shows. Whatever they hold, the
-overview and every page answer without a server error, escaping what they show, and a
-job still finishes. The hostile values and the checks: tests/fuzzing.py."""
+overview and every page answer without a server error, escaping what they show, the
+metrics count no more busy slots than slots, and a job still finishes. The hostile
+values and the checks: tests/fuzzing.py."""
 
+import itertools
 import json
 from urllib.parse import quote
 
@@ -12,8 +14,10 @@ from django.test import Client
 from django.urls import NoReverseMatch, reverse
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from django_redisqueue.compat import TaskResultStatus
+from django_redisqueue.observe.metrics import render
 from tests import tasks
 from tests.fuzzing import (
     JOB_FIELDS,
@@ -41,7 +45,7 @@ QUEUES = ("high", "default", "low")
 
 RECORD_TEXTS = [
     "", " ", MARK, "a/b", "x" * 300, "é", "1e400", "nan", "-1", "9" * 5000, "default,high",
-    ",", "{}", "[]", b"\xff\xfe", b"\xed\xa0\x80",
+    ",", "{}", "[]", b"\xff\xfe", b"\xed\xa0\x80", "0", "8", " 8", "9" * 400,
 ]  # fmt: skip
 record_texts = st.one_of(
     st.sampled_from(RECORD_TEXTS),
@@ -52,7 +56,9 @@ seen_scores = st.one_of(
     st.sampled_from(["now", "old", "later", float("inf"), float("-inf"), 0.0, 1e300, -1e300]),
     st.floats(allow_nan=False),
 )
-WORKER_FIELDS = ["queues", "pid", "host", "started_at", "jobs_done"]
+WORKER_FIELDS = ["queues", "pid", "host", "started_at", "jobs_done", "slots"]
+# A job in hand whose task's name carries the mark: the overview shows it, escaped.
+MARKED_TASK = json.dumps({"v": 1, "task": MARK, "args": [], "kwargs": {}})
 
 
 def seen_at(value, now: int) -> float:
@@ -107,7 +113,7 @@ def liveness_records(draw):
                     ),
                     st.sampled_from(OTHER_TYPES),
                 ),
-                st.booleans(),  # runs a job
+                st.integers(0, 3),  # jobs in hand
             ),
             max_size=4,
             unique_by=lambda worker: encode(worker[0]),
@@ -140,13 +146,18 @@ def test_the_overview_renders_whatever_the_worker_scheduler_and_stats_records_ho
     keys = backend.keys
 
     @fuzz(100)
-    @given(records=liveness_records(), job_ids=st.lists(members, min_size=4, max_size=4))
-    def check(records, job_ids):
+    @given(
+        records=liveness_records(),
+        job_ids=st.lists(members, min_size=12, max_size=12),
+        marked=st.booleans(),
+    )
+    def check(records, job_ids, marked):
         TRIED["liveness records"] += 1
         raw.flushall()
         now = backend.broker.clock_ms()
         workers, schedulers, stats = records
-        for (worker_id, seen, info, busy), job_id in zip(workers, job_ids, strict=False):
+        ids = iter(job_ids)
+        for worker_id, seen, info, in_hand in workers:
             worker_id = encode(worker_id)
             raw.zadd(keys.workers, {worker_id: seen_at(seen, now)})
             record = keys.worker("").encode() + worker_id
@@ -154,12 +165,13 @@ def test_the_overview_renders_whatever_the_worker_scheduler_and_stats_records_ho
                 make_other_type(raw, record, info, b"x")
             elif info:
                 raw.hset(record, mapping={encode(k): encode(v) for k, v in info.items()})
-            if busy:
-                raw.hset(
-                    job_key(backend, job_id),
-                    mapping={"payload": "{", "queue": "default", "status": "RUNNING",
-                             "owner": worker_id + b"/1"},
-                )  # fmt: skip
+            for job_id in itertools.islice(ids, in_hand):
+                fields = {
+                    "payload": MARKED_TASK if marked else "{", "queue": "default",
+                    "status": "RUNNING", "owner": worker_id + b"/1",
+                    "last_attempted_at": seen_at(seen, now),
+                }  # fmt: skip
+                raw.hset(job_key(backend, job_id), mapping=fields)
                 raw.zadd(keys.running, {job_id: now + 10**6})
         for scheduler_id, seen in schedulers:
             raw.zadd(keys.schedulers, {encode(scheduler_id): seen_at(seen, now)})
@@ -172,6 +184,14 @@ def test_the_overview_renders_whatever_the_worker_scheduler_and_stats_records_ho
 
         get_page(superuser, BASE)
         get_page(superuser, BASE + "?partial=1")
+        found = {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(render([backend]))
+            for sample in family.samples
+            if sample.name.startswith("redisqueue_worker")
+        }
+        assert 0 <= found["redisqueue_worker_busy_slots"] <= found["redisqueue_worker_slots"]
+        assert found["redisqueue_worker_slots"] >= found["redisqueue_workers_alive"]
 
     with counted("liveness records", report):
         check()

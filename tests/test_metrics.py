@@ -160,6 +160,25 @@ def test_live_workers_and_schedulers_are_counted_per_queue(backend):
         value(found, "redisqueue_scheduler_last_step_age_seconds")
 
 
+def test_slots_and_busy_slots_are_those_of_the_live_workers(backend, r):
+    """Slots as each heartbeat records them (1 when absent or unreadable), busy ones by
+    the running jobs each live worker owns, at most its slots."""
+    backend.broker.heartbeat("w8", {"slots": 8}, {})
+    backend.broker.heartbeat("old", {"pid": 7}, {})  # an older record: one slot
+    backend.broker.heartbeat("spoilt", {"slots": "lots"}, {})
+    backend.broker.heartbeat("gone", {"slots": 4}, {})
+    r.zadd(backend.keys.workers, {"gone": 0})  # silent for too long
+    for worker, jobs in (("w8", 3), ("old", 2), ("gone", 1)):
+        for i in range(jobs):
+            tasks.add.enqueue(i, i)
+            backend.broker.claim(["default"], worker)
+    found = samples(render([backend]))
+    assert value(found, "redisqueue_workers_alive") == 3
+    assert value(found, "redisqueue_worker_slots") == 8 + 1 + 1
+    assert value(found, "redisqueue_worker_busy_slots") == 3 + 1  # old's 2nd is over its 1
+    assert value(found, "redisqueue_queue_jobs", queue="default", state="running") == 6
+
+
 def test_the_view_serves_the_exposition_and_only_to_get(client):
     tasks.add.enqueue(1, 1)
     response = client.get("/metrics")

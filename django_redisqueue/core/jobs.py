@@ -366,6 +366,11 @@ def first_wait(fields: Mapping[str, str], run_after: float | None) -> float | No
     return max(0.0, (started - ready) / 1000)
 
 
+def owner_worker(owner: str) -> str:
+    """The worker id of a job's fencing token, ``<worker id>/<attempt>`` ('' for none)."""
+    return owner.rpartition("/")[0]
+
+
 def whole_number(value: Any) -> int:
     """A count read from Redis: a whole number >= 0, 0 for anything else."""
     try:

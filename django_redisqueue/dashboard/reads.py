@@ -27,14 +27,12 @@ from django_redisqueue.dashboard.rows import (
     page_number,
     status_label,
 )
+from django_redisqueue.dashboard.workers import worker_rows
 from django_redisqueue.periodic import schedules_of
 
 # Workers and schedulers read for the overview, the heard from last first.
 LIVE_READ_LIMIT = 200
 CHART_MINUTES = 60
-# Queues a page names outside the overview's list (the menu, a worker's queues): the
-# others are a link away, in the overview's pages and its filter.
-MENU_QUEUES = 10
 # Members of a group whose status the group page counts: a larger group's counts are
 # of its first members only, so that a refresh never reads a huge group whole.
 MEMBER_COUNT_LIMIT = 10_000
@@ -46,7 +44,9 @@ JOB_FIELDS = (
     "cancelled", "group", "after", "waiting", "unique", "limit", "max_running", "rate", "parked",
 )  # fmt: skip
 # What the overview reads of each running job: no payloads, results or tracebacks.
-RUNNING_FIELDS = ("queue", "owner", "status")
+RUNNING_FIELDS = ("queue", "owner", "status", "last_attempted_at")
+# What it reads of a worker's jobs in hand that it shows: their tasks, no results.
+IN_HAND_FIELDS = ("payload", "queue", "owner", "status", "attempts", "last_attempted_at")
 # What the group pages read of a group's members and callback: no results or tracebacks.
 MEMBER_FIELDS = ("payload", "queue", "status", "cancelled", "waiting", "parked")
 STATUS_FIELDS = ("status", "cancelled", "waiting", "parked")
@@ -287,26 +287,12 @@ class Dashboard:
             for queue, row in counts.items()
         }
         now = self.queries.clock_ms()
-        live = self.queries.live_workers(now, LIVE_READ_LIMIT)
-        by_worker = {job.worker: job for job in running}
-        # The task of each worker's current job: payloads of those jobs only.
-        current = {
-            row.worker: row
-            for row in self._rows([(by_worker[w.id].id, 0.0) for w in live if w.id in by_worker])
-        }
-        workers = [
-            {
-                "id": worker.id,
-                "info": worker.info,
-                "queues": ", ".join(worker.queues),
-                "queues_shown": worker.queues[:MENU_QUEUES],
-                "queues_left": max(0, len(worker.queues) - MENU_QUEUES),
-                "heartbeat_age": (now - worker.seen_ms) / 1000,
-                "seen_at": from_ms(worker.seen_ms),
-                "job": current.get(worker.id),
-            }
-            for worker in live
-        ]
+        workers = worker_rows(
+            self.queries.live_workers(now, LIVE_READ_LIMIT),
+            running,
+            now,
+            lambda ids: self._rows([(job_id, 0.0) for job_id in ids], IN_HAND_FIELDS),
+        )
         schedulers = [
             {"id": s.id, "seen_at": from_ms(s.seen_ms)}
             for s in self.queries.live_schedulers(now, LIVE_READ_LIMIT)
@@ -324,6 +310,8 @@ class Dashboard:
             "every_queue": every,
             "running_jobs": len(running),
             "workers": workers,
+            "slots": sum(worker.slots for worker in workers),
+            "busy_slots": sum(worker.busy for worker in workers),
             "schedulers": schedulers,
             "chart": drawn,
             "limits": [

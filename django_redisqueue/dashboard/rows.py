@@ -21,6 +21,7 @@ from django_redisqueue.core.jobs import (
     JobRecord,
     from_json,
     from_ms,
+    owner_worker,
     to_json,
     whole_number,
 )
@@ -30,6 +31,9 @@ from django_redisqueue.store.wire import AFTER_GROUP_PREFIX
 
 PAGE_SIZE = 50
 PREVIEW_CHARS = 80
+# Queues a page names outside the overview's list (the menu, a worker's queues): the
+# others are a link away, in the overview's pages and its filter.
+MENU_QUEUES = 10
 # The prefix of a broadcast message's fields saying how a worker ran it.
 RAN_PREFIX = "ran:"
 
@@ -225,7 +229,7 @@ class JobRow:
 
     @property
     def worker(self) -> str:
-        return self.record.owner.rpartition("/")[0]
+        return owner_worker(self.record.owner)
 
     @property
     def errors(self) -> list[dict[str, str]]:

@@ -8,7 +8,8 @@ worker killed with SIGKILL loses at most one heartbeat's counts; one that stops
 gracefully sends them first.
 
 The exposition (``render``) reads Redis on each scrape: the gauges (jobs per queue and
-state, live workers and schedulers, how long the next job of each queue has waited)
+state, live workers and schedulers, the workers' slots and those busy, found by the
+running jobs' owners, how long the next job of each queue has waited)
 as they are now, and the counters as workers last sent them. Every endpoint (the view
 in ``views.py``, ``runworker --metrics-port``) shows the whole backend's numbers: scrape
 one of them. Labels are the backend, queue, task and status: no job ids. Tasks are
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.db import connections
 
 from django_redisqueue import outbox
+from django_redisqueue.core.jobs import owner_worker
 from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS
 
 if TYPE_CHECKING:
@@ -176,6 +178,16 @@ class Exposition:
         self.workers_alive = Family(
             "redisqueue_workers_alive", "gauge", "Live worker processes of the backend."
         )
+        self.slots = Family(
+            "redisqueue_worker_slots",
+            "gauge",
+            "Jobs the live worker processes can run at once (runworker --threads, summed).",
+        )
+        self.busy_slots = Family(
+            "redisqueue_worker_busy_slots",
+            "gauge",
+            "Slots of the live worker processes running a job now.",
+        )
         self.schedulers_alive = Family(
             "redisqueue_schedulers_alive", "gauge", "Live schedulers of the backend."
         )
@@ -224,6 +236,8 @@ class Exposition:
             self.head_wait,
             self.workers,
             self.workers_alive,
+            self.slots,
+            self.busy_slots,
             self.schedulers_alive,
             self.scheduler_age,
             self.outbox_jobs,
@@ -256,6 +270,8 @@ class Exposition:
             self.head_wait.add(at, read.head_waits.get(queue) or 0.0)
             self.workers.add(at, float(sum(1 for w in read.workers if w.serves(queue))))
         self.workers_alive.add(labels, float(len(read.workers)))
+        self.slots.add(labels, float(sum(w.slots for w in read.workers)))
+        self.busy_slots.add(labels, float(sum(w.busy(read.in_hand[w.id]) for w in read.workers)))
         self.schedulers_alive.add(labels, float(read.schedulers_alive))
         if read.scheduler_age is not None:
             self.scheduler_age.add(labels, read.scheduler_age)
@@ -310,6 +326,7 @@ class _Read:
     counts: dict[str, QueueCounts]
     head_waits: dict[str, float | None]
     workers: list[Live]
+    in_hand: Counter[str]  # running jobs by the worker that owns them
     schedulers_alive: int
     scheduler_age: float | None
     counters: dict[str, float]
@@ -319,10 +336,8 @@ def _read(backend: RedisQueueBackend) -> _Read:
     queries, keys = backend.queries, backend.keys
     queues = backend.served_queues()[:QUEUE_SERIES_LIMIT]
     counts = queries.counts(queues)
-    running = queries.running()
-    per_queue = Counter(
-        job.get("queue") for job in queries.jobs([job_id for job_id, _ in running], "queue")
-    )
+    running = queries.jobs([job_id for job_id, _ in queries.running()], "queue", "owner")
+    per_queue = Counter(job.get("queue") for job in running)
     counts = {queue: replace(row, running=per_queue[queue]) for queue, row in counts.items()}
     now = queries.clock_ms()
     last_step = queries.alive(keys.schedulers, 1)  # the latest, live or not
@@ -330,6 +345,7 @@ def _read(backend: RedisQueueBackend) -> _Read:
         counts=counts,
         head_waits=queries.head_waits(queues),
         workers=queries.live_workers(now, ALIVE_READ_LIMIT),
+        in_hand=Counter(owner_worker(job.get("owner", "")) for job in running),
         schedulers_alive=len(queries.live_schedulers(now, ALIVE_READ_LIMIT)),
         scheduler_age=(now - last_step[0][1]) / 1000 if last_step else None,
         counters=queries.metrics(),

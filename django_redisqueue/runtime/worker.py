@@ -109,6 +109,7 @@ class Worker:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self.started_at = int(time.time() * 1000)
         self.jobs_done = 0
+        self.threads = 1  # its slots: the jobs it runs at once (SlotWorker's N)
         self.stopping = False
         self.drained = False  # a burst worker out of work: its run ends
         self.uncertain = False  # the last call's reply was lost: it may have given a job
@@ -319,6 +320,7 @@ class Worker:
             "host": socket.gethostname(),
             "started_at": self.started_at,
             "jobs_done": self.jobs_done,
+            "slots": self.threads,
         }
         return self.backend.broker.heartbeat(self.worker_id, info, owned or {}, traces)
 

@@ -62,7 +62,9 @@ key                           type    contents (written by)
                                       member that is no queue name
 ``{P}:workers``               zset    worker ids by last heartbeat (ms)
 ``{P}:worker:<id>``           hash    a worker's queues, pid, host, start time,
-                                      jobs done; 60 s TTL, renewed by heartbeat
+                                      jobs done, ``slots`` (the jobs it runs at
+                                      once; absent: 1); 60 s TTL, renewed by
+                                      heartbeat
 ``{P}:schedulers``            zset    scheduler ids by last step (ms)
 ``{P}:group:<gid>``           hash    a group: ``size`` (members stored),
                                       ``total`` (set when its last batch is

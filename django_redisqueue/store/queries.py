@@ -14,7 +14,7 @@ from redis.client import Pipeline
 from redis.retry import Retry
 
 from django_redisqueue.core.fanout import GroupState
-from django_redisqueue.core.jobs import MAX_TIMESTAMP, QUEUE_NAME_RE, Envelope
+from django_redisqueue.core.jobs import MAX_TIMESTAMP, QUEUE_NAME_RE, Envelope, whole_number
 from django_redisqueue.exceptions import InvalidPayload
 from django_redisqueue.store.connection import Client
 from django_redisqueue.store.gateway import Gateway, read_leniently, readable, sync, text
@@ -25,6 +25,9 @@ from django_redisqueue.store.keys import KeySchema
 RUNNING_READ_LIMIT = 10_000
 # A worker or scheduler silent for longer than this is gone (dashboard, metrics, probe).
 WORKER_ALIVE_MS = 30_000
+# The most slots a worker's record is read as having: a value spoilt by hand cannot
+# make a sum of them overflow a float (metrics) or a page say nonsense.
+MOST_SLOTS = 1_000_000
 SCHEDULER_ALIVE_MS = 15_000
 
 
@@ -76,6 +79,16 @@ class Live:
         """Whether this worker serves ``queue``: one given no queue serves every one."""
         names = self.queues
         return not names or queue in names
+
+    @property
+    def slots(self) -> int:
+        """The jobs a worker runs at once (``runworker --threads``), as its heartbeat
+        records them: 1 for a record without them (an older worker's) or unreadable."""
+        return min(whole_number(self.info.get("slots")), MOST_SLOTS) or 1
+
+    def busy(self, in_hand: int) -> int:
+        """Its busy slots, given the running jobs it owns (``in_hand``): at most its slots."""
+        return min(in_hand, self.slots)
 
 
 class Queries(Gateway):

@@ -31,7 +31,13 @@ class Command(BaseCommand):
         backend = get_backend(options["backend"], "queuestats", connect=False)
         overview = Dashboard(backend).overview()
         workers = [
-            {"id": w["id"], "queues": w["queues"], "heartbeat_age": round(w["heartbeat_age"], 1)}
+            {
+                "id": w.id,
+                "queues": w.queues,
+                "heartbeat_age": round(w.heartbeat_age, 1),
+                "slots": w.slots,
+                "busy": w.busy,
+            }
             for w in overview["workers"]
         ]
         schedulers = [s["id"] for s in overview["schedulers"]]
@@ -62,7 +68,8 @@ class Command(BaseCommand):
             numbers = "".join(str(getattr(row, c)).rjust(10) for c in COLUMNS)
             self.stdout.write(queue.ljust(width) + numbers + state)
         self.stdout.write(
-            f"{len(workers)} worker(s) alive, {len(schedulers)} scheduler(s) alive; "
+            f"{len(workers)} worker(s) alive ({overview['busy_slots']} of "
+            f"{overview['slots']} slots busy), {len(schedulers)} scheduler(s) alive; "
             "finished = in the last hour"
         )
         for limit in overview["limits"]:
