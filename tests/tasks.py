@@ -596,3 +596,7 @@ class Unprintable(Exception):
 @task
 def raises_unprintable():
     raise Unprintable
+
+
+# The event loop's tests' tasks: registered as these are, by autodiscovery of this module.
+from tests import async_tasks  # noqa: E402, F401

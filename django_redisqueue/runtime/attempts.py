@@ -44,6 +44,13 @@ from django_redisqueue.runtime.stopping import StopToken
 from django_redisqueue.store.wire import RELEASE, RETRY, Claimed, Outcome
 
 Context = contextlib.AbstractContextManager[None]
+# How a task is called: (task, args, kwargs, its stop token) -> its return value.
+Call = Callable[[Any, Sequence[Any], dict[str, Any], StopToken], Any]
+
+
+def call_task(task: Any, args: Sequence[Any], kwargs: dict[str, Any], token: StopToken) -> Any:
+    """As Django's ``Task.call``: an ``async def`` task on an event loop of its own."""
+    return task.call(*args, **kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,10 +195,15 @@ def unreadable(
 
 
 def run(
-    attempt: Attempt, record: JobRecord, args: Sequence[Any], hooks: Sequence[Hook], max_bytes: int
+    attempt: Attempt,
+    record: JobRecord,
+    args: Sequence[Any],
+    hooks: Sequence[Hook],
+    max_bytes: int,
+    call: Call = call_task,
 ) -> Finished:
     """Call the attempt's task with ``args`` (and its envelope's kwargs) inside the
-    hooks, and make the outcome: SUCCESSFUL with its return value (JSON, at most
+    hooks, by ``call``, and make the outcome: SUCCESSFUL with its return value (JSON, at most
     ``max_bytes``), RETRY or FAILED as its retry policy says, RELEASE when the worker
     was told to stop a second time."""
     claimed, envelope, result = attempt.claimed, attempt.envelope, attempt.result
@@ -203,7 +215,7 @@ def run(
         with contextlib.ExitStack() as contexts:
             for hook in hooks:
                 contexts.enter_context(hook.around(attempt))
-            value = attempt.task.call(*args, **envelope.kwargs)
+            value = call(attempt.task, args, envelope.kwargs, attempt.token)
         encoded = _encoded(value, envelope.task_path, max_bytes)
         outcome = Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result=encoded)
         # As get_result() will return it: the value after a JSON round trip.

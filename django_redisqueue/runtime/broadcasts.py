@@ -14,6 +14,7 @@ from django_redisqueue.core.registry import registry
 from django_redisqueue.exceptions import InvalidPayload, UnknownTask, WorkerShutdown
 from django_redisqueue.runtime import WORKER_LOGGER
 from django_redisqueue.runtime.alarms import time_limit
+from django_redisqueue.runtime.attempts import Call
 from django_redisqueue.runtime.stopping import StopToken
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
@@ -29,9 +30,10 @@ def run_broadcast(
     payload: str,
     config: Options,
     in_task: Callable[[], AbstractContextManager[StopToken]],
+    call: Call,
 ) -> str:
-    """Run one broadcast message's task within ``in_task()``; return SUCCESSFUL or
-    FAILED. Whatever the task raises is logged, never raised."""
+    """Run one broadcast message's task within ``in_task()``, by ``call``; return
+    SUCCESSFUL or FAILED. Whatever the task raises is logged, never raised."""
     started = time.perf_counter()
     try:
         envelope = Envelope.loads(payload, config.max_payload_bytes)
@@ -46,7 +48,7 @@ def run_broadcast(
             in_task() as token,
             time_limit(getattr(task, "timeout", None), envelope.task_path, token),
         ):
-            task.call(*envelope.args, **envelope.kwargs)
+            call(task, envelope.args, envelope.kwargs, token)
     except (Exception, SystemExit, KeyboardInterrupt, WorkerShutdown) as exc:
         logger.error(
             "Broadcast %d %s FAILED: %s: %s",
@@ -76,8 +78,10 @@ class Inbox:
         broker: Broker,
         config: Options,
         in_task: Callable[[], AbstractContextManager[StopToken]],
+        call: Call,
     ) -> None:
         self.worker_id, self.broker, self.config, self.in_task = worker_id, broker, config, in_task
+        self.call = call
         self.seen = 0  # the last broadcast message this worker received
         self.unreported: list[tuple[int, str]] = []  # run, outcomes not stored
         self.failures = 0
@@ -99,7 +103,7 @@ class Inbox:
                 received = self.broker.receive(self.worker_id, queues, self.unreported)
                 self.unreported = []
                 for number, body in received.messages:
-                    outcome = run_broadcast(number, body, self.config, self.in_task)
+                    outcome = run_broadcast(number, body, self.config, self.in_task, self.call)
                     self.unreported.append((number, outcome))
                 # Those read may all have been for other queues: read on while any remain.
                 if not received.messages and not received.more:

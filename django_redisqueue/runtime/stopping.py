@@ -8,7 +8,7 @@ import ctypes
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 # Sent to the task's thread by a stop from another thread (the heartbeat's).
@@ -25,12 +25,14 @@ class StopToken:
     from another (the heartbeat's) by STOP_SIGNAL, whose handler (``deliver``) raises it,
     ending a blocking sleep too; on any other thread by ``PyThreadState_SetAsyncExc``,
     which raises ``reason``'s class at the task's next bytecode (a sleep or a call into
-    C ends first; ``reason`` itself is the token's, for the message). A token stopped
+    C ends first; ``reason`` itself is the token's, for the message); an ``async def``
+    task by cancelling it on its loop (``cancelling``). A token stopped
     before its task runs raises as the task begins. The first reason wins."""
 
     def __init__(self) -> None:
         self.reason: BaseException | None = None
         self.thread: int | None = None  # the running task's thread
+        self.cancel: Callable[[], object] | None = None  # see ``cancelling``
 
     @contextmanager
     def running(self) -> Iterator[None]:
@@ -43,6 +45,20 @@ class StopToken:
         finally:
             self.thread = None
 
+    @contextmanager
+    def cancelling(self, cancel: Callable[[], object]) -> Iterator[None]:
+        """While the task's thread waits for its task to run elsewhere (an ``async
+        def`` task, on the process's event loop), a stop from another thread calls
+        ``cancel`` instead of raising in the waiting thread, which could not take it
+        there; a stop from the thread itself (a signal handler) raises as ever."""
+        self.cancel = cancel
+        try:
+            if self.reason is not None:
+                cancel()
+            yield
+        finally:
+            self.cancel = None
+
     @property
     def is_running(self) -> bool:
         return self.thread is not None
@@ -52,10 +68,12 @@ class StopToken:
         if self.reason is not None:
             return False
         self.reason = reason
-        thread = self.thread
+        thread, cancel = self.thread, self.cancel
         if thread == threading.get_ident():
             raise reason
-        if thread is not None and thread == threading.main_thread().ident:
+        if cancel is not None:
+            cancel()
+        elif thread is not None and thread == threading.main_thread().ident:
             signal.pthread_kill(thread, STOP_SIGNAL)
         elif thread is not None:
             threading.Thread(

@@ -17,7 +17,9 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from inspect import iscoroutinefunction
 from types import FrameType
+from typing import Any
 
 from django.db import close_old_connections
 
@@ -37,6 +39,7 @@ from django_redisqueue.preparation import make_result
 from django_redisqueue.runtime import WORKER_LOGGER, attempts
 from django_redisqueue.runtime.attempts import Finished
 from django_redisqueue.runtime.broadcasts import Inbox
+from django_redisqueue.runtime.event_loop import EventLoop
 from django_redisqueue.runtime.heartbeat import Heartbeat
 from django_redisqueue.runtime.memory import past_limit
 from django_redisqueue.runtime.queue_order import QueueOrder
@@ -121,7 +124,10 @@ class Worker:
         # takes the job handed to it meanwhile, if its wait has not.
         self.idle_registered = False
         self.broadcasts_read_at = float("-inf")  # when a claim last read their number
-        self.broadcasts = Inbox(self.worker_id, self.broker, backend.config, self._in_task)
+        self.event_loop = EventLoop()  # the async def tasks', started by the first
+        self.broadcasts = Inbox(
+            self.worker_id, self.broker, backend.config, self._in_task, self.call_task
+        )
         self.metrics = JobMetrics() if backend.config.metrics else None
         # Off only in tests that run jobs inside their own transaction (testing.py).
         self.close_connections = close_connections
@@ -163,6 +169,7 @@ class Worker:
             self._loop(backoff)
         finally:
             heartbeat.stopped.set()
+            self.event_loop.close()
             self.send_metrics()
             if self.idle_registered:
                 self._give_back_handed()
@@ -476,8 +483,21 @@ class Worker:
         assert self.token is not None
         attempt = attempts.Attempt(claimed, envelope, task, result, self.token, began)
         return attempts.run(
-            attempt, record, args, self.hooks, self.backend.config.max_payload_bytes
+            attempt,
+            record,
+            args,
+            self.hooks,
+            self.backend.config.max_payload_bytes,
+            self.call_task,
         )
+
+    def call_task(
+        self, task: Any, args: Sequence[Any], kwargs: dict[str, Any], token: StopToken
+    ) -> Any:
+        """Call a task: an ``async def`` one on the process's event loop."""
+        if iscoroutinefunction(getattr(task, "func", None)):
+            return self.event_loop.run(task.func, args, kwargs, token)
+        return task.call(*args, **kwargs)
 
     def lease_lost(self, job: Claimed) -> None:
         """Called by the heartbeat: Redis says ``job`` is no longer ours (its lease ran

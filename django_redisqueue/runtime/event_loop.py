@@ -1,0 +1,108 @@
+"""The worker process's one event loop, on a thread of its own: ``async def`` tasks run
+there, as many at once as the worker has slots, rather than each on a loop (and a
+thread) of its own, as ``async_to_sync`` would run them.
+
+The thread that runs the attempt (the main thread, or a slot's) waits for the task, and
+meanwhile runs the task's thread-sensitive calls (Django's ORM through
+``sync_to_async``, which Django's async ORM methods use): on its own database
+connections, closed or kept around each job as for a sync task, and never shared with
+another job. A stop (a time limit, a lost lease, a second SIGTERM) cancels the task on
+the loop: it gets ``CancelledError`` at the ``await`` it is in, and the attempt ends
+with the stop's reason. A task that blocks the loop (a sync call inside an ``async
+def``) holds up every async task of the process, as on any event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import CancelledError, Future
+from typing import Any
+
+from asgiref.current_thread_executor import CurrentThreadExecutor
+from asgiref.sync import SyncToAsync, ThreadSensitiveContext, sync_to_async
+from django.db import connections
+
+from django_redisqueue.runtime.stopping import StopToken
+
+# From asgiref 3.13 a context's thread-sensitive calls go to the executor it is given
+# (the waiting thread's); earlier, each context has a thread of its own. Before 3.9 the
+# waiting thread's executor takes no parent.
+_CONTEXT_TAKES_EXECUTOR = "executor" in inspect.signature(ThreadSensitiveContext).parameters
+_EXECUTOR_TAKES_PARENT = "old_executor" in inspect.signature(CurrentThreadExecutor).parameters
+
+
+class EventLoop:
+    """A loop started on a daemon thread at the first ``async def`` task."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._starting = threading.Lock()
+
+    def _running(self) -> asyncio.AbstractEventLoop:
+        with self._starting:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(
+                    target=loop.run_forever, name="redisqueue-loop", daemon=True
+                )
+                self._thread.start()
+                self._loop = loop
+            return self._loop
+
+    def run(
+        self,
+        func: Callable[..., Coroutine[Any, Any, Any]],
+        args: Any,
+        kwargs: dict[str, Any],
+        token: StopToken,
+    ) -> Any:
+        """Await ``func(*args, **kwargs)`` on the loop and return its value, running its
+        thread-sensitive calls on this thread meanwhile; a stop of ``token`` cancels it,
+        and raises the stop's reason here."""
+        executor = (
+            CurrentThreadExecutor(None) if _EXECUTOR_TAKES_PARENT else CurrentThreadExecutor()  # type: ignore[call-arg]
+        )
+        future: Future[Any] = asyncio.run_coroutine_threadsafe(
+            _in_context(func(*args, **kwargs), executor), self._running()
+        )
+        try:
+            with token.cancelling(future.cancel):
+                executor.run_until_future(future)
+        except BaseException:  # the stop raised here, by a signal: cancel it there too
+            future.cancel()
+            raise
+        try:
+            return future.result()
+        except CancelledError:
+            if token.reason is not None:
+                raise token.reason from None
+            raise
+
+    def close(self) -> None:
+        """Stop the loop (the tasks still on it are dropped with the process)."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        if not thread.is_alive():
+            loop.close()
+        self._loop = self._thread = None
+
+
+async def _in_context(awaitable: Coroutine[Any, Any, Any], executor: CurrentThreadExecutor) -> Any:
+    """Await the task with its thread-sensitive calls sent to ``executor``; before
+    asgiref 3.13, to a thread of the task's own, whose connections it closes."""
+    if _CONTEXT_TAKES_EXECUTOR:
+        async with ThreadSensitiveContext(executor=executor):
+            return await awaitable
+    async with ThreadSensitiveContext() as context:
+        try:
+            return await awaitable
+        finally:
+            if SyncToAsync.context_to_thread_executor.get(context) is not None:
+                await sync_to_async(connections.close_all)()  # in that thread, which ends

@@ -1,0 +1,108 @@
+"""``async def`` tasks on the worker process's one event loop: many at once, each
+holding one of its slots; a time limit, a lost lease or a second SIGTERM cancels one on
+the loop and spares the others; their ORM calls run on the thread that waits for them."""
+
+import os
+import signal
+import threading
+from unittest.mock import patch
+
+import pytest
+
+from django_redisqueue.compat import TaskResultStatus, task_backends
+from django_redisqueue.runtime import event_loop
+from django_redisqueue.runtime.slots import SlotWorker
+from tests import async_tasks, tasks
+from tests.conftest import run_worker_here, wait_until
+from tests.test_slots import log, run_slots_here
+
+
+def run_here(backend, threads, **options):
+    """A burst worker run in this process: one slot on the main thread, or several."""
+    if threads == 1:
+        return run_worker_here(backend, **options)
+    return run_slots_here(backend, threads=threads, **options)
+
+
+def test_async_tasks_of_one_process_run_at_once_on_its_one_loop(r, backend):
+    names = ["a", "b", "c", "d"]
+    jobs = [
+        async_tasks.meets_on_the_loop.enqueue(me, [n for n in names if n != me], 20)
+        for me in names
+    ]
+    run_slots_here(backend, threads=4)
+    assert [job.wait(timeout=5) for job in jobs] == [True] * 4  # all four at once
+    [where] = {entry for entry in log(r) if entry.startswith("loop:")}  # one loop
+    assert where.endswith("@redisqueue-loop")
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=["main thread", "slots"])
+def test_a_time_limit_cancels_an_async_task_on_the_loop_and_spares_the_others(r, backend, threads):
+    slow = async_tasks.awaits_past_its_timeout.enqueue(30)  # timeout=0.5
+    quick = [tasks.meaning_of_life_async.enqueue() for _ in range(3)]
+    run_here(backend, threads)
+    stored = backend.get_result(slow.id)
+    assert stored.status == TaskResultStatus.FAILED
+    assert "JobTimeout" in stored.errors[0].exception_class_path
+    assert "ran past its timeout of 0.5 s" in stored.errors[0].traceback
+    assert log(r) == ["cancelled"]  # at its await, on the loop
+    assert [job.wait(timeout=5) for job in quick] == [42] * 3
+
+
+def test_a_lost_lease_cancels_its_async_job_and_no_other(r):
+    backend = task_backends["leased"]  # 1 s leases: a heartbeat every 1/3 s
+    leased = async_tasks.awaits_until_released.using(backend="leased")
+    lost, kept = leased.enqueue("lost", 30), leased.enqueue("kept", 30)
+    worker = SlotWorker(backend, threads=2, burst=True)
+
+    def steal_one_lease():
+        wait_until(lambda: {"started:lost", "started:kept"} <= set(log(r)), 30, "both starts")
+        r.hset(backend.keys.job(lost.id), "owner", "another-worker/2")
+        wait_until(lambda: "cancelled:lost" in log(r), 30, "the cancellation")
+        r.rpush(async_tasks.RELEASE, 1)
+
+    thief = threading.Thread(target=steal_one_lease)
+    thief.start()
+    with patch("django_redisqueue.runtime.worker.close_old_connections"):
+        worker.run()
+    thief.join()
+    assert "done:lost" not in log(r) and "done:kept" in log(r)
+    assert backend.get_result(lost.id).status == TaskResultStatus.RUNNING  # not ours now
+    assert kept.wait(timeout=5) is True
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=["main thread", "slots"])
+def test_an_async_tasks_orm_calls_run_on_the_thread_that_waits_for_it(r, backend, threads):
+    """There its database connections are the job's own, closed or kept around it as
+    a sync task's are; not the one thread every async task would share."""
+    jobs = [async_tasks.thread_of_its_sync_calls.enqueue() for _ in range(2)]
+    run_here(backend, threads)
+    ran_on = {job.wait(timeout=5) for job in jobs}
+    if threads == 1:
+        assert ran_on == {"MainThread"}
+    else:
+        assert all(name.startswith("redisqueue-slot") for name in ran_on), ran_on
+
+
+def test_before_asgiref_3_13_an_async_tasks_orm_calls_have_a_thread_of_their_own(r, backend):
+    with patch.object(event_loop, "_CONTEXT_TAKES_EXECUTOR", False):
+        jobs = [async_tasks.thread_of_its_sync_calls.enqueue() for _ in range(2)]
+        run_slots_here(backend, threads=2)
+    ran_on = {job.wait(timeout=5) for job in jobs}
+    assert len(ran_on) == 2 and not any(n.startswith("redisqueue-") for n in ran_on), ran_on
+
+
+def test_a_second_sigterm_cancels_the_async_jobs_and_gives_them_back(r, backend, procs):
+    held = [async_tasks.awaits_until_released.enqueue(label, 60) for label in ("a", "b")]
+    worker = procs.start("runworker", "--threads", "2")
+    wait_until(lambda: {"started:a", "started:b"} <= set(log(r)), 30, "both starts")
+    os.kill(worker.pid, signal.SIGTERM)
+    procs.expect(worker, "SIGTERM received")
+    os.kill(worker.pid, signal.SIGTERM)
+    procs.expect(worker, "SIGTERM again, giving the running jobs back to their queue")
+    wait_until(lambda: worker.poll() is not None, 30, "the worker's exit")
+    assert {"cancelled:a", "cancelled:b"} <= set(log(r))
+    for job in held:
+        stored = backend.get_result(job.id)
+        assert stored.status == TaskResultStatus.READY, stored.status  # back in its queue
+        assert stored.attempts == 0
