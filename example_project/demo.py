@@ -80,7 +80,8 @@ def main() -> None:
         subprocess.Popen(command, process_group=0)
         for command in (
             manage("runserver", ADDRESS, "--noreload"),
-            # Threads: its email and supplier jobs mostly wait, four at a time.
+            # Four slots: its email jobs (threads) and supplier jobs (async, on the
+            # process's event loop) mostly wait.
             manage("runworker", "--reload", "--threads", "4"),
             manage("runscheduler"),
         )

@@ -1,5 +1,6 @@
 """The example project's background tasks, at three priorities."""
 
+import asyncio
 import random
 from datetime import timedelta
 
@@ -56,9 +57,11 @@ def tidy_up(batch: int) -> str:
     return f"tidied batch {batch}"
 
 
-@task(queue_name="low", retries=2, retry_backoff=1.0)
-def sync_inventory(batch: int) -> str:
-    """Talks to a flaky supplier: fails now and then, is retried, sometimes for good."""
+@task(queue_name="low", retries=2, retry_backoff=1.0, timeout=10)
+async def sync_inventory(batch: int) -> str:
+    """Talks to a flaky supplier: fails now and then, is retried, sometimes for good.
+    Async: it awaits the supplier on the worker's event loop, beside the other jobs."""
+    await asyncio.sleep(0.2)  # stands for: await client.post(supplier_url, timeout=5)
     if random.random() < 0.4:
         raise ConnectionError(f"supplier timed out on batch {batch}")
     return f"synced batch {batch}"
