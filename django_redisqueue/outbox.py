@@ -41,6 +41,9 @@ RELAY_BATCH = 500
 # runscheduler relays a row once it is this old (s): a commit's own relay usually
 # takes it first, and a relay of the same row by both costs a refused enqueue.
 SETTLE_SECONDS = 2.0
+# Later rows that wait for a job a relay reads, at most, to find the ones that run
+# after its batch's jobs (relayed with them).
+FOLLOWERS_READ = 10 * RELAY_BATCH
 # Relay records (of jobs whose rows may be deleted) runscheduler's sweep reads at a
 # time, and most pages it reads in a step: 10,000 a second.
 SWEEP_BATCH = 1000
@@ -294,20 +297,25 @@ def _followers(
     eligible: QuerySet[OutboxJob], taken: Sequence[OutboxJob], skip_locked: bool
 ) -> list[OutboxJob]:
     """The rows past the batch ``taken`` that run after one of its jobs, directly or
-    through one another, oldest first: relayed with it, in one call (``store``), lest
-    the job they wait for run and its result expire before the next batch."""
-    followers: list[OutboxJob] = []
-    waited_for = [row.job_id for row in taken]
-    while waited_for and len(followers) < RELAY_BATCH:
-        rows = eligible.filter(id__gt=taken[-1].id, after__in=waited_for).exclude(
-            id__in=[row.id for row in followers]
-        )
-        if skip_locked:
-            rows = rows.select_for_update(skip_locked=True)
-        found = list(rows.order_by("id")[:RELAY_BATCH])
-        followers += found
-        waited_for = [row.job_id for row in found]
-    return sorted(followers, key=lambda row: row.id)
+    through one another, oldest first, at most RELAY_BATCH: relayed with it, lest the
+    job they wait for run and its result expire before the next batch. One query reads
+    the later rows that wait for a job (few, as a rule; at most FOLLOWERS_READ), their
+    chains are followed here, and only the followers are taken."""
+    waited_for = {row.job_id for row in taken}
+    later = eligible.filter(id__gt=taken[-1].id).exclude(after="").order_by("id")
+    ids: list[int] = []
+    for id_, job_id, after in later.values_list("id", "job_id", "after")[:FOLLOWERS_READ]:
+        if after in waited_for:  # ids grow: a row comes after the one it waits for
+            waited_for.add(job_id)
+            ids.append(id_)
+            if len(ids) == RELAY_BATCH:
+                break
+    if not ids:
+        return []
+    rows = eligible.filter(id__in=ids)
+    if skip_locked:
+        rows = rows.select_for_update(skip_locked=True)
+    return list(rows.order_by("id"))
 
 
 def _delete_rows(database: str, ids: Sequence[int]) -> None:

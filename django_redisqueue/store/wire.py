@@ -151,17 +151,43 @@ class MissingJob(LookupError):
 
 def enqueue_batches(jobs: Sequence[NewJob], *, linked: bool = False) -> Iterator[list[Any]]:
     """The enqueue script's arguments for ``jobs`` (``linked``: enqueue_linked's),
-    cut into batches."""
-    args: list[Any] = []
-    count = size = 0
-    for job in jobs:
-        if args and (count >= ENQUEUE_BATCH_JOBS or size >= ENQUEUE_BATCH_BYTES):
-            yield args
-            args, count, size = [], 0, 0
-        args += job.as_linked_args() if linked else job.as_args()
-        count += 1
-        size += len(job.payload)
-    yield args
+    cut into batches of ENQUEUE_BATCH_JOBS jobs or ENQUEUE_BATCH_BYTES of payloads (the
+    last job may pass it). A linked batch is cut earlier where it must to keep each job
+    in the call of the job it runs after: each call is atomic, so the two are stored
+    together or not at all, however the calls are cut short (a chain longer than a
+    call is cut where it must)."""
+    if not jobs:
+        yield []  # a call all the same: a group without members is made and sealed
+        return
+    safe = _safe_cuts(jobs) if linked else None
+    start = 0
+    while start < len(jobs):
+        end, size = start, 0
+        while end < len(jobs) and (
+            end == start or (end - start < ENQUEUE_BATCH_JOBS and size < ENQUEUE_BATCH_BYTES)
+        ):
+            size += len(jobs[end].payload)
+            end += 1
+        if safe is not None and end < len(jobs):
+            end = next((cut for cut in range(end, start, -1) if safe[cut]), end)
+        yield [
+            arg
+            for job in jobs[start:end]
+            for arg in (job.as_linked_args() if linked else job.as_args())
+        ]
+        start = end
+
+
+def _safe_cuts(jobs: Sequence[NewJob]) -> list[bool]:
+    """For each place ``i``, whether cutting before ``jobs[i]`` parts no job from the
+    one it runs after (none from i on waits for one before i)."""
+    position = {job.job_id: i for i, job in enumerate(jobs)}
+    safe = [True] * (len(jobs) + 1)
+    lowest = len(jobs)  # the lowest place waited for from place i on
+    for i in range(len(jobs) - 1, -1, -1):
+        lowest = min(lowest, position.get(jobs[i].after, lowest))
+        safe[i] = lowest >= i
+    return safe
 
 
 def enqueue_reply(reply: Any) -> int | str | None:
