@@ -396,8 +396,11 @@ def test_an_idle_system_survives_the_error(injection, server, admin, system, rep
 
 @pytest.mark.parametrize("injection", INJECTIONS, ids=str)
 def test_a_busy_system_survives_the_error(injection, server, admin, system, report):
-    system.enqueue_busy_load()
+    # Every process up first: a worker that started later than a long job lasts would
+    # find both long jobs run by the other, one after the other, never side by side.
     system.start()
+    wait_until(lambda: waiting_for_work(admin) >= WORKERS + 1, 60, "every process to idle")
+    system.enqueue_busy_load()
     wait_until(
         lambda: all(
             status(system.jobs[LONG + k]) == TaskResultStatus.RUNNING for k in range(WORKERS)
