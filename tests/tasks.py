@@ -598,5 +598,5 @@ def raises_unprintable():
     raise Unprintable
 
 
-# The event loop's tests' tasks: registered as these are, by autodiscovery of this module.
-from tests import async_tasks  # noqa: E402, F401
+# The tasks of the tests of many jobs at once: registered by autodiscovery of this module.
+from tests import slot_tasks  # noqa: E402, F401

@@ -12,7 +12,7 @@ import pytest
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.runtime import event_loop
 from django_redisqueue.runtime.slots import SlotWorker
-from tests import async_tasks, tasks
+from tests import slot_tasks, tasks
 from tests.conftest import run_worker_here, wait_until
 from tests.test_slots import log, run_slots_here
 
@@ -24,11 +24,10 @@ def run_here(backend, threads, **options):
     return run_slots_here(backend, threads=threads, **options)
 
 
-def test_async_tasks_of_one_process_run_at_once_on_its_one_loop(r, backend):
+def test_slot_tasks_of_one_process_run_at_once_on_its_one_loop(r, backend):
     names = ["a", "b", "c", "d"]
     jobs = [
-        async_tasks.meets_on_the_loop.enqueue(me, [n for n in names if n != me], 20)
-        for me in names
+        slot_tasks.meets_on_the_loop.enqueue(me, [n for n in names if n != me], 20) for me in names
     ]
     run_slots_here(backend, threads=4)
     assert [job.wait(timeout=5) for job in jobs] == [True] * 4  # all four at once
@@ -38,7 +37,7 @@ def test_async_tasks_of_one_process_run_at_once_on_its_one_loop(r, backend):
 
 @pytest.mark.parametrize("threads", [1, 2], ids=["main thread", "slots"])
 def test_a_time_limit_cancels_an_async_task_on_the_loop_and_spares_the_others(r, backend, threads):
-    slow = async_tasks.awaits_past_its_timeout.enqueue(30)  # timeout=0.5
+    slow = slot_tasks.awaits_past_its_timeout.enqueue(30)  # timeout=0.5
     quick = [tasks.meaning_of_life_async.enqueue() for _ in range(3)]
     run_here(backend, threads)
     stored = backend.get_result(slow.id)
@@ -51,7 +50,7 @@ def test_a_time_limit_cancels_an_async_task_on_the_loop_and_spares_the_others(r,
 
 def test_a_lost_lease_cancels_its_async_job_and_no_other(r):
     backend = task_backends["leased"]  # 1 s leases: a heartbeat every 1/3 s
-    leased = async_tasks.awaits_until_released.using(backend="leased")
+    leased = slot_tasks.awaits_until_released.using(backend="leased")
     lost, kept = leased.enqueue("lost", 30), leased.enqueue("kept", 30)
     worker = SlotWorker(backend, threads=2, burst=True)
 
@@ -59,7 +58,7 @@ def test_a_lost_lease_cancels_its_async_job_and_no_other(r):
         wait_until(lambda: {"started:lost", "started:kept"} <= set(log(r)), 30, "both starts")
         r.hset(backend.keys.job(lost.id), "owner", "another-worker/2")
         wait_until(lambda: "cancelled:lost" in log(r), 30, "the cancellation")
-        r.rpush(async_tasks.RELEASE, 1)
+        r.rpush(slot_tasks.RELEASE, 1)
 
     thief = threading.Thread(target=steal_one_lease)
     thief.start()
@@ -72,10 +71,10 @@ def test_a_lost_lease_cancels_its_async_job_and_no_other(r):
 
 
 @pytest.mark.parametrize("threads", [1, 2], ids=["main thread", "slots"])
-def test_an_async_tasks_orm_calls_run_on_the_thread_that_waits_for_it(r, backend, threads):
+def test_an_slot_tasks_orm_calls_run_on_the_thread_that_waits_for_it(r, backend, threads):
     """There its database connections are the job's own, closed or kept around it as
     a sync task's are; not the one thread every async task would share."""
-    jobs = [async_tasks.thread_of_its_sync_calls.enqueue() for _ in range(2)]
+    jobs = [slot_tasks.thread_of_its_sync_calls.enqueue() for _ in range(2)]
     run_here(backend, threads)
     ran_on = {job.wait(timeout=5) for job in jobs}
     if threads == 1:
@@ -84,16 +83,16 @@ def test_an_async_tasks_orm_calls_run_on_the_thread_that_waits_for_it(r, backend
         assert all(name.startswith("redisqueue-slot") for name in ran_on), ran_on
 
 
-def test_before_asgiref_3_13_an_async_tasks_orm_calls_have_a_thread_of_their_own(r, backend):
+def test_before_asgiref_3_13_an_slot_tasks_orm_calls_have_a_thread_of_their_own(r, backend):
     with patch.object(event_loop, "_CONTEXT_TAKES_EXECUTOR", False):
-        jobs = [async_tasks.thread_of_its_sync_calls.enqueue() for _ in range(2)]
+        jobs = [slot_tasks.thread_of_its_sync_calls.enqueue() for _ in range(2)]
         run_slots_here(backend, threads=2)
     ran_on = {job.wait(timeout=5) for job in jobs}
     assert len(ran_on) == 2 and not any(n.startswith("redisqueue-") for n in ran_on), ran_on
 
 
 def test_a_second_sigterm_cancels_the_async_jobs_and_gives_them_back(r, backend, procs):
-    held = [async_tasks.awaits_until_released.enqueue(label, 60) for label in ("a", "b")]
+    held = [slot_tasks.awaits_until_released.enqueue(label, 60) for label in ("a", "b")]
     worker = procs.start("runworker", "--threads", "2")
     wait_until(lambda: {"started:a", "started:b"} <= set(log(r)), 30, "both starts")
     os.kill(worker.pid, signal.SIGTERM)

@@ -9,7 +9,7 @@ from unittest.mock import patch
 
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.runtime.slots import SlotWorker
-from tests import tasks
+from tests import slot_tasks, tasks
 from tests.conftest import wait_until
 
 
@@ -95,3 +95,22 @@ def test_async_tasks_run_in_the_threads_too(r, backend):
     jobs = [tasks.meaning_of_life_async.enqueue() for _ in range(4)]
     run_slots_here(backend)
     assert [job.wait(timeout=5) for job in jobs] == [42] * 4
+
+
+def test_a_job_whose_thread_never_lets_go_is_given_up_and_the_process_recycled(r, backend, procs):
+    """A thread blocked in a C call takes no exception: past its time limit and a grace,
+    its job ends FAILED (not renewed for ever), the other job in hand ends as it would,
+    and the process exits without waiting for the stuck thread."""
+    stuck = slot_tasks.blocks_in_c.enqueue()  # timeout=0.5
+    other = tasks.steps_until_released.enqueue("other", 60)
+    worker = procs.start("runworker", "--threads", "2")
+    wait_until(lambda: {"blocked", "started:other"} <= set(log(r)), 30, "both starts")
+    procs.expect(worker, "its thread has not let go")
+    stored = backend.get_result(stuck.id)
+    assert stored.status == TaskResultStatus.FAILED
+    assert "ran past its timeout of 0.5 s" in stored.errors[0].traceback
+    assert worker.poll() is None  # the other job is still in hand
+    r.rpush("test:release", 1)
+    assert other.wait(timeout=30) is True
+    wait_until(lambda: worker.poll() is not None, 30, "the worker's exit")
+    assert worker.returncode == 0

@@ -35,7 +35,7 @@ from django_redisqueue.core.jobs import (
 )
 from django_redisqueue.core.registry import registry
 from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
-from django_redisqueue.exceptions import InvalidPayload, WorkerShutdown
+from django_redisqueue.exceptions import InvalidPayload, LeaseLost, WorkerShutdown
 from django_redisqueue.observe.events import JobEvent
 from django_redisqueue.observe.logformat import job_fields, log_end, start_fields, worker_signals
 from django_redisqueue.observe.metrics import JobMetrics
@@ -192,6 +192,18 @@ def unreadable(
     logger.error("Job %s FAILED: %s", claimed.job_id, exc, extra=job_fields(event))
     error = to_json(error_info(exc))
     return Finished(Outcome(claimed.job_id, claimed.owner, FAILED, error=error), event=event)
+
+
+def given_up(claimed: Claimed, reason: BaseException | None) -> Outcome | None:
+    """The outcome of a job whose thread did not let go of its stop (stuck in a C
+    call): FAILED with the stop's error (a time limit's), RELEASE (a second SIGTERM's:
+    it runs again, uncounted), or None (a lost lease: the job is another's now)."""
+    if isinstance(reason, WorkerShutdown):
+        return Outcome(claimed.job_id, claimed.owner, RELEASE)
+    if reason is None or isinstance(reason, LeaseLost):
+        return None
+    error = to_json(error_info(reason))
+    return Outcome(claimed.job_id, claimed.owner, FAILED, error=error)
 
 
 def run(

@@ -36,6 +36,8 @@ class Beating(Protocol):
 
     def lease_lost(self, job: Claimed) -> None: ...
 
+    def give_up_stuck(self) -> None: ...
+
     def send_metrics(self) -> None: ...
 
 
@@ -55,6 +57,7 @@ class Heartbeat(threading.Thread):
         delay = self.interval
         failures = 0
         while not self.stopped.wait(delay):
+            self.worker.give_up_stuck()  # before in_hand: their leases are not renewed
             jobs = self.worker.in_hand()
             owned = {job.job_id: job.owner for job, _ in jobs}
             # The running attempts' trace records: a recovery's attempt links to them.

@@ -190,8 +190,9 @@ def run_workers(
     """Run one worker in this process, or a Pool of them when there are several;
     return 0 if all went well.
 
-    A single worker that stops to be recycled (max jobs or memory) exits 0: whatever
-    runs it (systemd, Kubernetes) starts a new one. With ``watcher`` (``--reload``) a
+    A single worker that stops to be recycled (max jobs or memory, or a stuck thread
+    given up, which it does not wait for) exits 0: whatever runs it (systemd,
+    Kubernetes) starts a new one. With ``watcher`` (``--reload``) a
     file change stops the worker, or the whole pool, and the process exits for the
     reloading parent to start it again; Ctrl-C reaches it as SIGTERM from that parent.
     """
@@ -203,6 +204,9 @@ def run_workers(
             watcher.attach(worker.stop, give_back_running_job)
         worker.run()
         code = 0
+        if worker.stuck:  # a thread that never returns: exit without waiting for it
+            logging.shutdown()
+            os._exit(code)
     else:
         pool = Pool(makers, restart=restart, stop_signals=stop_signals)
         if watcher is not None:

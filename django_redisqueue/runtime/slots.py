@@ -13,6 +13,7 @@ token, in its own thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,7 @@ from typing import Any, Generic, TypeVar, cast
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.core import tracing
 from django_redisqueue.runtime import WORKER_LOGGER
-from django_redisqueue.runtime.attempts import Finished
+from django_redisqueue.runtime.attempts import Finished, given_up
 from django_redisqueue.runtime.memory import past_limit
 from django_redisqueue.runtime.stopping import StopToken
 from django_redisqueue.runtime.worker import WAIT_TIMEOUT, Worker
@@ -31,6 +32,9 @@ from django_redisqueue.store.wire import Claimed
 
 logger = logging.getLogger(WORKER_LOGGER)
 T = TypeVar("T")
+# Seconds a stopped job's thread has to let go (its exception taken, its finally blocks
+# run) before the job is given up as stuck.
+GIVE_UP_AFTER = 5.0
 
 
 class _Slot:
@@ -89,7 +93,40 @@ class SlotWorker(Worker):
     def in_hand(self) -> list[tuple[Claimed, str]]:
         with self._changed:
             slots = list(self._running.values())
-        return [(slot.current, slot.attempt.record) for slot in slots if slot.current]
+        return [
+            (slot.current, slot.attempt.record)
+            for slot in slots
+            if slot.current and slot.current.job_id not in self.stuck
+        ]
+
+    def give_up_stuck(self) -> None:
+        """A job stopped GIVE_UP_AFTER seconds ago whose thread runs on (inside a C call
+        that never returns to Python) is given up: its outcome stored as the stop says
+        (FAILED for a time limit, given back for a second SIGTERM, nothing for a lost
+        lease), its lease no longer renewed, and the process recycled once its other
+        jobs are done, the thread left behind (the process exits without waiting for
+        it). If the call ever returns, its outcome is refused: the job ended."""
+        with self._changed:
+            slots = list(self._running.values())
+        for slot in slots:
+            job, token = slot.current, slot.token
+            if job is None or token is None or job.job_id in self.stuck:
+                continue
+            if not token.not_let_go(GIVE_UP_AFTER):
+                continue
+            self.stuck.add(job.job_id)
+            logger.error(
+                "Job %s: stopped (%s) %.0f s ago, its thread has not let go (blocked in a "
+                "call outside Python); given up, and this worker process exits once its "
+                "other jobs are done",
+                job.job_id,
+                type(token.reason).__name__,
+                GIVE_UP_AFTER,
+            )
+            outcome = given_up(job, token.reason)
+            if outcome is not None:
+                with contextlib.suppress(*REDIS_ERRORS):  # else the lease runs out
+                    self.backend.broker.finish(outcome)
 
     def lease_lost(self, job: Claimed) -> None:
         with self._changed:
@@ -103,7 +140,8 @@ class SlotWorker(Worker):
     # The loop: claim while a slot is free; the slots run the jobs and store them.
 
     def _loop(self, backoff: Reconnector) -> None:
-        with ThreadPoolExecutor(self.threads, thread_name_prefix="redisqueue-slot") as pool:
+        pool = ThreadPoolExecutor(self.threads, thread_name_prefix="redisqueue-slot")
+        try:
             while not self._should_stop():
                 if not self._free.acquire(timeout=WAIT_TIMEOUT):
                     continue  # every slot busy: look at the stop flags again
@@ -117,7 +155,12 @@ class SlotWorker(Worker):
                 with self._changed:
                     self._running[job.job_id] = slot
                 pool.submit(self._run_in_slot, job, slot)
-            # Leaving the block waits for the jobs in hand: each stores its outcome.
+        finally:
+            # The jobs in hand end first, each storing its outcome; not a stuck one.
+            with self._changed:
+                while set(self._running) - self.stuck:
+                    self._changed.wait(WAIT_TIMEOUT)
+            pool.shutdown(wait=not self.stuck)
 
     def _claim(self, backoff: Reconnector) -> Claimed | None:
         """One claim for a free slot (no outcome: the slots store theirs), or what the

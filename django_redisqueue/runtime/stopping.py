@@ -33,6 +33,7 @@ class StopToken:
         self.reason: BaseException | None = None
         self.thread: int | None = None  # the running task's thread
         self.cancel: Callable[[], object] | None = None  # see ``cancelling``
+        self.stopped_at: float | None = None  # time.monotonic() of the stop
 
     @contextmanager
     def running(self) -> Iterator[None]:
@@ -63,11 +64,20 @@ class StopToken:
     def is_running(self) -> bool:
         return self.thread is not None
 
+    def not_let_go(self, seconds: float) -> bool:
+        """Whether the task was stopped ``seconds`` ago or more and runs still: its
+        thread is in a call that does not return to Python (a C call), where nothing
+        raised in it can take effect."""
+        stopped_at = self.stopped_at
+        return (
+            self.is_running and stopped_at is not None and time.monotonic() - stopped_at >= seconds
+        )
+
     def stop(self, reason: BaseException) -> bool:
         """Stop the task with ``reason``; False if it was stopped already."""
         if self.reason is not None:
             return False
-        self.reason = reason
+        self.reason, self.stopped_at = reason, time.monotonic()
         thread, cancel = self.thread, self.cancel
         if thread == threading.get_ident():
             raise reason

@@ -109,6 +109,9 @@ class Worker:
         self.max_jobs = max_jobs
         self.max_memory = max_memory  # MB of RSS, checked after each job
         self.over_memory = False
+        # Jobs whose threads did not let go of a stop (blocked in C): given up, and the
+        # process recycled once its other jobs are done (SlotWorker).
+        self.stuck: set[str] = set()
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self.started_at = int(time.time() * 1000)
         self.jobs_done = 0
@@ -349,8 +352,11 @@ class Worker:
     @property
     def recycled(self) -> bool:
         """True once the worker stops to be replaced by a fresh process: it has run
-        ``max_jobs`` jobs or grown past ``max_memory``."""
-        return self.over_memory or (self.max_jobs is not None and self.jobs_done >= self.max_jobs)
+        ``max_jobs`` jobs, grown past ``max_memory``, or given up a job whose thread is
+        stuck."""
+        if self.over_memory or self.stuck:
+            return True
+        return self.max_jobs is not None and self.jobs_done >= self.max_jobs
 
     def _refresh_queues(self) -> None:
         """With QUEUES empty and no queue named: serve every queue jobs were enqueued
@@ -503,6 +509,11 @@ class Worker:
         """Called by the heartbeat: Redis says ``job`` is no longer ours (its lease ran
         out and it was recovered). Stop it: its outcome would be refused anyway."""
         self._stop_lost(job, self.token if self.current is job else None)
+
+    def give_up_stuck(self) -> None:
+        """Called by the heartbeat: give up the jobs whose threads have not let go of a
+        stop. A one-slot worker runs its task on the main thread, where the stop's
+        signal interrupts a blocking call: it has none to give up."""
 
     def _stop_lost(self, job: Claimed, token: StopToken | None) -> None:
         if token is not None and token.stop(LeaseLost(f"the lease of job {job.job_id} was lost")):

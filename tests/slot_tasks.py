@@ -1,5 +1,5 @@
-"""``async def`` tasks of the tests of the worker's event loop (test_async_tasks.py):
-what they record goes to tests.tasks.LOG."""
+"""Tasks of the tests of many jobs at once (test_async_tasks.py, test_slots.py): what
+they record goes to tests.tasks.LOG."""
 
 import asyncio
 import threading
@@ -69,3 +69,10 @@ async def awaits_until_released(label: str, seconds: float) -> bool:
 async def thread_of_its_sync_calls() -> str:
     """The name of the thread its thread-sensitive calls (the ORM's) run on."""
     return await sync_to_async(lambda: threading.current_thread().name)()
+
+
+@task(timeout=0.5)
+def blocks_in_c() -> None:
+    """Wait on a lock nobody releases: a C call no exception raised in its thread ends."""
+    client().rpush(LOG, "blocked")
+    threading.Event().wait()
