@@ -2,6 +2,7 @@
 atomic, so a linked batch is cut only where no job is parted from the one it runs
 after, unless a chain is longer than a call; the jobs stay in order, none lost."""
 
+import itertools
 from unittest import mock
 
 import pytest
@@ -9,9 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from django_redisqueue.store import wire
-from django_redisqueue.store.wire import NewJob, enqueue_batches
-
-pytestmark = pytest.mark.pure
+from django_redisqueue.store.wire import NewJob, chains_together, enqueue_batches
 
 # Each job: the size of its payload, and which earlier job it runs after (a place back
 # from it, 0 for none).
@@ -31,6 +30,7 @@ def ids_of(batch, linked):
     return batch[::width]
 
 
+@pytest.mark.pure
 @given(specs=JOBS, most_jobs=st.integers(1, 6), most_bytes=st.integers(1, 100))
 def test_a_linked_batch_keeps_each_job_with_the_one_it_runs_after(specs, most_jobs, most_bytes):
     jobs = make(specs)
@@ -56,6 +56,7 @@ def test_a_linked_batch_keeps_each_job_with_the_one_it_runs_after(specs, most_jo
         start = end
 
 
+@pytest.mark.pure
 def test_a_chain_is_kept_in_one_call_and_the_others_fill_around_it():
     jobs = make([(1, 0), (1, 0), (1, 1), (1, 0)])  # x, a, b after a, y
     with mock.patch.object(wire, "ENQUEUE_BATCH_JOBS", 2):
@@ -65,5 +66,49 @@ def test_a_chain_is_kept_in_one_call_and_the_others_fill_around_it():
     assert plain == [["j0", "j1"], ["j2", "j3"]]  # nothing to keep together
 
 
+@pytest.mark.pure
 def test_no_jobs_is_one_call_all_the_same():
     assert list(enqueue_batches([], linked=True)) == [[]]
+
+
+@pytest.mark.pure
+@given(specs=JOBS)
+def test_chains_are_put_in_one_piece_in_the_order_of_their_first_jobs(specs):
+    jobs = make(specs)
+    order = chains_together(jobs)
+    assert sorted(order) == list(range(len(jobs)))
+    chain = {}  # a job's chain: the first job it is linked to, among these
+    for job in jobs:
+        chain[job.job_id] = chain.get(job.after, job.job_id)
+    chains = [chain[jobs[i].job_id] for i in order]
+    # One piece each, in the order of their first jobs, each job after its own.
+    pieces = [c for n, c in enumerate(chains) if n == 0 or chains[n - 1] != c]
+    assert len(pieces) == len(set(chains))
+    assert pieces == sorted(pieces, key=lambda c: int(c[1:]))
+    assert all(
+        a < b
+        for a, b in itertools.pairwise(order)
+        if chain[jobs[a].job_id] == chain[jobs[b].job_id]
+    )
+
+
+def test_interleaved_chains_are_stored_a_chain_per_call(r, backend):
+    """Three jobs, then the three that run after them: a call of three holds one
+    chain whole, and each job's enqueue time is returned in its own place."""
+    heads = [NewJob(f"h{n}", "default", 0, "{}") for n in range(3)]
+    tails = [NewJob(f"t{n}", "default", 0, "{}", 0, f"h{n}") for n in range(3)]
+    broker, sent = backend.broker, []
+    run_many = broker._run_many
+
+    def record(calls):
+        sent.extend([args[6::7] for _, args in calls])
+        return run_many(calls)
+
+    with (
+        mock.patch.object(wire, "ENQUEUE_BATCH_JOBS", 2),
+        mock.patch.object(broker, "_run_many", record),
+    ):
+        enqueued = broker.enqueue_linked([*heads, *tails])
+    assert sent == [["h0", "t0"], ["h1", "t1"], ["h2", "t2"]]
+    assert all(at is not None for at in enqueued)
+    assert r.zrange(broker.keys.queue("default"), 0, -1) == ["h0", "h1", "h2"]

@@ -32,6 +32,7 @@ from django_redisqueue.store.wire import (
     PeriodicReply,
     Received,
     Tick,
+    chains_together,
     claimed_from_reply,
     enqueue_batches,
     enqueue_reply,
@@ -398,7 +399,10 @@ class Broker(Gateway):
         outside = sorted(
             {job.after for job in jobs if job.after not in ("", AFTER_GROUP)} - position.keys()
         )
-        batches = list(enqueue_batches(jobs, linked=True))
+        # A chain in one piece, so that a call holds it whole; a group's members in
+        # their order, which is its results'.
+        order = list(range(len(jobs))) if group_id else chains_together(jobs)
+        batches = list(enqueue_batches([jobs[i] for i in order], linked=True))
         calls = [
             (
                 "enqueue_linked",
@@ -419,11 +423,13 @@ class Broker(Gateway):
             replies = [self._run("enqueue_linked", *calls[0][1])]
         else:
             replies = self._run_many(calls)
-        enqueued: list[int | None] = []
+        enqueued: list[int | None] = [None] * len(jobs)
+        places = iter(order)
         for missing, reply in replies:
             if int(missing):
                 raise MissingJob(text(reply) or "")
-            enqueued += [int(at) or None for at in reply]
+            for at in reply:
+                enqueued[next(places)] = int(at) or None
         return enqueued
 
     def wait_group(self, group_id: str, timeout: float) -> bool:

@@ -178,6 +178,29 @@ def enqueue_batches(jobs: Sequence[NewJob], *, linked: bool = False) -> Iterator
         start = end
 
 
+def chains_together(jobs: Sequence[NewJob]) -> list[int]:
+    """The places of ``jobs`` reordered so that each chain (jobs linked by what they
+    run after, among these) is in one piece: chains in the order of their first job,
+    each job's place among its chain's kept. Only a chain's first job can be ready
+    at the enqueue (the others wait), so no ready job passes another."""
+    place = {job.job_id: i for i, job in enumerate(jobs)}
+    head = list(range(len(jobs)))  # each job's chain, named by its first job's place
+
+    def root(i: int) -> int:
+        while head[i] != i:
+            head[i] = head[head[i]]
+            i = head[i]
+        return i
+
+    for i, job in enumerate(jobs):
+        if job.after in place:
+            head[i] = root(place[job.after])
+    chains: dict[int, list[int]] = {}
+    for i in range(len(jobs)):
+        chains.setdefault(root(i), []).append(i)
+    return [i for chain in chains.values() for i in chain]
+
+
 def _safe_cuts(jobs: Sequence[NewJob]) -> list[bool]:
     """For each place ``i``, whether cutting before ``jobs[i]`` parts no job from the
     one it runs after (none from i on waits for one before i)."""
