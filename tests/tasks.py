@@ -596,3 +596,7 @@ class Unprintable(Exception):
 @task
 def raises_unprintable():
     raise Unprintable
+
+
+# The tests of ``runworker --threads`` have tasks of their own, registered with these.
+from tests import slot_tasks  # noqa: E402, F401

@@ -1,0 +1,140 @@
+"""Tasks of the tests of ``runworker --threads`` (tests/test_slots_*.py): each leaves in
+Redis which process and thread ran it, and what it overlapped. Registered by
+tests/tasks.py, which imports this module."""
+
+import asyncio
+import json
+import os
+import threading
+import time
+
+from django.db import connections
+
+from django_redisqueue import task
+from tests.tasks import client
+
+SLOT_RUNS = "test:slots:runs"  # "start|end <number> <pid> <attempt>", in order
+
+# Count a job in under a key, keeping the most seen at once, in one atomic step:
+# KEYS[1] the running count, KEYS[2] the most.
+_ENTER = """
+local now = redis.call('INCR', KEYS[1])
+if now > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], now) end
+return now
+"""
+
+
+def overlap_key(name: str) -> tuple[str, str]:
+    """The running count and the most seen at once of the jobs counted under ``name``."""
+    return f"test:overlap:{name}:running", f"test:overlap:{name}:most"
+
+
+def _counted(name: str, hold: float) -> None:
+    """Count this job in under ``name`` while it holds for ``hold`` s."""
+    running, most = overlap_key(name)
+    r = client()
+    r.eval(_ENTER, 2, running, most)
+    try:
+        time.sleep(hold)
+    finally:
+        r.decr(running)
+
+
+@task(takes_context=True)
+def slot_run(context, number, ms):
+    """A kill chaos job: say it started (its number, its worker's pid, its attempt),
+    run ``ms`` ms, say it ended."""
+    r, run = client(), f"{number} {os.getpid()} {context.attempt}"
+    r.rpush(SLOT_RUNS, f"start {run}")
+    time.sleep(ms / 1000)
+    r.rpush(SLOT_RUNS, f"end {run}")
+
+
+@task(concurrency_limit=1)
+def one_at_a_time(label, hold):
+    """Limited to one at a time: counted under its task's name while it runs."""
+    _counted("one_at_a_time", hold)
+    client().rpush("test:slots:done", label)
+    return label
+
+
+@task(concurrency_limit=2, limit_key="two-at-a-time")
+def two_at_a_time(label, hold):
+    """Two at a time, by a limit key of its own."""
+    _counted("two-at-a-time", hold)
+    client().rpush("test:slots:done", label)
+    return label
+
+
+@task(unique=True)
+def unique_counted(key, hold):
+    """Unique by ``key``: counted under it while it runs."""
+    _counted(f"unique:{key}", hold)
+    client().rpush(f"test:slots:unique:{key}", 1)
+    return key
+
+
+@task(takes_context=True, retries=2, retry_backoff=0.05, retry_jitter=False)
+def fails_twice_counted(context, label, hold):
+    """Record each attempt, fail the first two; hold ``hold`` s, counted as a free job."""
+    client().rpush(f"test:slots:attempts:{label}", context.attempt)
+    _counted("free", hold)
+    if context.attempt < 3:
+        raise ConnectionError(f"attempt {context.attempt} fails")
+    return context.attempt
+
+
+@task
+def thread_name() -> str:
+    """The name of the thread that ran it."""
+    return threading.current_thread().name
+
+
+@task
+async def rendezvous_async(me, peer, timeout):
+    """tests.tasks.rendezvous as a coroutine, which waits on the loop, not in Redis."""
+    r = client()
+    r.rpush(f"test:arrived:{me}", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if r.lpop(f"test:arrived:{peer}") is not None:
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+# The database's tests (tests/test_slots_db.py): jobs on the "postgresql" alias that
+# say which server process (backend pid) served them, from which thread, and how many
+# connections the test database had open meanwhile.
+
+PG_JOBS = "test:pg:jobs"
+_USERS = "test:pg:users:"  # a set per backend pid: the threads using it now
+_COUNT_OPEN = (
+    "SELECT pg_backend_pid(), count(*) FROM pg_stat_activity WHERE datname = current_database()"
+)
+
+
+@task
+def pg_job(label, meet, timeout):
+    """Query PostgreSQL from this job's thread; with ``meet``, first wait until that
+    many jobs hold a connection at once. Record the backend pid, the thread, the open
+    connections seen, and how many threads used the pid at once."""
+    r, connection, thread = client(), connections["postgresql"], threading.get_ident()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+        users = r.eval("redis.call('SADD', KEYS[1], ARGV[1]) return redis.call('SCARD', KEYS[1])",
+                       1, f"{_USERS}{pid}", thread)  # fmt: skip
+        if meet:  # a barrier: the last to arrive lets every one go
+            if r.incr("test:pg:arrived") == meet:
+                r.rpush("test:pg:go", *[1] * meet)
+            r.blpop("test:pg:go", timeout)
+        cursor.execute(_COUNT_OPEN)
+        same_pid, open_connections = cursor.fetchone()
+        r.srem(f"{_USERS}{pid}", thread)
+    entry = {
+        "label": label, "pid": pid, "same_pid": same_pid == pid, "thread": thread,
+        "open": open_connections, "users": users,
+        "sharing": connection.allow_thread_sharing,
+    }  # fmt: skip
+    r.rpush(PG_JOBS, json.dumps(entry))
