@@ -109,17 +109,20 @@ async def rendezvous_async(me, peer, timeout):
 
 PG_JOBS = "test:pg:jobs"
 _USERS = "test:pg:users:"  # a set per backend pid: the threads using it now
-_COUNT_OPEN = (
-    "SELECT pg_backend_pid(), count(*) FROM pg_stat_activity WHERE datname = current_database()"
+COUNT_OPEN = (
+    "SELECT pg_backend_pid(), count(*) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND backend_type = 'client backend'"
 )
 
 
 @task
 def pg_job(label, meet, timeout):
     """Query PostgreSQL from this job's thread; with ``meet``, first wait until that
-    many jobs hold a connection at once. Record the backend pid, the thread, the open
-    connections seen, and how many threads used the pid at once."""
+    many jobs hold a connection at once. Record the backend pid, the thread, whether
+    the thread had no connection open as the job began, the open connections seen, and
+    how many threads used the pid at once."""
     r, connection, thread = client(), connections["postgresql"], threading.get_ident()
+    fresh = connection.connection is None
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         (pid,) = cursor.fetchone()
@@ -129,12 +132,12 @@ def pg_job(label, meet, timeout):
             if r.incr("test:pg:arrived") == meet:
                 r.rpush("test:pg:go", *[1] * meet)
             r.blpop("test:pg:go", timeout)
-        cursor.execute(_COUNT_OPEN)
+        cursor.execute(COUNT_OPEN)
         same_pid, open_connections = cursor.fetchone()
         r.srem(f"{_USERS}{pid}", thread)
     entry = {
         "label": label, "pid": pid, "same_pid": same_pid == pid, "thread": thread,
-        "open": open_connections, "users": users,
+        "fresh": fresh, "open": open_connections, "users": users,
         "sharing": connection.allow_thread_sharing,
     }  # fmt: skip
     r.rpush(PG_JOBS, json.dumps(entry))
