@@ -41,7 +41,10 @@ T = TypeVar("T")
 class _Slot:
     """What a thread of the worker is running: its job, its stop token, its trace."""
 
-    def __init__(self) -> None:
+    def __init__(self, job: Claimed | None = None) -> None:
+        # The worker's from its claim until its outcome is stored: its lease renewed,
+        # never given back after a lost reply. ``current`` only while it runs.
+        self.job = job
         self.current: Claimed | None = None
         self.token: StopToken | None = None
         self.attempt: tracing.Attempt | tracing.NotTraced = tracing.NOT_TRACED
@@ -96,7 +99,7 @@ class SlotWorker(Worker):
     def in_hand(self) -> list[tuple[Claimed, str]]:
         with self._changed:
             slots = list(self._running.values())
-        return [(slot.current, slot.attempt.record) for slot in slots if slot.current]
+        return [(slot.job, slot.attempt.record) for slot in slots if slot.job]
 
     def lease_lost(self, job: Claimed) -> None:
         with self._changed:
@@ -120,7 +123,7 @@ class SlotWorker(Worker):
                 if job is None:
                     self._free.release()
                     continue
-                slot = _Slot()
+                slot = _Slot(job)
                 with self._changed:
                     self._running[job.job_id] = slot
                 pool.submit(self._run_in_slot, job, slot)
