@@ -85,12 +85,6 @@ def fails_twice_counted(context, label, hold):
 
 
 @task
-def thread_name() -> str:
-    """The name of the thread that ran it."""
-    return threading.current_thread().name
-
-
-@task
 async def rendezvous_async(me, peer, timeout):
     """tests.tasks.rendezvous as a coroutine, which waits on the loop, not in Redis."""
     r = client()
@@ -101,6 +95,17 @@ async def rendezvous_async(me, peer, timeout):
             return True
         await asyncio.sleep(0.01)
     return False
+
+
+@task(timeout=0.5)
+async def overruns_async(seconds):
+    """An ``async def`` task that waits past its timeout on its event loop, and says
+    when it is cancelled there."""
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        client().rpush("test:slots:cancelled", 1)
+        raise
 
 
 # The database's tests (tests/test_slots_db.py): jobs on the "postgresql" alias that

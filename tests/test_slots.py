@@ -7,12 +7,13 @@ import signal
 import threading
 from unittest.mock import patch
 
+import pytest
 import redis
 
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.runtime.slots import SlotWorker
-from tests import tasks
-from tests.conftest import wait_until
+from tests import slot_tasks, tasks
+from tests.conftest import run_worker_here, wait_until
 
 
 def run_slots_here(backend, threads=2, **options):
@@ -138,3 +139,19 @@ def test_a_lost_reply_gives_back_no_job_whose_outcome_a_slot_is_still_storing(r,
     assert log(r) == ["once"]  # run once
     stored = backend.get_result(job.id)
     assert stored.status == TaskResultStatus.SUCCESSFUL and stored.attempts == 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_async_task_past_its_time_limit_is_cancelled_on_its_loop(r, backend, threads):
+    """On the main thread (one slot) as on a slot's: the coroutine is cancelled where it
+    waits, and has ended when its outcome is stored (it went on in the background, or
+    held its slot to its end)."""
+    job = slot_tasks.overruns_async.enqueue(10)  # timeout=0.5
+    if threads == 1:
+        run_worker_here(backend)
+    else:
+        run_slots_here(backend, threads)
+    stored = backend.get_result(job.id)
+    assert stored.status == TaskResultStatus.FAILED
+    assert "ran past its timeout of 0.5 s" in stored.errors[0].traceback
+    assert r.lrange("test:slots:cancelled", 0, -1) == ["1"]

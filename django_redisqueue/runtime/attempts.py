@@ -40,7 +40,7 @@ from django_redisqueue.observe.events import JobEvent
 from django_redisqueue.observe.logformat import job_fields, log_end, start_fields, worker_signals
 from django_redisqueue.observe.metrics import JobMetrics
 from django_redisqueue.runtime.alarms import time_limit
-from django_redisqueue.runtime.stopping import StopToken
+from django_redisqueue.runtime.stopping import StopToken, call_task
 from django_redisqueue.store.wire import RELEASE, RETRY, Claimed, Outcome
 
 Context = contextlib.AbstractContextManager[None]
@@ -203,7 +203,7 @@ def run(
         with contextlib.ExitStack() as contexts:
             for hook in hooks:
                 contexts.enter_context(hook.around(attempt))
-            value = attempt.task.call(*args, **envelope.kwargs)
+            value = call_task(attempt.task, args, envelope.kwargs, attempt.token)
         encoded = _encoded(value, envelope.task_path, max_bytes)
         outcome = Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result=encoded)
         # As get_result() will return it: the value after a JSON round trip.

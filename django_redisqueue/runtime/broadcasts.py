@@ -14,7 +14,7 @@ from django_redisqueue.core.registry import registry
 from django_redisqueue.exceptions import InvalidPayload, UnknownTask, WorkerShutdown
 from django_redisqueue.runtime import WORKER_LOGGER
 from django_redisqueue.runtime.alarms import time_limit
-from django_redisqueue.runtime.stopping import StopToken
+from django_redisqueue.runtime.stopping import StopToken, call_task
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
 
@@ -46,7 +46,7 @@ def run_broadcast(
             in_task() as token,
             time_limit(getattr(task, "timeout", None), envelope.task_path, token),
         ):
-            task.call(*envelope.args, **envelope.kwargs)
+            call_task(task, envelope.args, envelope.kwargs, token)
     except (Exception, SystemExit, KeyboardInterrupt, WorkerShutdown) as exc:
         logger.error(
             "Broadcast %d %s FAILED: %s: %s",

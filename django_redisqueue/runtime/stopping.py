@@ -1,15 +1,22 @@
 """Stopping a running task from outside its own code: a lost lease, a time limit, a
 second SIGTERM. Each task a worker runs has a ``StopToken``; whoever stops it names the
-exception the task gets, raised in the task's own thread, once."""
+exception the task gets, raised in the task's own thread, once; an ``async def`` task
+(``call_task``) is cancelled on its event loop instead, and gets it there."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from inspect import iscoroutinefunction
+from typing import Any
+
+from asgiref.sync import async_to_sync
 
 # Sent to the task's thread by a stop from another thread (the heartbeat's).
 STOP_SIGNAL = signal.SIGUSR1
@@ -25,12 +32,15 @@ class StopToken:
     from another (the heartbeat's) by STOP_SIGNAL, whose handler (``deliver``) raises it,
     ending a blocking sleep too; on any other thread by ``PyThreadState_SetAsyncExc``,
     which raises ``reason``'s class at the task's next bytecode (a sleep or a call into
-    C ends first; ``reason`` itself is the token's, for the message). A token stopped
-    before its task runs raises as the task begins. The first reason wins."""
+    C ends first; ``reason`` itself is the token's, for the message). An ``async def``
+    task, whose thread only waits for its loop, is cancelled on the loop (``cancel``,
+    set by ``call_task``). A token stopped before its task runs raises as the task
+    begins. The first reason wins."""
 
     def __init__(self) -> None:
         self.reason: BaseException | None = None
         self.thread: int | None = None  # the running task's thread
+        self.cancel: Callable[[], None] | None = None  # while an async task runs
 
     @contextmanager
     def running(self) -> Iterator[None]:
@@ -52,6 +62,9 @@ class StopToken:
         if self.reason is not None:
             return False
         self.reason = reason
+        if (cancel := self.cancel) is not None:
+            cancel()
+            return True
         thread = self.thread
         if thread == threading.get_ident():
             raise reason
@@ -78,3 +91,35 @@ class StopToken:
         """In STOP_SIGNAL's handler: raise the reason, if the task runs on this thread."""
         if self.reason is not None and self.thread == threading.get_ident():
             raise self.reason
+
+
+def call_task(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any], token: StopToken) -> Any:
+    """Call ``task`` as Django's ``Task.call`` does, an ``async def`` one on an event loop
+    of its own (``async_to_sync``), where a stop through ``token`` cancels it: the task
+    ends there, its ``finally`` blocks run, and ``token``'s reason is raised. (Raised in
+    the thread that waits for the loop, it would leave the coroutine running on in the
+    background, or, off the main thread, land only once the coroutine has ended.)"""
+    if not iscoroutinefunction(task.func):
+        return task.call(*args, **kwargs)
+
+    async def cancellable() -> Any:
+        loop, running = asyncio.get_running_loop(), asyncio.current_task()
+        assert running is not None
+
+        def cancel() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: the task ended
+                loop.call_soon_threadsafe(running.cancel)
+
+        token.cancel = cancel
+        try:
+            if token.reason is not None:  # stopped while the loop started
+                raise token.reason
+            return await task.func(*args, **kwargs)
+        except asyncio.CancelledError:
+            if token.reason is None:
+                raise
+            raise token.reason from None
+        finally:
+            token.cancel = None
+
+    return async_to_sync(cancellable)()
