@@ -113,22 +113,24 @@ class SlotWorker(Worker):
     # The loop: claim while a slot is free; the slots run the jobs and store them.
 
     def _loop(self, backoff: Reconnector) -> None:
-        with ThreadPoolExecutor(self.threads, thread_name_prefix="redisqueue-slot") as pool:
-            while not self._should_stop():
-                if not self._free.acquire(timeout=WAIT_TIMEOUT):
-                    continue  # every slot busy: look at the stop flags again
-                # A slot freed as the worker stops (a second SIGTERM gave a job back)
-                # takes nothing: that job would be claimed again at once.
-                job = None if self._should_stop() else self._claim(backoff)
-                if job is None:
-                    self._free.release()
-                    continue
-                slot = _Slot(job)
-                with self._changed:
-                    self._running[job.job_id] = slot
-                pool.submit(self._run_in_slot, job, slot)
-            # Leaving the block waits for the jobs in hand: each stores its outcome.
-        self._close_databases()
+        try:
+            with ThreadPoolExecutor(self.threads, thread_name_prefix="redisqueue-slot") as pool:
+                while not self._should_stop():
+                    if not self._free.acquire(timeout=WAIT_TIMEOUT):
+                        continue  # every slot busy: look at the stop flags again
+                    # A slot freed as the worker stops (a second SIGTERM gave a job back)
+                    # takes nothing: that job would be claimed again at once.
+                    job = None if self._should_stop() else self._claim(backoff)
+                    if job is None:
+                        self._free.release()
+                        continue
+                    slot = _Slot(job)
+                    with self._changed:
+                        self._running[job.job_id] = slot
+                    pool.submit(self._run_in_slot, job, slot)
+                # Leaving the block waits for the jobs in hand: each stores its outcome.
+        finally:
+            self._close_databases()
 
     def _claim(self, backoff: Reconnector) -> Claimed | None:
         """One claim for a free slot (no outcome: the slots store theirs), or what the
