@@ -20,6 +20,7 @@ def client():
 
 
 SLOT_RUNS = "test:slots:runs"  # "start|end <number> <pid> <attempt>", in order
+SLOT_HOLD = "test:slots:hold"  # while it exists, a slot_run that starts holds its slot
 
 # Count a job in under a key, keeping the most seen at once, in one atomic step:
 # KEYS[1] the running count, KEYS[2] the most.
@@ -49,9 +50,12 @@ def _counted(name: str, hold: float) -> None:
 @task(takes_context=True)
 def slot_run(context, number, ms):
     """A kill chaos job: say it started (its number, its worker's pid, its attempt),
-    run ``ms`` ms, say it ended."""
+    hold while SLOT_HOLD exists (for up to a minute), run ``ms`` ms, say it ended."""
     r, run = client(), f"{number} {os.getpid()} {context.attempt}"
     r.rpush(SLOT_RUNS, f"start {run}")
+    deadline = time.monotonic() + 60
+    while r.exists(SLOT_HOLD) and time.monotonic() < deadline:
+        time.sleep(0.01)
     time.sleep(ms / 1000)
     r.rpush(SLOT_RUNS, f"end {run}")
 
