@@ -11,16 +11,13 @@ from django.db import connections
 
 from django_redisqueue.runtime.slots import SlotWorker
 from tests import slot_tasks
-from tests.conftest import not_on_cluster, wait_until
+from tests.conftest import wait_until
 
 THREADS = 32
 # Beside the 32 slots' connections: this test's own.
 A_FEW = 1
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True, databases=["default", "postgresql"]),
-    not_on_cluster,
-]
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgresql"])
 
 
 def open_connections() -> int:
