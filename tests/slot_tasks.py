@@ -118,6 +118,20 @@ async def overruns_async(seconds):
         raise
 
 
+@task
+async def steps_until_released_async(label, timeout):
+    """tests.tasks.steps_until_released as a coroutine: waits on its loop."""
+    r = client()
+    r.rpush(tasks.LOG, f"started:{label}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if r.lpop("test:release") is not None:
+            r.rpush(tasks.LOG, f"done:{label}")
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
 # The database's tests (tests/test_slots_db.py): jobs on the "postgresql" alias that
 # say which server process (backend pid) served them, from which thread, and how many
 # connections the test database had open meanwhile.

@@ -74,7 +74,11 @@ def test_a_lost_lease_stops_its_job_and_no_other(r):
 
 
 def test_a_second_sigterm_gives_back_every_job_in_hand(r, backend, procs):
-    held = [tasks.steps_until_released.enqueue(label, 60) for label in ("a", "b")]
+    """A sync job and an ``async def`` one (cancelled on its loop)."""
+    held = [
+        tasks.steps_until_released.enqueue("a", 60),
+        slot_tasks.steps_until_released_async.enqueue("b", 60),
+    ]
     worker = procs.start("runworker", "--threads", "2")
     wait_until(lambda: {"started:a", "started:b"} <= set(log(r)), 30, "both starts")
     os.kill(worker.pid, signal.SIGTERM)
