@@ -9,6 +9,10 @@ second, whose task records its number and Redis's ``TIME`` at each run. Every
 ``--pick latest``, the latest registered) is SIGKILLed and replaced (logged).
 ``--group N`` instead kills a whole ``runworker --concurrency N`` just after each of its
 workers ran a job (every registration fresh), starts another and enqueues at once.
+``--threads N`` instead runs ``--workers`` ``runworker --threads N`` (LEASE 2 s,
+MAX_RECOVERIES 10) on jobs that each wait ``--job-ms``, and every ``--kill-every`` s
+SIGKILLs one at random, busy or not, mid-jobs, and starts another: a job may run again
+only if a worker died running it ("twice while their worker lived" must be 0).
 Printed: lost (never ran), run twice, the pickup (the task's start minus the job's
 ``enqueued_at``, both Redis's clock) p50/p90/p99/max, the kills, what the scheduler's
 log gave back from hand-offs or recovered after a lease, and the jobs over 2 s.
@@ -16,12 +20,14 @@ log gave back from hand-offs or recovered after a lease, and the jobs over 2 s.
     .venv/bin/python -m bench.chaos                                 # about 30 s
     .venv/bin/python -m bench.chaos --jobs 200 --rate 10 --workers 3 --kill-every 1.0
     .venv/bin/python -m bench.chaos --group 4 --jobs 10
+    .venv/bin/python -m bench.chaos --threads 8 --jobs 1000 --rate 50 --kill-every 2
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import random
 import re
@@ -42,6 +48,10 @@ from django_redisqueue.store.keys import KeySchema
 from tests.servers import RedisServer, wait_for
 
 RUNS = "bench:chaos:runs"  # chaos_job's ledger: "<number> <ms>" per run
+SLOTS = "bench:chaos:slots"  # chaos_slot_job's: "start|end <number> <pid>" per run
+# --threads: leases short enough for the killed workers' jobs to come back soon, and
+# enough recoveries for a job whose workers are killed again and again.
+THREADS_OPTIONS = {"LEASE": 2, "MAX_RECOVERIES": 10}
 SLOW_MS = 2000  # the target's p99: jobs slower than this are listed
 WORKER = ("runworker", "--concurrency", "1")
 Process = subprocess.Popen[bytes]
@@ -55,6 +65,8 @@ class Bench:
         self.log = Path(tempfile.mkdtemp(prefix="bench-chaos-")) / "processes.log"
         self.live: list[Process] = []
         self.killed: set[str] = set()  # worker ids
+        self.threads = 0  # --threads N: the workers run N jobs at once
+        self.killed_pids: set[int] = set()  # --threads: the processes killed
         self.not_idle = 0  # killed workers whose registration had gone by the kill
         self.skipped = 0  # kills that found no worker standing idle
 
@@ -113,7 +125,7 @@ class Bench:
 
 def enqueue_paced(bench: Bench, options: argparse.Namespace, workers: list[Process]) -> list[Any]:
     """Enqueue the jobs at the rate; with ``workers``, kill one every --kill-every s."""
-    from bench.tasks import chaos_job
+    from bench.tasks import chaos_job, chaos_slot_job
 
     results: list[Any] = []
     began = time.monotonic()
@@ -122,12 +134,60 @@ def enqueue_paced(bench: Bench, options: argparse.Namespace, workers: list[Proce
         due = began + number / options.rate
         while (now := time.monotonic()) < due or now >= next_kill:
             if now >= next_kill:
-                kill_idle_worker(bench, options.pick, workers)
+                if options.threads:
+                    kill_busy_worker(bench, options.threads, workers)
+                else:
+                    kill_idle_worker(bench, options.pick, workers)
                 next_kill += options.kill_every
             else:
                 time.sleep(min(due, next_kill) - now)
-        results.append(chaos_job.enqueue(number))
+        if options.threads:
+            results.append(chaos_slot_job.enqueue(number, options.job_ms))
+        else:
+            results.append(chaos_job.enqueue(number))
     return results
+
+
+def kill_busy_worker(bench: Bench, threads: int, workers: list[Process]) -> None:
+    """SIGKILL a ``runworker --threads`` at random, whatever it runs, and start another."""
+    process = random.choice(workers)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    bench.live.remove(process)
+    bench.killed_pids.add(process.pid)
+    with open(bench.log, "a") as out:
+        out.write(f"{datetime.now():%Y-%m-%d %H:%M:%S,%f}"[:-3] + f" SIGKILL {process.pid}\n")
+    workers.remove(process)
+    workers.append(bench.start("runworker", "--threads", str(threads)))
+
+
+def idle_figures(bench: Bench) -> list[tuple[str, str]]:
+    return [
+        ("workers killed (kills skipped: none idle)", f"{len(bench.killed)} ({bench.skipped})"),
+        ("of them not standing idle at the kill", f"{bench.not_idle}"),
+    ]
+
+
+def slot_figures(bench: Bench) -> list[tuple[str, str]]:
+    """--threads: the kills, the runs they cut short, and the jobs run twice although
+    the worker of their earlier run lived (each run's worker by its pid)."""
+    started: dict[int, list[int]] = {}  # number -> the pid of each run, in order
+    ended: set[tuple[int, int]] = set()
+    for entry in bench.client.lrange(SLOTS, 0, -1):
+        what, number, pid = entry.split()
+        if what == "start":
+            started.setdefault(int(number), []).append(int(pid))
+        else:
+            ended.add((int(number), int(pid)))
+    cut_short = sum((number, pid) not in ended for number, pids in started.items() for pid in pids)
+    twice_alive = sum(
+        any(pid not in bench.killed_pids for pid in pids[:-1]) for pids in started.values()
+    )
+    return [
+        ("worker processes killed", f"{len(bench.killed_pids)}"),
+        ("runs cut short by a kill (started, never ended)", f"{cut_short}"),
+        ("ran twice while their worker lived", f"{twice_alive}"),
+    ]
 
 
 def kill_idle_worker(bench: Bench, pick: str, workers: list[Process]) -> None:
@@ -196,8 +256,7 @@ def report(bench: Bench, results: list[Any]) -> None:
         ("ran twice or more", f"{sum(len(runs.get(n, [])) > 1 for n in range(len(results)))}"),
         *[(f"pickup p{p} (ms)", f"{percentile(pickups or [0], p):,}") for p in (50, 90, 99)],
         ("pickup max (ms)", f"{max(pickups, default=0):,}"),
-        ("workers killed (kills skipped: none idle)", f"{len(bench.killed)} ({bench.skipped})"),
-        ("of them not standing idle at the kill", f"{bench.not_idle}"),
+        *(slot_figures(bench) if bench.threads else idle_figures(bench)),
         ("jobs given back by the hand-off's deadline", f"{handed_back}"),
         ("jobs recovered after a lease", f"{recovered}"),
     ]
@@ -218,10 +277,14 @@ def main() -> None:
     parser.add_argument("--kill-every", type=float, default=1.0, help="seconds")
     parser.add_argument("--pick", choices=["random", "latest"], default="random")
     parser.add_argument("--group", type=int, default=0, help="kill a --concurrency N instead")
+    parser.add_argument("--threads", type=int, default=0, help="kill runworker --threads N")
+    parser.add_argument("--job-ms", type=int, default=300, help="--threads: each job's wait")
     parser.add_argument("--deadline", type=float, default=150.0, help="s to wait for the end")
     options = parser.parse_args()
     with RedisServer() as server:
         env = dict(os.environ, BENCH_REDIS_URL=server.url, DJANGO_SETTINGS_MODULE="bench.settings")
+        if options.threads:
+            env["BENCH_REDIS_OPTIONS"] = json.dumps({"URL": server.url, **THREADS_OPTIONS})
         os.environ.update(env)
         import django
 
@@ -230,13 +293,17 @@ def main() -> None:
 
         client = redis.Redis.from_url(server.url, decode_responses=True)
         bench = Bench(client, get_backend("default").keys, env)
+        bench.threads = options.threads
         try:
             bench.start("runscheduler")
             wait_for("the scheduler", lambda: client.zcard(bench.keys.schedulers), 60)
             if options.group:
                 results = kill_group(bench, options)
             else:
-                workers = [bench.start(*WORKER) for _ in range(options.workers)]
+                worker = (
+                    ("runworker", "--threads", str(options.threads)) if options.threads else WORKER
+                )
+                workers = [bench.start(*worker) for _ in range(options.workers)]
                 bench.wait_standing(options.workers)
                 results = enqueue_paced(bench, options, workers)
             settle(bench, options.jobs, options.deadline)

@@ -73,3 +73,14 @@ def chaos_job(number: int) -> None:
     clock, as the job's enqueued_at), once per run, so that a job run twice shows twice."""
     seconds, micros = client().time()
     record("bench:chaos:runs", f"{number} {seconds * 1000 + micros // 1000}")
+
+
+@task
+def chaos_slot_job(number: int, ms: int) -> None:
+    """A job of bench/chaos.py --threads: as chaos_job, and also which process ran it
+    (``start <number> <pid>``), then ``ms`` ms of waiting, then ``end <number> <pid>``."""
+    seconds, micros = client().time()
+    record("bench:chaos:runs", f"{number} {seconds * 1000 + micros // 1000}")
+    record("bench:chaos:slots", f"start {number} {os.getpid()}")
+    time.sleep(ms / 1000)
+    record("bench:chaos:slots", f"end {number} {os.getpid()}")

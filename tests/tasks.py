@@ -23,6 +23,7 @@ from django_redisqueue.compat import (
     task_started,
 )
 from django_redisqueue.exceptions import WorkerShutdown
+from tests import slot_tasks  # noqa: F401  (the tasks of tests/test_slots*.py, registered)
 from tests.topology import make_client
 
 LOG = "test:log"
@@ -596,7 +597,3 @@ class Unprintable(Exception):
 @task
 def raises_unprintable():
     raise Unprintable
-
-
-# The tasks of the tests of many jobs at once: registered by autodiscovery of this module.
-from tests import slot_tasks  # noqa: E402, F401

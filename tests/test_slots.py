@@ -7,6 +7,8 @@ import signal
 import threading
 from unittest.mock import patch
 
+import redis
+
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.runtime.slots import SlotWorker
 from tests import slot_tasks, tasks
@@ -71,7 +73,11 @@ def test_a_lost_lease_stops_its_job_and_no_other(r):
 
 
 def test_a_second_sigterm_gives_back_every_job_in_hand(r, backend, procs):
-    held = [tasks.steps_until_released.enqueue(label, 60) for label in ("a", "b")]
+    """A sync job and an ``async def`` one (cancelled on its loop)."""
+    held = [
+        tasks.steps_until_released.enqueue("a", 60),
+        slot_tasks.steps_until_released_async.enqueue("b", 60),
+    ]
     worker = procs.start("runworker", "--threads", "2")
     wait_until(lambda: {"started:a", "started:b"} <= set(log(r)), 30, "both starts")
     os.kill(worker.pid, signal.SIGTERM)
@@ -91,7 +97,7 @@ def test_a_second_sigterm_gives_back_every_job_in_hand(r, backend, procs):
 
 
 def test_async_tasks_run_in_the_threads_too(r, backend):
-    """An ``async def`` task runs on its thread, on an event loop of its own."""
+    """``async def`` tasks run on slots too (on the process's event loop)."""
     jobs = [tasks.meaning_of_life_async.enqueue() for _ in range(4)]
     run_slots_here(backend)
     assert [job.wait(timeout=5) for job in jobs] == [42] * 4
@@ -114,3 +120,44 @@ def test_a_job_whose_thread_never_lets_go_is_given_up_and_the_process_recycled(r
     assert other.wait(timeout=30) is True
     wait_until(lambda: worker.poll() is not None, 30, "the worker's exit")
     assert worker.returncode == 0
+
+
+def test_a_lost_reply_gives_back_no_job_whose_outcome_a_slot_is_still_storing(r, backend):
+    """The loop's claim loses its reply while a slot stores the outcome of the job it
+    ran: the recovery gives back what the lost call may have given, and keeps that job
+    (else it would run again, its outcome refused)."""
+    job = tasks.record.enqueue("once")
+    worker = SlotWorker(backend, threads=2, burst=True)
+    storing, recovered = threading.Event(), threading.Event()
+    claim, abandon, finish = worker.broker.claim, worker.broker.abandon, backend.broker.finish
+    claims = []
+
+    def claim_losing_the_second_reply(*args, **kwargs):
+        claims.append(1)
+        if len(claims) == 2:  # once the job's slot stores its outcome, a reply is lost
+            storing.wait(30)
+            raise redis.ConnectionError("reply lost")
+        return claim(*args, **kwargs)
+
+    def abandon_then_say(*args, **kwargs):
+        try:
+            return abandon(*args, **kwargs)
+        finally:
+            recovered.set()
+
+    def finish_once_recovered(outcome):
+        storing.set()
+        recovered.wait(30)  # the slot's store is slow: Redis fails for it too
+        return finish(outcome)
+
+    with (
+        patch.object(worker.broker, "claim", claim_losing_the_second_reply),
+        patch.object(worker.broker, "abandon", abandon_then_say),
+        patch.object(backend.broker, "finish", finish_once_recovered),
+        patch("django_redisqueue.runtime.worker.close_old_connections"),
+    ):
+        worker.run()
+    assert recovered.is_set()
+    assert log(r) == ["once"]  # run once
+    stored = backend.get_result(job.id)
+    assert stored.status == TaskResultStatus.SUCCESSFUL and stored.attempts == 1

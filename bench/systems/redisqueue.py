@@ -30,10 +30,10 @@ class RedisQueue(System):
         "commit; delayed jobs: `task.using(run_after=...)` and `runscheduler`"
     )
     io_settings = (
-        "`runworker --threads N`: one process running N jobs at once, each on a thread "
-        "of its own (no event loop shared by async tasks yet); the job is sync "
-        "(`time.sleep`) at 32 at once, async (`asyncio.sleep`, run to its end on its "
-        "thread's own loop) at 256"
+        "`runworker --threads N`: one process running N jobs at once, a sync job on a "
+        "thread of its own, an async one on the process's event loop, a slot's thread "
+        "waiting for it; the job is sync (`time.sleep`) at 32 at once, async "
+        "(`asyncio.sleep`) at 256"
     )
     has_bulk = True
     has_commit = True

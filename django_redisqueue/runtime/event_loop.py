@@ -66,14 +66,22 @@ class EventLoop:
         executor = (
             CurrentThreadExecutor(None) if _EXECUTOR_TAKES_PARENT else CurrentThreadExecutor()  # type: ignore[call-arg]
         )
+        loop = self._running()
+        started: list[asyncio.Task[Any]] = []
         future: Future[Any] = asyncio.run_coroutine_threadsafe(
-            _in_context(func(*args, **kwargs), executor), self._running()
+            _in_context(func(*args, **kwargs), executor, started), loop
         )
+
+        def cancel() -> None:
+            # The task itself, once it started: the future then ends with it, its
+            # except and finally blocks run (one that swallows the cancellation runs on).
+            loop.call_soon_threadsafe(lambda: started[0].cancel() if started else future.cancel())
+
         try:
-            with token.cancelling(future.cancel):
+            with token.cancelling(cancel):
                 executor.run_until_future(future)
         except BaseException:  # the stop raised here, by a signal: cancel it there too
-            future.cancel()
+            cancel()
             raise
         try:
             return future.result()
@@ -94,9 +102,16 @@ class EventLoop:
         self._loop = self._thread = None
 
 
-async def _in_context(awaitable: Coroutine[Any, Any, Any], executor: CurrentThreadExecutor) -> Any:
-    """Await the task with its thread-sensitive calls sent to ``executor``; before
-    asgiref 3.13, to a thread of the task's own, whose connections it closes."""
+async def _in_context(
+    awaitable: Coroutine[Any, Any, Any],
+    executor: CurrentThreadExecutor,
+    started: list[asyncio.Task[Any]],
+) -> Any:
+    """Await the task (its asyncio task put in ``started``) with its thread-sensitive
+    calls sent to ``executor``; before asgiref 3.13, to a thread of the task's own,
+    whose connections it closes."""
+    if (running := asyncio.current_task()) is not None:
+        started.append(running)
     if _CONTEXT_TAKES_EXECUTOR:
         async with ThreadSensitiveContext(executor=executor):
             return await awaitable

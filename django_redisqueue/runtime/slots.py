@@ -8,7 +8,9 @@ one idle registration for the process, made only with a slot free (docs/architec
 "Many jobs in one process"). A lost reply gives back what the lost call may have given,
 keeping the jobs of the other slots; the heartbeat renews every job in hand in one
 call; a lost lease, a time limit or a second SIGTERM stops one job through its own stop
-token, in its own thread.
+token, in its own thread. Each thread has its database connections, checked around each
+job as around a request (CONN_MAX_AGE); those still open when the slots end are closed,
+as Django's threaded runserver closes a request thread's.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar, cast
+
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.core import tracing
@@ -40,7 +45,10 @@ GIVE_UP_AFTER = 5.0
 class _Slot:
     """What a thread of the worker is running: its job, its stop token, its trace."""
 
-    def __init__(self) -> None:
+    def __init__(self, job: Claimed | None = None) -> None:
+        # The worker's from its claim until its outcome is stored: its lease renewed,
+        # never given back after a lost reply. ``current`` only while it runs.
+        self.job = job
         self.current: Claimed | None = None
         self.token: StopToken | None = None
         self.attempt: tracing.Attempt | tracing.NotTraced = tracing.NOT_TRACED
@@ -76,6 +84,8 @@ class SlotWorker(Worker):
         self._local = threading.local()
         self._running: dict[str, _Slot] = {}  # by job id
         self._changed = threading.Condition()  # a job taken into a slot, or ended
+        # Each slot thread's database connections, by thread, to close as the slots end.
+        self._databases: dict[int, Sequence[BaseDatabaseWrapper]] = {}
         super().__init__(backend, queues, weights=weights, **options)
         self.threads = threads
         self._free = threading.Semaphore(threads)
@@ -94,9 +104,9 @@ class SlotWorker(Worker):
         with self._changed:
             slots = list(self._running.values())
         return [
-            (slot.current, slot.attempt.record)
+            (slot.job, slot.attempt.record)
             for slot in slots
-            if slot.current and slot.current.job_id not in self.stuck
+            if slot.job and slot.job.job_id not in self.stuck
         ]
 
     def give_up_stuck(self) -> None:
@@ -151,7 +161,7 @@ class SlotWorker(Worker):
                 if job is None:
                     self._free.release()
                     continue
-                slot = _Slot()
+                slot = _Slot(job)
                 with self._changed:
                     self._running[job.job_id] = slot
                 pool.submit(self._run_in_slot, job, slot)
@@ -161,6 +171,7 @@ class SlotWorker(Worker):
                 while set(self._running) - self.stuck:
                     self._changed.wait(WAIT_TIMEOUT)
             pool.shutdown(wait=not self.stuck)
+            self._close_databases()
 
     def _claim(self, backoff: Reconnector) -> Claimed | None:
         """One claim for a free slot (no outcome: the slots store theirs), or what the
@@ -195,8 +206,24 @@ class SlotWorker(Worker):
             with self._changed:
                 del self._running[job.job_id]
                 self.jobs_done += 1
+                self._databases[threading.get_ident()] = connections.all(initialized_only=True)
                 self._changed.notify_all()
             self._free.release()
+
+    def _close_databases(self) -> None:
+        """Close the connections the slots' threads kept open (CONN_MAX_AGE), from this
+        thread once theirs have ended; else they would stay open until the garbage
+        collector, or the process's exit, found them."""
+        if not self.close_connections:
+            return
+        for kept in self._databases.values():
+            for connection in kept:
+                connection.inc_thread_sharing()  # made in another thread, which has ended
+                try:
+                    connection.close()
+                finally:
+                    connection.dec_thread_sharing()
+        self._databases.clear()
 
     def _store(self, finished: Finished) -> None:
         """Store the outcome, trying again while Redis fails (a repeat after a lost
