@@ -108,6 +108,7 @@ def sweep_records(
     start: int = 0,
     batch: int = SWEEP_BATCH,
     hold: float | None = None,
+    now_ms: int | None = None,
 ) -> int:
     """Drop the relay records last relayed ``hold`` seconds ago or more (by default
     RECORD_HOLD_SECONDS) whose jobs have
@@ -117,9 +118,10 @@ def sweep_records(
     reached). A row still there keeps its record, and the next page starts past the
     ones kept. A deleted row's record is held a while: a relay that read the row before
     its delete (a committing process stalled between its read and its store) may still
-    store it. Redis and database errors propagate."""
+    store it. ``now_ms``: Redis's time, if the caller has it (else asked for). Redis and
+    database errors propagate."""
     hold = RECORD_HOLD_SECONDS if hold is None else hold
-    before_ms = broker.clock_ms() - int(hold * 1000)
+    before_ms = (broker.clock_ms() if now_ms is None else now_ms) - int(hold * 1000)
     for _ in range(SWEEP_PAGES):
         ids = broker.relayed_jobs(before_ms, start, batch)
         kept = set().union(*(present(database, ids) for database in databases)) if ids else set()

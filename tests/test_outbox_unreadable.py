@@ -166,7 +166,7 @@ def test_an_outbox_database_django_cannot_load_is_said_and_the_scheduler_goes_on
     config = dataclasses.replace(backend.config, outbox=(broken_database,))
     with mock.patch.object(backend, "config", config):
         scheduler = Scheduler(backend, burst=True)
-        assert scheduler._relay_step() == 0
+        assert scheduler._relay_step(backend.broker.clock_ms()) == 0
     [said] = [r.getMessage() for r in caplog.records if "outbox cannot be read" in r.getMessage()]
     assert "no_such_driver" in said
 

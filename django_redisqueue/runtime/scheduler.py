@@ -143,7 +143,7 @@ class Scheduler:
                 )
                 self.steps.append((tick.now_ms, time.monotonic()))
                 periodic_in = self._periodic_step(tick.now_ms)
-                relayed = self._relay_step()
+                relayed = self._relay_step(tick.now_ms)
                 self._prune_step()
                 if tick.held:
                     logger.warning(
@@ -208,9 +208,10 @@ class Scheduler:
                 "y" if len(pruned) == 1 else "ies",
             )
 
-    def _relay_step(self) -> int:
-        """Relay what the outboxes hold, at most once per RELAY_EVERY; return how many
-        jobs. A database error is logged, and the step is tried again next time."""
+    def _relay_step(self, now_ms: int) -> int:
+        """Relay what the outboxes hold, at most once per RELAY_EVERY, and sweep their
+        relay records by Redis's time ``now_ms`` (the step's); return how many jobs. A
+        database error is logged, and the step is tried again next time."""
         if not self.backend.config.outbox or time.monotonic() < self.next_relay:
             return 0
         self.next_relay = time.monotonic() + RELAY_EVERY
@@ -218,7 +219,7 @@ class Scheduler:
         try:
             relayed = self.backend.relay_outbox()
             self.sweep_from = outbox.sweep_records(
-                self.broker, self.backend.config.outbox, self.sweep_from
+                self.broker, self.backend.config.outbox, self.sweep_from, now_ms=now_ms
             )
         except NotReplicated as exc:
             # The master holds the jobs; their rows stay until a relay is confirmed
