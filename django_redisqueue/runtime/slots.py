@@ -91,6 +91,12 @@ class SlotWorker(Worker):
             slots = list(self._running.values())
         return [(slot.current, slot.attempt.record) for slot in slots if slot.current]
 
+    def held_ids(self) -> list[str]:
+        # A slot's job is held from its claim (before its thread starts it) until its
+        # outcome is stored (after ``execute`` let it go): a give-back keeps them all.
+        with self._changed:
+            return list(self._running)
+
     def lease_lost(self, job: Claimed) -> None:
         with self._changed:
             slot = self._running.get(job.job_id)

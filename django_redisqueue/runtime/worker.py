@@ -284,9 +284,8 @@ class Worker:
         this worker, so that it runs at once and does not count as lost."""
         if finished is not None:
             self._report(finished, self.broker.finish(finished.outcome), repeated=True)
-        # The jobs running in other slots stay: the lost call cannot have given them.
-        keep = [job.job_id for job, _ in self.in_hand()]
-        given_back = self.broker.abandon(self.worker_id, keep=keep)
+        # The jobs of other slots stay: the lost call cannot have given them.
+        given_back = self.broker.abandon(self.worker_id, keep=self.held_ids())
         self.idle_registered = False
         if given_back:
             logger.warning(
@@ -301,6 +300,11 @@ class Worker:
         """The job running now (none or one), with its attempt's trace record."""
         job = self.current
         return [(job, self.attempt.record)] if job is not None else []
+
+    def held_ids(self) -> list[str]:
+        """The jobs this worker holds, from their claim until their outcome is stored
+        (a one-slot worker's loop holds none when it recovers a lost reply)."""
+        return [job.job_id for job, _ in self.in_hand()]
 
     @property
     def lease(self) -> float:
