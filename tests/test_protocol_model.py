@@ -93,7 +93,10 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "handed jobs given back untaken",
             "results expired",
             "rows relayed after their result expired",
+            "lost claim replies",
             "jobs kept in hand by a give-back",
+            "claims beside jobs in hand",
+            "leases lost beside jobs in hand",
         )
     )
     report(

@@ -107,7 +107,10 @@ class CoreOperations:
         ``broadcasts``: the claim reads the last broadcast's number (else the broker
         keeps the one it had). ``idle``: finding no job, the worker registers as idle
         (as one that will wait does). A worker registered since its last claim takes
-        the job handed to it first, as the worker does."""
+        the job handed to it first, as the worker does. A worker claims only with a slot
+        free (slots.py): with every slot busy, the call only stores the outcome."""
+        if not self.slot_free(worker, outcome):
+            order = ()
         take = self.takes_handed(worker)
         seen = self.broker.last_broadcast
         if woken_by:
@@ -163,6 +166,7 @@ class CoreOperations:
             RUN["handed jobs claimed"] += 1
         self.held[worker][job.id] = job.owner
         RUN["claims"] += 1
+        RUN["claims beside jobs in hand"] += len(self.held[worker]) > 1
 
     def takes_handed(self, worker: str) -> bool:
         """Whether the worker's next claim takes a handed job first: it has registered
@@ -443,6 +447,7 @@ class CoreOperations:
         given = self.broker.abandon(worker, keep=keep)
         expected = [j.id for j in self.m_abandon(worker, frozenset(keep))]  # running zset order
         assert given == expected, f"abandon gave back {given}, model {expected}"
+        assert not set(given) & set(keep), f"abandon gave back {given}, kept {keep}"
         for job_id in list(self.held[worker]):
             if job_id in keep:
                 RUN["jobs kept in hand by a give-back"] += 1
