@@ -70,7 +70,9 @@ class SlotWorker(Worker):
     ) -> None:
         # Before Worker's own: it sets the job, token and trace, which are each thread's.
         self._local = threading.local()
-        self._running: dict[str, _Slot] = {}  # by job id
+        # By attempt, (job id, owner token): a slot whose job's lease ran out may still
+        # run it when another claims the job again.
+        self._running: dict[tuple[str, str], _Slot] = {}
         self._changed = threading.Condition()  # a job taken into a slot, or ended
         super().__init__(backend, queues, weights=weights, **options)
         self.threads = threads
@@ -91,7 +93,7 @@ class SlotWorker(Worker):
             slots = list(self._running.values())
         return [(slot.current, slot.attempt.record) for slot in slots if slot.current]
 
-    def held_ids(self) -> list[str]:
+    def held(self) -> list[tuple[str, str]]:
         # A slot's job is held from its claim (before its thread starts it) until its
         # outcome is stored (after ``execute`` let it go): a give-back keeps them all.
         with self._changed:
@@ -99,7 +101,7 @@ class SlotWorker(Worker):
 
     def lease_lost(self, job: Claimed) -> None:
         with self._changed:
-            slot = self._running.get(job.job_id)
+            slot = self._running.get((job.job_id, job.owner))
         self._stop_lost(job, slot.token if slot and slot.current is job else None)
 
     def _tokens(self) -> list[StopToken]:
@@ -121,7 +123,7 @@ class SlotWorker(Worker):
                     continue
                 slot = _Slot()
                 with self._changed:
-                    self._running[job.job_id] = slot
+                    self._running[job.job_id, job.owner] = slot
                 pool.submit(self._run_in_slot, job, slot)
             # Leaving the block waits for the jobs in hand: each stores its outcome.
 
@@ -156,7 +158,7 @@ class SlotWorker(Worker):
         finally:
             self.over_memory = self.over_memory or past_limit(self.max_memory, self.worker_id)
             with self._changed:
-                del self._running[job.job_id]
+                del self._running[job.job_id, job.owner]
                 self.jobs_done += 1
                 self._changed.notify_all()
             self._free.release()

@@ -285,7 +285,7 @@ class Worker:
         if finished is not None:
             self._report(finished, self.broker.finish(finished.outcome), repeated=True)
         # The jobs of other slots stay: the lost call cannot have given them.
-        given_back = self.broker.abandon(self.worker_id, keep=self.held_ids())
+        given_back = self.broker.abandon(self.worker_id, keep=self.held())
         self.idle_registered = False
         if given_back:
             logger.warning(
@@ -301,10 +301,11 @@ class Worker:
         job = self.current
         return [(job, self.attempt.record)] if job is not None else []
 
-    def held_ids(self) -> list[str]:
-        """The jobs this worker holds, from their claim until their outcome is stored
-        (a one-slot worker's loop holds none when it recovers a lost reply)."""
-        return [job.job_id for job, _ in self.in_hand()]
+    def held(self) -> list[tuple[str, str]]:
+        """The attempts this worker holds, (job id, owner token), from their claim until
+        their outcome is stored (a one-slot worker's loop holds none when it recovers a
+        lost reply)."""
+        return [(job.job_id, job.owner) for job, _ in self.in_hand()]
 
     @property
     def lease(self) -> float:

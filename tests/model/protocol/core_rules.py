@@ -273,8 +273,8 @@ class CoreRules:
         """A lost reply: the worker gives back what the lost call may have given it,
         keeping the jobs it runs in its other slots (picked among those it holds, and
         another worker's, which it cannot give back anyway)."""
-        mine = sorted(self.held[worker])
-        others = sorted(j for w, held in self.held.items() if w != worker for j in held)
+        mine = sorted(self.held[worker].items())
+        others = sorted(j for w, held in self.held.items() if w != worker for j in held.items())
         kept = {self.pick(mine, p) for p in keep[:1]} | {self.pick(others, p) for p in keep[1:]}
         self.op_abandon(worker, keep=tuple(sorted(kept - {None})))
 

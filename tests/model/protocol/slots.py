@@ -2,8 +2,9 @@
 slots (``runworker --threads N``, docs/architecture.md, "Many jobs in one process"). It
 claims only with a slot free (a claim that finishes a job frees that job's slot first),
 registers as idle only then, and is handed at most one job per registration, into that
-free slot; each slot ends its job alone; a give-back after a lost reply keeps the jobs
-of the other slots; one heartbeat renews them all; a lease runs out for one job while
+free slot; each slot ends its job alone; a give-back after a lost reply keeps the
+attempts of the other slots (a job claimed again beside a slot still running it after
+its lease ran out goes back); one heartbeat renews them all; a lease runs out for one job while
 the others stay the worker's, and that job's late outcome is refused.
 
 After every step: no worker holds more jobs than its slots (those it claimed and took,
@@ -36,11 +37,13 @@ class SlotModel:
         ends = outcome is not None and held.get(outcome.job_id) == outcome.owner
         return len(held) - ends < self.slots[worker]
 
-    def in_other_slots(self, worker: str, outcome: Outcome | None = None) -> tuple[str, ...]:
-        """The jobs a give-back of the worker keeps: those in its slots but the one
-        whose ``outcome`` it sent."""
+    def in_other_slots(
+        self, worker: str, outcome: Outcome | None = None
+    ) -> tuple[tuple[str, str], ...]:
+        """The attempts (job id, owner token) a give-back of the worker keeps: those in
+        its slots but the one whose ``outcome`` it sent."""
         ending = outcome.job_id if outcome is not None else None
-        return tuple(sorted(job_id for job_id in self.held[worker] if job_id != ending))
+        return tuple(sorted(item for item in self.held[worker].items() if item[0] != ending))
 
     def forget_slots(self, worker: str) -> None:
         """The worker's process is gone: the jobs it held run out their leases."""
