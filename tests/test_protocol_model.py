@@ -95,7 +95,10 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "rows relayed after their result expired",
             "relays run after a job relayed before",
             "relays refused: the job waited for is gone",
+            "lost claim replies",
             "jobs kept in hand by a give-back",
+            "claims beside jobs in hand",
+            "leases lost beside jobs in hand",
         )
     )
     report(

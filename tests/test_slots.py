@@ -10,7 +10,9 @@ from unittest.mock import patch
 import redis
 
 from django_redisqueue.compat import TaskResultStatus, task_backends
-from django_redisqueue.runtime.slots import SlotWorker
+from django_redisqueue.core.jobs import SUCCESSFUL
+from django_redisqueue.runtime.slots import SlotWorker, _Slot
+from django_redisqueue.store.wire import Outcome
 from tests import slot_tasks, tasks
 from tests.conftest import wait_until
 
@@ -70,6 +72,41 @@ def test_a_lost_lease_stops_its_job_and_no_other(r):
     assert "done:lost" not in log(r)  # interrupted, not released
     assert backend.get_result(lost.id).status == TaskResultStatus.RUNNING  # not ours now
     assert kept.wait(timeout=5) is True
+
+
+def test_a_lost_reply_keeps_the_jobs_of_slots_not_running_them(r, backend):
+    """A slot holds its job from the claim until its outcome is stored, also while its
+    thread has not started the job or has ended it and stores the outcome (Redis
+    failing): a give-back after the loop's lost reply keeps it, and the outcome counts."""
+    starting, storing = tasks.noop.enqueue(), tasks.noop.enqueue()
+    worker = SlotWorker(backend, threads=3)
+    claimed = [backend.broker.claim(["default"], worker.worker_id)[1] for _ in range(2)]
+    for job in claimed:
+        assert job is not None
+        worker._running[job.job_id, job.owner] = _Slot()  # in a slot, no current job
+    worker._recover_claim(None)
+    for job in claimed:
+        assert backend.get_result(job.job_id).status == TaskResultStatus.RUNNING
+        assert backend.broker.finish(Outcome(job.job_id, job.owner, SUCCESSFUL)) is True
+    assert {starting.id, storing.id} == {job.job_id for job in claimed if job}
+
+
+def test_a_lost_reply_gives_back_a_job_claimed_again_beside_its_stale_slot(r, backend):
+    """A slot still runs a job whose lease ran out (blocked in C, say) when the loop's
+    lost call claims it again: the give-back keeps the slot's attempt, not the job, so
+    the new claim goes back uncounted and the job does not wait for a lease to fail."""
+    job = tasks.noop.enqueue()
+    worker = SlotWorker(backend, threads=2)
+    stale = backend.broker.claim(["default"], worker.worker_id)[1]
+    assert stale is not None
+    worker._running[stale.job_id, stale.owner] = _Slot()
+    r.zadd(backend.keys.running, {job.id: 0})  # its lease runs out; a tick recovers it
+    assert backend.broker.tick("s", ["default"], batch=10, lost_limit=5, lost_error="").recovered
+    again = backend.broker.claim(["default"], worker.worker_id)[1]  # the lost call's
+    assert again is not None and again.job_id == job.id and again.owner != stale.owner
+    worker._recover_claim(None)
+    assert backend.get_result(job.id).status == TaskResultStatus.READY
+    assert backend.broker.finish(Outcome(job.id, stale.owner, SUCCESSFUL)) is False
 
 
 def test_a_second_sigterm_gives_back_every_job_in_hand(r, backend, procs):

@@ -82,7 +82,9 @@ class SlotWorker(Worker):
     ) -> None:
         # Before Worker's own: it sets the job, token and trace, which are each thread's.
         self._local = threading.local()
-        self._running: dict[str, _Slot] = {}  # by job id
+        # By attempt, (job id, owner token): a slot whose job's lease ran out may still
+        # run it when another claims the job again.
+        self._running: dict[tuple[str, str], _Slot] = {}
         self._changed = threading.Condition()  # a job taken into a slot, or ended
         # Each slot thread's database connections, by thread, to close as the slots end.
         self._databases: dict[int, Sequence[BaseDatabaseWrapper]] = {}
@@ -102,11 +104,11 @@ class SlotWorker(Worker):
 
     def in_hand(self) -> list[tuple[Claimed, str]]:
         with self._changed:
-            slots = list(self._running.values())
+            slots = list(self._running.items())
         return [
             (slot.job, slot.attempt.record)
-            for slot in slots
-            if slot.job and slot.job.job_id not in self.stuck
+            for (job_id, owner), slot in slots
+            if slot.job and (job_id, owner) not in self.stuck
         ]
 
     def give_up_stuck(self) -> None:
@@ -120,11 +122,11 @@ class SlotWorker(Worker):
             slots = list(self._running.values())
         for slot in slots:
             job, token = slot.current, slot.token
-            if job is None or token is None or job.job_id in self.stuck:
+            if job is None or token is None or (job.job_id, job.owner) in self.stuck:
                 continue
             if not token.not_let_go(GIVE_UP_AFTER):
                 continue
-            self.stuck.add(job.job_id)
+            self.stuck.add((job.job_id, job.owner))
             logger.error(
                 "Job %s: stopped (%s) %.0f s ago, its thread has not let go (blocked in a "
                 "call outside Python); given up, and this worker process exits once its "
@@ -138,9 +140,15 @@ class SlotWorker(Worker):
                 with contextlib.suppress(*REDIS_ERRORS):  # else the lease runs out
                     self.backend.broker.finish(outcome)
 
+    def held(self) -> list[tuple[str, str]]:
+        # A slot's job is held from its claim (before its thread starts it) until its
+        # outcome is stored (after ``execute`` let it go): a give-back keeps them all.
+        with self._changed:
+            return list(self._running)
+
     def lease_lost(self, job: Claimed) -> None:
         with self._changed:
-            slot = self._running.get(job.job_id)
+            slot = self._running.get((job.job_id, job.owner))
         self._stop_lost(job, slot.token if slot and slot.current is job else None)
 
     def _tokens(self) -> list[StopToken]:
@@ -163,7 +171,7 @@ class SlotWorker(Worker):
                     continue
                 slot = _Slot(job)
                 with self._changed:
-                    self._running[job.job_id] = slot
+                    self._running[job.job_id, job.owner] = slot
                 pool.submit(self._run_in_slot, job, slot)
         finally:
             # The jobs in hand end first, each storing its outcome; not a stuck one.
@@ -204,7 +212,7 @@ class SlotWorker(Worker):
         finally:
             self.over_memory = self.over_memory or past_limit(self.max_memory, self.worker_id)
             with self._changed:
-                del self._running[job.job_id]
+                del self._running[job.job_id, job.owner]
                 self.jobs_done += 1
                 self._databases[threading.get_ident()] = connections.all(initialized_only=True)
                 self._changed.notify_all()

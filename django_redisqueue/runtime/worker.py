@@ -111,7 +111,7 @@ class Worker:
         self.over_memory = False
         # Jobs whose threads did not let go of a stop (blocked in C): given up, and the
         # process recycled once its other jobs are done (SlotWorker).
-        self.stuck: set[str] = set()
+        self.stuck: set[tuple[str, str]] = set()  # by attempt: (job id, owner token)
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self.started_at = int(time.time() * 1000)
         self.jobs_done = 0
@@ -295,9 +295,8 @@ class Worker:
         this worker, so that it runs at once and does not count as lost."""
         if finished is not None:
             self._report(finished, self.broker.finish(finished.outcome), repeated=True)
-        # The jobs running in other slots stay: the lost call cannot have given them.
-        keep = [job.job_id for job, _ in self.in_hand()]
-        given_back = self.broker.abandon(self.worker_id, keep=keep)
+        # The jobs of other slots stay: the lost call cannot have given them.
+        given_back = self.broker.abandon(self.worker_id, keep=self.held())
         self.idle_registered = False
         if given_back:
             logger.warning(
@@ -312,6 +311,12 @@ class Worker:
         """The job running now (none or one), with its attempt's trace record."""
         job = self.current
         return [(job, self.attempt.record)] if job is not None else []
+
+    def held(self) -> list[tuple[str, str]]:
+        """The attempts this worker holds, (job id, owner token), from their claim until
+        their outcome is stored (a one-slot worker's loop holds none when it recovers a
+        lost reply)."""
+        return [(job.job_id, job.owner) for job, _ in self.in_hand()]
 
     @property
     def lease(self) -> float:

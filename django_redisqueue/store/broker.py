@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -220,10 +220,15 @@ class Broker(Gateway):
         return bool(self.claim((), "", outcome, broadcasts=False)[0])
 
     def abandon(
-        self, worker_id: str, *, handed_only: bool = False, keep: Sequence[str] = ()
+        self,
+        worker_id: str,
+        *,
+        handed_only: bool = False,
+        keep: Iterable[tuple[str, str]] = (),
     ) -> list[str]:
-        """Give back, uncounted, every job ``worker_id`` owns but those it ``keep``s
-        (running in its other slots); return their ids. Its registration as idle ends.
+        """Give back, uncounted, every job ``worker_id`` owns but the attempts it
+        ``keep``s, (job id, owner token) pairs (running in its other slots); return their
+        ids. Its registration as idle ends.
         ``handed_only``: only the job handed to it that it has not taken (a worker that
         stops while idle holds no other): one job looked at, not every running one."""
         given_back = self._run(
@@ -232,7 +237,7 @@ class Broker(Gateway):
             self.result_ttl,
             self.lease_ms,
             "1" if handed_only else "",
-            *keep,
+            *(part for pair in keep for part in pair),
             acked=True,
         )
         return [text(job_id) or "" for job_id in given_back]

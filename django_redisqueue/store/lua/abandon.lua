@@ -12,15 +12,17 @@
 -- ARGV[4] '1': only the job handed to the worker that it has not taken, as a worker
 -- stopping while registered as idle, which holds no other job, gives back: one job
 -- looked at instead of every running one.
--- ARGV[5..] ids of jobs the worker keeps: those it runs in its other slots (a process
--- running several jobs at once), which the lost call cannot have given it.
+-- ARGV[5..] pairs of job id and owner token: the attempts the worker keeps, those it
+-- runs in its other slots (a process running several jobs at once), which the lost call
+-- cannot have given it. A job the lost call claimed again while a slot still runs its
+-- attempt whose lease ran out has another token: it goes back.
 -- Returns the ids given back.
 local worker, prefix = ARGV[1], ARGV[1] .. '/'
 local now, ttl = clock_ms(), tonumber(ARGV[2])
 local given = {}
 local keep = {}
-for i = 5, #ARGV do
-  keep[ARGV[i]] = true
+for i = 5, #ARGV - 1, 2 do
+  keep[ARGV[i] .. '|' .. ARGV[i + 1]] = true
 end
 local owned
 if ARGV[4] == '1' then
@@ -39,7 +41,7 @@ for _, id in ipairs(owned) do
   if is_job(id) then
     local f = redis.call('HMGET', job, 'owner', 'status')
     if f[1] and f[2] == 'RUNNING' and string.sub(f[1], 1, #prefix) == prefix
-        and not keep[id] then
+        and not keep[id .. '|' .. f[1]] then
       give_back(id, redis.call('HGET', job, 'limit'), now, tonumber(ARGV[3]), ttl)
       given[#given + 1] = id
     end

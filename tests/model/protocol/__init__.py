@@ -4,12 +4,12 @@ says where every job must be.
 
 Hypothesis' stateful testing chooses the steps: enqueues (now, in the past, a few ms
 ahead, an hour ahead; through the task API or ``Broker.enqueue``), claims by three
-fake workers over the queues in various orders (alone or finishing the worker's
-previous job in the same call), every outcome (SUCCESSFUL, FAILED, RETRY with a
-delay, RELEASE), finishes by a wrong owner, heartbeats, scheduler ticks (with and
-without recovery, small and large batches), cancels, every dashboard action,
-abandon, workers that vanish, claims whose reply is lost, SCRIPT FLUSH, Redis errors
-injected before a script, and a real out-of-memory Redis. After every step the
+fake workers of 1 to 3 slots each over the queues in various orders (alone or
+finishing one of the worker's jobs in the same call), every outcome (SUCCESSFUL,
+FAILED, RETRY with a delay, RELEASE), finishes by a wrong owner, heartbeats,
+scheduler ticks (with and without recovery, small and large batches), cancels, every
+dashboard action, abandon, workers that vanish, claims whose reply is lost, SCRIPT
+FLUSH, Redis errors injected before a script, and a real out-of-memory Redis. After every step the
 invariants read Redis directly and compare it with the model: each job in exactly one
 place with the status, owner, counters, errors, TTL and FIFO place the model says;
 the per-queue counts, the failed index, the stats and the wake-up lists agree; no
@@ -61,9 +61,19 @@ its window of rates, the parked sets and the looks agree with the model, no job 
 beside more jobs of its key than its max_running, and no parked job is left without a
 look or a slot holder to bring it back.
 
-A worker may hold several jobs at once (claims that do not finish the one before), as
-a process running jobs in several slots does: a give-back after a lost reply keeps the
-jobs it names (those of its other slots) and gives back the rest.
+Each worker is a process of 1 to 3 slots (``runworker --threads N``), modelled in
+slots.py: it claims only with a slot free (a claim carrying an outcome frees that
+job's slot first; with every slot busy the call only stores), registers as idle only
+then, and is handed at most one job per registration, into the slot left free. Each
+slot ends its own job (finished, failed, retried, given back, or its lease run out and
+its late outcome refused) while the others run on; one heartbeat renews them all; a
+give-back after a lost claim or wait reply keeps the attempts of the other slots (job
+id and owner token: a job the lost call claimed again, beside a slot still running it
+after its lease ran out, goes back) and gives back only what the lost call gave (and
+what the worker forgot). After every step no
+worker holds more jobs than its slots, one registered as idle has a slot free, no job a
+give-back keeps is given back, and every job Redis says a worker runs is in one of its
+slots or one it forgot.
 
 Outbox relays are modelled in relays.py: relays store jobs and record their ids, a
 finished job's result expires, a row is relayed again whatever its job became (stored
@@ -112,6 +122,7 @@ Where each part is
 - ``fanout.py``: chains, ``depends_on`` and groups; ``broadcasts.py``: broadcasts and
   receive; ``limits.py``: unique jobs and limits (each: moves, operations, rules).
 - ``relays.py``: the outbox's relay records, and results that expire.
+- ``slots.py``: workers of several slots: their rules and their invariant.
 - ``trouble.py``: SCRIPT FLUSH, errors before a script, a real OOM, lost replies.
 - ``invariants.py``: what is read from Redis and compared after every step.
 """

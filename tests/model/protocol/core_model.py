@@ -282,13 +282,15 @@ class CoreModel:
                 return job
         return None
 
-    def m_abandon(self, worker: str, keep: frozenset[str] = frozenset()) -> list[Job]:
-        """Every job the worker owns goes back, but those it ``keep``s (running in its
-        other slots)."""
+    def m_abandon(self, worker: str, keep: frozenset[tuple[str, str]] = frozenset()) -> list[Job]:
+        """Every job the worker owns goes back, but the attempts it ``keep``s, (job id,
+        owner token) pairs (running in its other slots)."""
         mine = [
             j
             for j in self.job_list(RUNNING)
-            if j.owner is not None and j.owner.startswith(worker + "/") and j.id not in keep
+            if j.owner is not None
+            and j.owner.startswith(worker + "/")
+            and (j.id, j.owner) not in keep
         ]
         # The running set's order, then the handed set's.
         mine.sort(

@@ -107,7 +107,10 @@ class CoreOperations:
         ``broadcasts``: the claim reads the last broadcast's number (else the broker
         keeps the one it had). ``idle``: finding no job, the worker registers as idle
         (as one that will wait does). A worker registered since its last claim takes
-        the job handed to it first, as the worker does."""
+        the job handed to it first, as the worker does. A worker claims only with a slot
+        free (slots.py): with every slot busy, the call only stores the outcome."""
+        if not self.slot_free(worker, outcome):
+            order = ()
         take = self.takes_handed(worker)
         seen = self.broker.last_broadcast
         if woken_by:
@@ -163,6 +166,7 @@ class CoreOperations:
             RUN["handed jobs claimed"] += 1
         self.held[worker][job.id] = job.owner
         RUN["claims"] += 1
+        RUN["claims beside jobs in hand"] += len(self.held[worker]) > 1
 
     def takes_handed(self, worker: str) -> bool:
         """Whether the worker's next claim takes a handed job first: it has registered
@@ -429,25 +433,35 @@ class CoreOperations:
         assert changed == expected, f"{action} {queue} {ids} {limit}: {changed}, model {expected}"
 
     def op_abandon(
-        self, worker: str, handed_only: bool = False, keep: tuple[str, ...] = ()
+        self, worker: str, handed_only: bool = False, keep: tuple[tuple[str, str], ...] = ()
     ) -> None:
         """abandon; ``handed_only``: as a worker stopping while registered as idle,
         only the job handed to it and not taken goes back (its held jobs stay);
-        ``keep``: the jobs it holds in other slots stay too."""
+        ``keep``: the attempts (job id, owner token) it holds in other slots stay too."""
         if handed_only:
             given = self.broker.abandon(worker, handed_only=True)
             expected = [j.id for j in self.m_give_back_handed(worker)]
             assert given == expected, f"give-back gave back {given}, model {expected}"
             RUN["handed jobs given back"] += len(given)
             return
+        owners = self.owners()
         given = self.broker.abandon(worker, keep=keep)
+        self.check_kept(given, keep, owners)
         expected = [j.id for j in self.m_abandon(worker, frozenset(keep))]  # running zset order
         assert given == expected, f"abandon gave back {given}, model {expected}"
-        for job_id in list(self.held[worker]):
-            if job_id in keep:
+        for job_id, token in list(self.held[worker].items()):
+            if (job_id, token) in keep:
                 RUN["jobs kept in hand by a give-back"] += 1
             else:
                 del self.held[worker][job_id]
+
+    def owners(self) -> dict[str, str | None]:
+        return {j.id: j.owner for j in self.job_list(RUNNING)}
+
+    def check_kept(self, given, keep, owners: dict[str, str | None]) -> None:
+        """No attempt a give-back keeps is given back (``owners``: before it)."""
+        kept = [job_id for job_id in given if (job_id, owners.get(job_id)) in set(keep)]
+        assert not kept, f"gave back {self.names(kept)}, which it was told to keep"
 
     def op_watch(self, job: Job) -> None:
         status = self.broker.watch(job.id)

@@ -32,6 +32,7 @@ from tests.model.protocol.strategies import (
     PICK,
     PRIORITY,
     RETRY_DELAY,
+    SLOTS,
     STATUS,
     WORKER,
     WRONG,
@@ -100,10 +101,12 @@ class CoreRules:
             max_size=8,
         ),
         workers=st.lists(WORKER, unique=True),
+        slots=SLOTS,
     )
-    def backlog(self, batch, workers):
-        """A few jobs to start with, and the workers already up (their first heartbeat
-        registers their broadcast cursor)."""
+    def backlog(self, batch, workers, slots):
+        """A few jobs to start with, the workers already up (their first heartbeat
+        registers their broadcast cursor), and how many slots each worker has."""
+        self.slots = dict(zip(WORKERS, slots, strict=True))
         for queue, priority, delay in batch:
             self.op_enqueue(queue, priority, DELAYS[delay], via_api=False)
         for worker in workers:
@@ -270,15 +273,15 @@ class CoreRules:
         """A lost reply: the worker gives back what the lost call may have given it,
         keeping the jobs it runs in its other slots (picked among those it holds, and
         another worker's, which it cannot give back anyway)."""
-        mine = sorted(self.held[worker])
-        others = sorted(j for w, held in self.held.items() if w != worker for j in held)
+        mine = sorted(self.held[worker].items())
+        others = sorted(j for w, held in self.held.items() if w != worker for j in held.items())
         kept = {self.pick(mine, p) for p in keep[:1]} | {self.pick(others, p) for p in keep[1:]}
         self.op_abandon(worker, keep=tuple(sorted(kept - {None})))
 
     @rule(worker=WORKER)
     def stop_while_idle(self, worker):
-        """A worker stops: the job handed to it, if it has not taken it, goes back; the
-        jobs it holds are its to finish (the real worker holds none when idle)."""
+        """A worker stops, or turns to broadcasts: the job handed to it, if it has not
+        taken it, goes back; the jobs of its other slots are theirs to finish."""
         self.op_abandon(worker, handed_only=True)
 
     @rule(worker=WORKER, order=ORDER, status=STATUS, priority=PRIORITY)
@@ -309,13 +312,14 @@ class CoreRules:
         hand-off's deadline passed and a tick gave the job back (refused: it does not
         start it, and nothing counts the job, which never ran). ``reply lost``: the
         wait's reply never arrives (the connection broke): the worker gives back what
-        it owns, as after a lost claim's reply, so the job runs at once, uncounted."""
+        it owns, as after a lost claim's reply, but the jobs of its other slots, so the
+        job runs at once, uncounted."""
         if not self.handed_to(worker, order, status, priority):
             return
         job = self.op_wait(worker, QUEUES, take=False)
         token = job.owner
         if fate == "reply lost":
-            self.op_abandon(worker)
+            self.op_abandon(worker, keep=self.in_other_slots(worker))
             return
         if fate == "taken late":
             self.r.zadd(self.keys.handed, {job.id: 0}, xx=True)
@@ -337,7 +341,7 @@ class CoreRules:
     @rule(worker=WORKER)
     def worker_vanishes(self, worker):
         """It stops using its tokens; its jobs come back once their lease passes."""
-        self.held[worker].clear()
+        self.forget_slots(worker)
 
     @rule(worker=WORKER)
     def worker_stalls(self, worker):

@@ -17,6 +17,7 @@ from tests.model.protocol.invariants import InvariantChecks
 from tests.model.protocol.limits import LimitsModel
 from tests.model.protocol.records import WORKERS, Group, Job, Message
 from tests.model.protocol.relays import RelayModel
+from tests.model.protocol.slots import SlotModel
 from tests.model.protocol.trouble import RedisTrouble
 
 
@@ -29,6 +30,7 @@ class ProtocolMachine(
     LimitsModel,
     RelayModel,
     RedisTrouble,
+    SlotModel,
     InvariantChecks,
     ModelMachine,
 ):
@@ -44,6 +46,8 @@ class ProtocolMachine(
         self.seq = 0
         self.paused: set[str] = set()
         self.held: dict[str, dict[str, str]] = {w: {} for w in WORKERS}
+        self.slots = dict.fromkeys(WORKERS, 1)  # drawn by the first step
+        self.forgotten: set[tuple[str, str]] = set()  # (job id, owner) a worker forgot
         self.issued: list[tuple[str, str]] = []  # every (job id, owner token) handed out
         # The hand-off: per worker registered as idle, its registration's order among
         # all and its queues in order; per worker, the job handed to it not yet taken.

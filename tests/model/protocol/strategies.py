@@ -24,6 +24,7 @@ STATUS = st.sampled_from(STATUSES)
 RETRY_DELAY = st.sampled_from(RETRY_IN)
 PICK = st.integers(0, 1 << 16)
 WORKER = st.sampled_from(WORKERS)
+SLOTS = st.tuples(*[st.integers(1, 3)] * len(WORKERS))  # per worker, in WORKERS' order
 ORDER = st.just(QUEUES) | st.sampled_from(ORDERS)  # all queues, in order, half the time
 WRONG = st.sampled_from(["stale", "last claim's", "other worker", "made up", "empty"])
 # What a linked job waits for: nothing, the job before it in the call, a job of the

@@ -106,7 +106,7 @@ class RedisTrouble:
         elif kind_name == "tick":
             self.op_tick("s1", QUEUES, 100, True)
         elif kind_name == "abandon":
-            self.op_abandon(worker_id)
+            self.op_abandon(worker_id, keep=self.in_other_slots(worker_id))
         elif kind_name == "retry_failed":
             self.op_operate("retry_failed", self.pick(QUEUES, other), [], 0)
         elif kind_name == "cancel":
@@ -140,26 +140,33 @@ class RedisTrouble:
     )
     def claim_reply_lost(self, worker, order, with_outcome, pick, status, retry_in):
         """The claim runs but its reply is lost; the worker sends its outcome again
-        (fenced: refused if stored) and gives back what the claim may have taken."""
+        (fenced: refused if stored) and gives back what the claim may have taken,
+        keeping the jobs of its other slots (a slot worker's claims carry no outcome:
+        its slots store their own). With every slot busy, the claim only stores."""
         outcome = None
         held = self.pick(sorted(self.held[worker].items()), pick)
         if with_outcome and held is not None:
             outcome = self.outcome(*held, status, retry_in)
+        if not self.slot_free(worker, outcome):
+            order = ()
+        keep = self.in_other_slots(worker, outcome)
         self.client.lose_reply = redis.exceptions.ConnectionError("Connection reset by peer")
         t0 = self.clock()
         take = self.takes_handed(worker)
         with pytest.raises(redis.exceptions.ConnectionError):
             self.broker.claim(order, worker, outcome, take_handed=take)
         again = self.broker.finish(outcome) if outcome else None
-        given = self.broker.abandon(worker)
+        given = self.broker.abandon(worker, keep=keep)
         t1 = self.clock()
         self.m_finish(outcome, (t0, t1))
         self.m_claim(order, worker, (t0, t1), take=take)
         assert again is self.m_finish(outcome, (t0, t1))
-        expected = self.m_abandon(worker)
+        self.check_kept(given, keep, self.owners())
+        expected = self.m_abandon(worker, frozenset(keep))
         assert sorted(given) == sorted(j.id for j in expected)
-        self.held[worker].clear()
+        self.held[worker] = dict(keep)
         RUN["lost claim replies"] += 1
+        RUN["jobs kept in hand by a give-back"] += len(keep)
 
     @rule(
         kind=st.sampled_from(["chain", "group", "cancel group", "broadcast", "receive"]),
