@@ -80,6 +80,10 @@ class StopToken:
         self.reason, self.stopped_at = reason, time.monotonic()
         thread, cancel = self.thread, self.cancel
         if thread == threading.get_ident():
+            if cancel is not None:
+                # An async task's thread, maybe inside one of its thread-sensitive calls,
+                # which would hand the exception to the task as that call's error.
+                cancel()
             raise reason
         if cancel is not None:
             cancel()
