@@ -231,3 +231,24 @@ def blocks_in_c() -> None:
     """Wait on a lock nobody releases: a C call no exception raised in its thread ends."""
     client().rpush(tasks.LOG, "blocked")
     threading.Event().wait()
+
+
+@task(timeout=0.5)
+async def swallows_its_cancellation() -> str:
+    """Swallow the time limit's cancellation at its await, then return a value."""
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        client().rpush(tasks.LOG, "swallowed")
+    return "returned"
+
+
+@task(timeout=0.5)
+async def catches_the_time_limit_in_a_sync_call() -> str:
+    """Catch what its thread-sensitive call (the ORM's) raises, as a task catches a
+    database error; the time limit comes in the middle of that call."""
+    try:
+        await sync_to_async(time.sleep)(2)
+    except Exception as exc:
+        client().rpush(tasks.LOG, f"caught {type(exc).__name__}")
+    return "returned"

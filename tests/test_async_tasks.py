@@ -105,3 +105,25 @@ def test_a_second_sigterm_cancels_the_async_jobs_and_gives_them_back(r, backend,
         stored = backend.get_result(job.id)
         assert stored.status == TaskResultStatus.READY, stored.status  # back in its queue
         assert stored.attempts == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=["main thread", "slots"])
+@pytest.mark.parametrize(
+    "task",
+    [slot_tasks.swallows_its_cancellation, slot_tasks.catches_the_time_limit_in_a_sync_call],
+    ids=["swallows the cancellation", "catches it in a sync call"],
+)
+def test_an_async_task_that_outlives_its_time_limit_ends_with_the_stop_all_the_same(
+    r, backend, threads, task
+):
+    """docs/howto/many-jobs.md: the attempt ends with the stop's reason, however the
+    coroutine ended: one that swallowed the cancellation and returned; one whose time
+    limit came (by SIGALRM, on the main thread) inside its thread-sensitive call, which
+    would have handed it to the task as that call's error, for the task to catch."""
+    job = task.enqueue()
+    run_here(backend, threads)
+    stored = backend.get_result(job.id)
+    if task is slot_tasks.swallows_its_cancellation:
+        assert log(r) == ["swallowed"]
+    assert stored.status == TaskResultStatus.FAILED, stored.status
+    assert "ran past its timeout of 0.5 s" in stored.errors[0].traceback

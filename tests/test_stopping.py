@@ -134,3 +134,28 @@ def test_a_worker_off_the_main_thread_keeps_its_jobs_time_limits(r, backend):
     stored = backend.get_result(job.id)
     assert stored.status == FAILED
     assert "ran past its timeout of 0.5 s" in stored.errors[0].traceback
+
+
+def test_a_task_on_another_thread_takes_its_stop_once_and_its_finally_blocks_run_out():
+    """As on the main thread: the task's clean-up (a finally block, an except that
+    cleans up) runs to its end, not cut short by the same stop raised again."""
+    token = StopToken()
+    cleaned = []
+
+    def task():
+        with token.running():
+            try:
+                busy(60)
+            finally:
+                for step in range(10):  # Python steps, for longer than a raise again
+                    busy(0.02)
+                    cleaned.append(step)
+
+    thread, raised = run_in_a_thread(task)
+    wait_until(lambda: token.is_running, 10, "the task to run")
+    assert token.stop(JobTimeout("too long"))
+    thread.join(30)
+    assert not thread.is_alive()
+    assert cleaned == list(range(10))
+    [exc] = raised
+    assert isinstance(exc, JobTimeout)

@@ -83,6 +83,11 @@ class EventLoop:
         except BaseException:  # the stop raised here, by a signal: cancel it there too
             cancel()
             raise
+        if token.reason is not None:
+            # Stopped: the attempt ends with the stop's reason however the task ended
+            # (one that swallowed its cancellation, or caught the exception raised in
+            # its thread-sensitive call, may have returned).
+            raise token.reason
         try:
             return future.result()
         except CancelledError:

@@ -80,6 +80,10 @@ class StopToken:
         self.reason, self.stopped_at = reason, time.monotonic()
         thread, cancel = self.thread, self.cancel
         if thread == threading.get_ident():
+            if cancel is not None:
+                # An async task's thread, maybe inside one of its thread-sensitive calls,
+                # which would hand the exception to the task as that call's error.
+                cancel()
             raise reason
         if cancel is not None:
             cancel()
@@ -92,13 +96,26 @@ class StopToken:
         return True
 
     def _raise_in(self, thread: int, exc_type: type[BaseException]) -> None:
-        """Raise ``exc_type`` in ``thread`` until its task has left ``running()``, not
-        once: before Python 3.13 the interpreter-wide signal for these is cleared by the
-        first thread to take its exception, and another thread's, set meanwhile, waits
-        for the next switch of threads, which a lone busy thread may not make soon."""
+        """Raise ``exc_type`` in ``thread`` once: set again until its task has taken it
+        (or left ``running()``), as before Python 3.13 the interpreter-wide signal for
+        these is cleared by the first thread to take its exception, and another
+        thread's, set meanwhile, waits for the next switch of threads, which a lone busy
+        thread may not make soon. Not again once taken: the task's clean-up (its
+        finally blocks) runs out, as on the main thread."""
+        taken = threading.Event()
+
+        class Stop(exc_type):  # type: ignore[valid-type,misc]
+            """``exc_type``, made in the task's thread as it takes the exception."""
+
+            def __init__(self, *args: object) -> None:
+                taken.set()
+                super().__init__(*args)
+
+        Stop.__name__, Stop.__qualname__ = exc_type.__name__, exc_type.__qualname__
+        Stop.__module__ = exc_type.__module__
         set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-        while self.thread == thread:
-            set_async_exc(ctypes.c_ulong(thread), ctypes.py_object(exc_type))
+        while self.thread == thread and not taken.is_set():
+            set_async_exc(ctypes.c_ulong(thread), ctypes.py_object(Stop))
             time.sleep(RAISE_AGAIN_AFTER)
         set_async_exc(ctypes.c_ulong(thread), None)  # any left undelivered is dropped
 
