@@ -149,8 +149,13 @@ def test_a_job_whose_thread_never_lets_go_is_given_up_and_the_process_recycled(r
     worker = procs.start("runworker", "--threads", "2")
     wait_until(lambda: {"blocked", "started:other"} <= set(log(r)), 30, "both starts")
     procs.expect(worker, "its thread has not let go")
-    stored = backend.get_result(stuck.id)
-    assert stored.status == TaskResultStatus.FAILED
+    stored = wait_until(
+        lambda: (
+            (result := backend.get_result(stuck.id)).status == TaskResultStatus.FAILED and result
+        ),
+        30,
+        "the stuck job's outcome",
+    )
     assert "ran past its timeout of 0.5 s" in stored.errors[0].traceback
     assert worker.poll() is None  # the other job is still in hand
     r.rpush("test:release", 1)
