@@ -252,3 +252,10 @@ async def catches_the_time_limit_in_a_sync_call() -> str:
     except Exception as exc:
         client().rpush(tasks.LOG, f"caught {type(exc).__name__}")
     return "returned"
+
+
+@task(timeout=0.5)
+async def blocks_the_loop(seconds: float) -> None:
+    """A sync call inside an ``async def``: it holds the event loop for ``seconds``."""
+    client().rpush(tasks.LOG, "blocking")
+    time.sleep(seconds)

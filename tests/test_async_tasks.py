@@ -127,3 +127,22 @@ def test_an_async_task_that_outlives_its_time_limit_ends_with_the_stop_all_the_s
         assert log(r) == ["swallowed"]
     assert stored.status == TaskResultStatus.FAILED, stored.status
     assert "ran past its timeout of 0.5 s" in stored.errors[0].traceback
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_a_task_that_blocks_the_loop_has_the_async_jobs_waiting_for_it_given_back(
+    r, backend, procs, threads
+):
+    """The loop stops answering: past a grace, the worker gives back the async jobs
+    that wait for it (the blocker ends by its time limit) and its process exits."""
+    blocker = slot_tasks.blocks_the_loop.enqueue(120)  # timeout=0.5
+    waiting = slot_tasks.awaits_until_released.enqueue("waiting", 120)
+    worker = procs.start("runworker", "--threads", threads)
+    procs.expect(worker, "has blocked the event loop", timeout=60)
+    wait_until(lambda: worker.poll() is not None, 30, "the worker's exit")
+    assert worker.returncode == 0
+    failed = backend.get_result(blocker.id)
+    assert failed.status == TaskResultStatus.FAILED
+    assert "ran past its timeout of 0.5 s" in failed.errors[0].traceback
+    given_back = backend.get_result(waiting.id)
+    assert given_back.status == TaskResultStatus.READY and given_back.attempts == 0

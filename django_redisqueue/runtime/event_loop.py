@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import CancelledError, Future
 from typing import Any
@@ -32,6 +33,8 @@ from django_redisqueue.runtime.stopping import StopToken
 # waiting thread's executor takes no parent.
 _CONTEXT_TAKES_EXECUTOR = "executor" in inspect.signature(ThreadSensitiveContext).parameters
 _EXECUTOR_TAKES_PARENT = "old_executor" in inspect.signature(CurrentThreadExecutor).parameters
+# Seconds between the loop's ticks, by which a blocked loop is told.
+TICK = 0.5
 
 
 class EventLoop:
@@ -41,6 +44,26 @@ class EventLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._starting = threading.Lock()
+        self._waiting: set[Future[Any]] = set()  # the tasks threads wait for now
+        self._answered_at = time.monotonic()  # the loop's last tick (see ``_tick``)
+
+    def _tick(self) -> None:
+        """On the loop, every TICK seconds: it answers (see ``blocked``)."""
+        self._answered_at = time.monotonic()
+        if self._loop is not None:
+            self._loop.call_later(TICK, self._tick)
+
+    def blocked(self, seconds: float) -> bool:
+        """Whether the loop has not run for ``seconds`` while a thread waits for it: a
+        task blocks it (a sync call inside an ``async def``)."""
+        return bool(self._waiting) and time.monotonic() - self._answered_at >= seconds
+
+    def let_go(self) -> None:
+        """Release every thread waiting for a task on a blocked loop: each returns as
+        if its task was cancelled (its stop's reason raised, if stopped). Their tasks
+        are left on the loop, which the process leaves behind."""
+        for future in list(self._waiting):
+            future.cancel()
 
     def _running(self) -> asyncio.AbstractEventLoop:
         with self._starting:
@@ -51,6 +74,8 @@ class EventLoop:
                 )
                 self._thread.start()
                 self._loop = loop
+                self._answered_at = time.monotonic()
+                loop.call_soon_threadsafe(self._tick)
             return self._loop
 
     def run(
@@ -77,12 +102,15 @@ class EventLoop:
             # except and finally blocks run (one that swallows the cancellation runs on).
             loop.call_soon_threadsafe(lambda: started[0].cancel() if started else future.cancel())
 
+        self._waiting.add(future)
         try:
             with token.cancelling(cancel):
                 executor.run_until_future(future)
         except BaseException:  # the stop raised here, by a signal: cancel it there too
             cancel()
             raise
+        finally:
+            self._waiting.discard(future)
         if token.reason is not None:
             # Stopped: the attempt ends with the stop's reason however the task ended
             # (one that swallowed its cancellation, or caught the exception raised in

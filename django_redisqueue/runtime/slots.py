@@ -31,15 +31,12 @@ from django_redisqueue.runtime import WORKER_LOGGER
 from django_redisqueue.runtime.attempts import Finished, given_up
 from django_redisqueue.runtime.memory import past_limit
 from django_redisqueue.runtime.stopping import StopToken
-from django_redisqueue.runtime.worker import WAIT_TIMEOUT, Worker
+from django_redisqueue.runtime.worker import GIVE_UP_AFTER, WAIT_TIMEOUT, Worker
 from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector
 from django_redisqueue.store.wire import Claimed
 
 logger = logging.getLogger(WORKER_LOGGER)
 T = TypeVar("T")
-# Seconds a stopped job's thread has to let go (its exception taken, its finally blocks
-# run) before the job is given up as stuck.
-GIVE_UP_AFTER = 5.0
 
 
 class _Slot:
@@ -111,13 +108,16 @@ class SlotWorker(Worker):
             if slot.job and (job_id, owner) not in self.stuck
         ]
 
-    def give_up_stuck(self) -> None:
-        """A job stopped GIVE_UP_AFTER seconds ago whose thread runs on (inside a C call
-        that never returns to Python) is given up: its outcome stored as the stop says
+    def give_up_stuck(self) -> bool:
+        """A blocked event loop first (Worker's); then a job stopped GIVE_UP_AFTER
+        seconds ago whose thread runs on (inside a C call that never returns to
+        Python) is given up: its outcome stored as the stop says
         (FAILED for a time limit, given back for a second SIGTERM, nothing for a lost
         lease), its lease no longer renewed, and the process recycled once its other
         jobs are done, the thread left behind (the process exits without waiting for
         it). If the call ever returns, its outcome is refused: the job ended."""
+        if super().give_up_stuck():
+            return True  # the threads it let go end their jobs: looked at next time
         with self._changed:
             slots = list(self._running.values())
         for slot in slots:
@@ -139,6 +139,7 @@ class SlotWorker(Worker):
             if outcome is not None:
                 with contextlib.suppress(*REDIS_ERRORS):  # else the lease runs out
                     self.backend.broker.finish(outcome)
+        return False
 
     def held(self) -> list[tuple[str, str]]:
         # A slot's job is held from its claim (before its thread starts it) until its

@@ -66,6 +66,9 @@ class _Claim:
 
 # Seconds an idle worker blocks on its wake-up lists per call.
 WAIT_TIMEOUT = 1.0
+# Seconds a stopped job's thread has to let go (its exception taken, its finally blocks
+# run), or a blocked event loop to run again, before the worker gives up on them.
+GIVE_UP_AFTER = 5.0
 # Wake-ups are hints; an idle worker claims anyway after this many quiet waits.
 IDLE_WAITS_BEFORE_CLAIM = 5
 # How long a claim that finds no job registers the worker as idle (ms): past its quiet
@@ -112,6 +115,7 @@ class Worker:
         # Jobs whose threads did not let go of a stop (blocked in C): given up, and the
         # process recycled once its other jobs are done (SlotWorker).
         self.stuck: set[tuple[str, str]] = set()  # by attempt: (job id, owner token)
+        self.loop_blocked = False  # a task blocked the event loop: given up (recycled)
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self.started_at = int(time.time() * 1000)
         self.jobs_done = 0
@@ -359,7 +363,7 @@ class Worker:
         """True once the worker stops to be replaced by a fresh process: it has run
         ``max_jobs`` jobs, grown past ``max_memory``, or given up a job whose thread is
         stuck."""
-        if self.over_memory or self.stuck:
+        if self.over_memory or self.stuck or self.loop_blocked:
             return True
         return self.max_jobs is not None and self.jobs_done >= self.max_jobs
 
@@ -515,10 +519,28 @@ class Worker:
         out and it was recovered). Stop it: its outcome would be refused anyway."""
         self._stop_lost(job, self.token if self.current is job else None)
 
-    def give_up_stuck(self) -> None:
-        """Called by the heartbeat: give up the jobs whose threads have not let go of a
-        stop. A one-slot worker runs its task on the main thread, where the stop's
-        signal interrupts a blocking call: it has none to give up."""
+    def give_up_stuck(self) -> bool:
+        """Called by the heartbeat: give up the jobs that cannot end. Here, those
+        waiting for the process's event loop while a task has blocked it GIVE_UP_AFTER
+        seconds: each is given back (WorkerShutdown: it runs again, uncounted), unless
+        stopped already (a time limit's: it ends so), and the process recycled, leaving
+        the loop behind. True if it did. (A one-slot worker runs a sync task on the
+        main thread, where the stop's signal interrupts a blocking call.)"""
+        if self.loop_blocked or not self.event_loop.blocked(GIVE_UP_AFTER):
+            return False
+        self.loop_blocked = True
+        logger.error(
+            "Worker %s: a task has blocked the event loop of its async tasks for %.0f s "
+            "or more (a sync call inside an async def?); giving back the async jobs "
+            "that wait for it, and this worker process exits once its other jobs are done",
+            self.worker_id,
+            GIVE_UP_AFTER,
+        )
+        for token in self._tokens():
+            if token.cancel is not None:  # waiting for the loop
+                token.stop(WorkerShutdown())
+        self.event_loop.let_go()
+        return True
 
     def _stop_lost(self, job: Claimed, token: StopToken | None) -> None:
         if token is not None and token.stop(LeaseLost(f"the lease of job {job.job_id} was lost")):
