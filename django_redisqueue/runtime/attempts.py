@@ -44,13 +44,9 @@ from django_redisqueue.runtime.stopping import StopToken
 from django_redisqueue.store.wire import RELEASE, RETRY, Claimed, Outcome
 
 Context = contextlib.AbstractContextManager[None]
-# How a task is called: (task, args, kwargs, its stop token) -> its return value.
+# How a task is called: (task, args, kwargs, its stop token) -> its return value
+# (``EventLoop.call``).
 Call = Callable[[Any, Sequence[Any], dict[str, Any], StopToken], Any]
-
-
-def call_task(task: Any, args: Sequence[Any], kwargs: dict[str, Any], token: StopToken) -> Any:
-    """As Django's ``Task.call``: an ``async def`` task on an event loop of its own."""
-    return task.call(*args, **kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +208,7 @@ def run(
     args: Sequence[Any],
     hooks: Sequence[Hook],
     max_bytes: int,
-    call: Call = call_task,
+    call: Call,
 ) -> Finished:
     """Call the attempt's task with ``args`` (and its envelope's kwargs) inside the
     hooks, by ``call``, and make the outcome: SUCCESSFUL with its return value (JSON, at most

@@ -18,14 +18,16 @@ import asyncio
 import inspect
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import CancelledError, Future
+from inspect import iscoroutinefunction
 from typing import Any
 
 from asgiref.current_thread_executor import CurrentThreadExecutor
 from asgiref.sync import SyncToAsync, ThreadSensitiveContext, sync_to_async
 from django.db import connections
 
+from django_redisqueue.exceptions import WorkerShutdown
 from django_redisqueue.runtime.stopping import StopToken
 
 # From asgiref 3.13 a context's thread-sensitive calls go to the executor it is given
@@ -44,7 +46,7 @@ class EventLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._starting = threading.Lock()
-        self._waiting: set[Future[Any]] = set()  # the tasks threads wait for now
+        self._waiting: dict[Future[Any], StopToken] = {}  # the tasks threads wait for
         self._answered_at = time.monotonic()  # the loop's last tick (see ``_tick``)
 
     def _tick(self) -> None:
@@ -53,17 +55,27 @@ class EventLoop:
         if self._loop is not None:
             self._loop.call_later(TICK, self._tick)
 
-    def blocked(self, seconds: float) -> bool:
-        """Whether the loop has not run for ``seconds`` while a thread waits for it: a
-        task blocks it (a sync call inside an ``async def``)."""
-        return bool(self._waiting) and time.monotonic() - self._answered_at >= seconds
-
-    def let_go(self) -> None:
-        """Release every thread waiting for a task on a blocked loop: each returns as
-        if its task was cancelled (its stop's reason raised, if stopped). Their tasks
-        are left on the loop, which the process leaves behind."""
-        for future in list(self._waiting):
+    def give_back_if_blocked(self, seconds: float) -> bool:
+        """If the loop has not run for ``seconds`` while threads wait for it (a task
+        blocks it: a sync call inside an ``async def``), release them: each task's
+        stop token is stopped (WorkerShutdown: its job given back, unless stopped
+        already, by a time limit say) and its thread returns, the task left on the
+        loop, which the process leaves behind. True if it did."""
+        if not self._waiting or time.monotonic() - self._answered_at < seconds:
+            return False
+        for future, token in list(self._waiting.items()):
+            token.stop(WorkerShutdown())
             future.cancel()
+        return True
+
+    def call(
+        self, task: Any, args: Sequence[Any], kwargs: dict[str, Any], token: StopToken
+    ) -> Any:
+        """Call a task (an ``attempts.Call``): an ``async def`` one on this loop
+        (``run``), another as Django's ``Task.call``."""
+        if iscoroutinefunction(getattr(task, "func", None)):
+            return self.run(task.func, args, kwargs, token)
+        return task.call(*args, **kwargs)
 
     def _running(self) -> asyncio.AbstractEventLoop:
         with self._starting:
@@ -102,7 +114,7 @@ class EventLoop:
             # except and finally blocks run (one that swallows the cancellation runs on).
             loop.call_soon_threadsafe(lambda: started[0].cancel() if started else future.cancel())
 
-        self._waiting.add(future)
+        self._waiting[future] = token
         try:
             with token.cancelling(cancel):
                 executor.run_until_future(future)
@@ -110,7 +122,7 @@ class EventLoop:
             cancel()
             raise
         finally:
-            self._waiting.discard(future)
+            self._waiting.pop(future, None)
         if token.reason is not None:
             # Stopped: the attempt ends with the stop's reason however the task ended
             # (one that swallowed its cancellation, or caught the exception raised in

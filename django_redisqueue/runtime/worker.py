@@ -17,9 +17,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from inspect import iscoroutinefunction
 from types import FrameType
-from typing import Any
 
 from django.db import close_old_connections
 
@@ -133,7 +131,7 @@ class Worker:
         self.broadcasts_read_at = float("-inf")  # when a claim last read their number
         self.event_loop = EventLoop()  # the async def tasks', started by the first
         self.broadcasts = Inbox(
-            self.worker_id, self.broker, backend.config, self._in_task, self.call_task
+            self.worker_id, self.broker, backend.config, self._in_task, self.event_loop.call
         )
         self.metrics = JobMetrics() if backend.config.metrics else None
         # Off only in tests that run jobs inside their own transaction (testing.py).
@@ -503,16 +501,8 @@ class Worker:
             args,
             self.hooks,
             self.backend.config.max_payload_bytes,
-            self.call_task,
+            self.event_loop.call,
         )
-
-    def call_task(
-        self, task: Any, args: Sequence[Any], kwargs: dict[str, Any], token: StopToken
-    ) -> Any:
-        """Call a task: an ``async def`` one on the process's event loop."""
-        if iscoroutinefunction(getattr(task, "func", None)):
-            return self.event_loop.run(task.func, args, kwargs, token)
-        return task.call(*args, **kwargs)
 
     def lease_lost(self, job: Claimed) -> None:
         """Called by the heartbeat: Redis says ``job`` is no longer ours (its lease ran
@@ -526,7 +516,7 @@ class Worker:
         stopped already (a time limit's: it ends so), and the process recycled, leaving
         the loop behind. True if it did. (A one-slot worker runs a sync task on the
         main thread, where the stop's signal interrupts a blocking call.)"""
-        if self.loop_blocked or not self.event_loop.blocked(GIVE_UP_AFTER):
+        if self.loop_blocked or not self.event_loop.give_back_if_blocked(GIVE_UP_AFTER):
             return False
         self.loop_blocked = True
         logger.error(
@@ -536,10 +526,6 @@ class Worker:
             self.worker_id,
             GIVE_UP_AFTER,
         )
-        for token in self._tokens():
-            if token.cancel is not None:  # waiting for the loop
-                token.stop(WorkerShutdown())
-        self.event_loop.let_go()
         return True
 
     def _stop_lost(self, job: Claimed, token: StopToken | None) -> None:
