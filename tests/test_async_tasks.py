@@ -4,14 +4,12 @@ the loop and spares the others; their ORM calls run on the thread that waits for
 
 import os
 import signal
-import threading
 from unittest.mock import patch
 
 import pytest
 
-from django_redisqueue.compat import TaskResultStatus, task_backends
+from django_redisqueue.compat import TaskResultStatus
 from django_redisqueue.runtime import event_loop
-from django_redisqueue.runtime.slots import SlotWorker
 from tests import slot_tasks, tasks
 from tests.conftest import run_worker_here, wait_until
 from tests.test_slots import log, run_slots_here
@@ -48,30 +46,8 @@ def test_a_time_limit_cancels_an_async_task_on_the_loop_and_spares_the_others(r,
     assert [job.wait(timeout=5) for job in quick] == [42] * 3
 
 
-def test_a_lost_lease_cancels_its_async_job_and_no_other(r):
-    backend = task_backends["leased"]  # 1 s leases: a heartbeat every 1/3 s
-    leased = slot_tasks.awaits_until_released.using(backend="leased")
-    lost, kept = leased.enqueue("lost", 30), leased.enqueue("kept", 30)
-    worker = SlotWorker(backend, threads=2, burst=True)
-
-    def steal_one_lease():
-        wait_until(lambda: {"started:lost", "started:kept"} <= set(log(r)), 30, "both starts")
-        r.hset(backend.keys.job(lost.id), "owner", "another-worker/2")
-        wait_until(lambda: "cancelled:lost" in log(r), 30, "the cancellation")
-        r.rpush(slot_tasks.RELEASE, 1)
-
-    thief = threading.Thread(target=steal_one_lease)
-    thief.start()
-    with patch("django_redisqueue.runtime.worker.close_old_connections"):
-        worker.run()
-    thief.join()
-    assert "done:lost" not in log(r) and "done:kept" in log(r)
-    assert backend.get_result(lost.id).status == TaskResultStatus.RUNNING  # not ours now
-    assert kept.wait(timeout=5) is True
-
-
 @pytest.mark.parametrize("threads", [1, 2], ids=["main thread", "slots"])
-def test_an_slot_tasks_orm_calls_run_on_the_thread_that_waits_for_it(r, backend, threads):
+def test_an_async_tasks_orm_calls_run_on_the_thread_that_waits_for_it(r, backend, threads):
     """There its database connections are the job's own, closed or kept around it as
     a sync task's are; not the one thread every async task would share."""
     jobs = [slot_tasks.thread_of_its_sync_calls.enqueue() for _ in range(2)]
@@ -83,7 +59,7 @@ def test_an_slot_tasks_orm_calls_run_on_the_thread_that_waits_for_it(r, backend,
         assert all(name.startswith("redisqueue-slot") for name in ran_on), ran_on
 
 
-def test_before_asgiref_3_13_an_slot_tasks_orm_calls_have_a_thread_of_their_own(r, backend):
+def test_before_asgiref_3_13_an_async_tasks_orm_calls_have_a_thread_of_their_own(r, backend):
     with patch.object(event_loop, "_CONTEXT_TAKES_EXECUTOR", False):
         jobs = [slot_tasks.thread_of_its_sync_calls.enqueue() for _ in range(2)]
         run_slots_here(backend, threads=2)

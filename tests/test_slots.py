@@ -7,6 +7,7 @@ import signal
 import threading
 from unittest.mock import patch
 
+import pytest
 import redis
 
 from django_redisqueue.compat import TaskResultStatus, task_backends
@@ -48,11 +49,15 @@ def test_a_time_limit_stops_its_job_and_spares_the_others(r, backend):
     assert [job.wait(timeout=5) for job in quick] == [0, 2, 4, 6, 8]
 
 
-def test_a_lost_lease_stops_its_job_and_no_other(r):
+@pytest.mark.parametrize(
+    "task", [tasks.steps_until_released, slot_tasks.awaits_until_released], ids=["sync", "async"]
+)
+def test_a_lost_lease_stops_its_job_and_no_other(r, task):
     """The heartbeat finds one of two running jobs taken from the worker: that one is
-    stopped (its late outcome refused), the other runs to its end."""
+    stopped (its late outcome refused; an async one cancelled on the loop), the other
+    runs to its end."""
     backend = task_backends["leased"]  # 1 s leases: a heartbeat every 1/3 s
-    leased = tasks.steps_until_released.using(backend="leased")
+    leased = task.using(backend="leased")
     lost, kept = leased.enqueue("lost", 30), leased.enqueue("kept", 30)
     worker = SlotWorker(backend, threads=2, burst=True)
 
@@ -70,6 +75,8 @@ def test_a_lost_lease_stops_its_job_and_no_other(r):
         worker.run()
     thief.join()
     assert "done:lost" not in log(r)  # interrupted, not released
+    if task is slot_tasks.awaits_until_released:
+        assert "cancelled:lost" in log(r)
     assert backend.get_result(lost.id).status == TaskResultStatus.RUNNING  # not ours now
     assert kept.wait(timeout=5) is True
 
