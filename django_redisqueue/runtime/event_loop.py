@@ -19,7 +19,7 @@ import inspect
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import Future
 from inspect import iscoroutinefunction
 from typing import Any
 
@@ -50,7 +50,7 @@ class EventLoop:
         self._answered_at = time.monotonic()  # the loop's last tick (see ``_tick``)
 
     def _tick(self) -> None:
-        """On the loop, every TICK seconds: it answers (see ``blocked``)."""
+        """On the loop, every TICK seconds: it answers (``give_back_if_blocked``)."""
         self._answered_at = time.monotonic()
         if self._loop is not None:
             self._loop.call_later(TICK, self._tick)
@@ -128,12 +128,7 @@ class EventLoop:
             # (one that swallowed its cancellation, or caught the exception raised in
             # its thread-sensitive call, may have returned).
             raise token.reason
-        try:
-            return future.result()
-        except CancelledError:
-            if token.reason is not None:
-                raise token.reason from None
-            raise
+        return future.result()
 
     def close(self) -> None:
         """Stop the loop (the tasks still on it are dropped with the process)."""
