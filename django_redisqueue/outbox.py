@@ -18,9 +18,10 @@ relayed twice at once and a backend's rows reach Redis oldest first.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from itertools import islice
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, InterfaceError, connections, transaction
@@ -238,13 +239,19 @@ def store(
 
 
 def _waiting_for(job_id: str, jobs: Sequence[NewJob]) -> set[str]:
-    """The ids of ``jobs`` that run after ``job_id``, directly or through one another
-    (``jobs`` in order: a job after the one it waits for)."""
-    waiting: set[str] = set()
-    for job in jobs:
-        if job.after == job_id or job.after in waiting:
-            waiting.add(job.job_id)
-    return waiting
+    """The ids of ``jobs`` that run after ``job_id``, directly or through one another."""
+    return set(_runs_after({job_id}, ((job.job_id, job.after) for job in jobs)))
+
+
+def _runs_after(waited_for: set[str], links: Iterable[tuple[str, str]]) -> Iterator[str]:
+    """The ids of ``links`` (a job's id, and the job it runs after), in order, that run
+    after one of ``waited_for``, directly or through one another: ``links`` come in the
+    outbox's order, in which a job follows the one it waits for."""
+    waited = set(waited_for)
+    for job_id, after in links:
+        if after in waited:
+            waited.add(job_id)
+            yield job_id
 
 
 def relay(
@@ -303,18 +310,12 @@ def _followers(
     job they wait for run and its result expire before the next batch. One query reads
     the later rows that wait for a job (few, as a rule; at most FOLLOWERS_READ), their
     chains are followed here, and only the followers are taken."""
-    waited_for = {row.job_id for row in taken}
     later = eligible.filter(id__gt=taken[-1].id).exclude(after="").order_by("id")
-    ids: list[int] = []
-    for id_, job_id, after in later.values_list("id", "job_id", "after")[:FOLLOWERS_READ]:
-        if after in waited_for:  # ids grow: a row comes after the one it waits for
-            waited_for.add(job_id)
-            ids.append(id_)
-            if len(ids) == RELAY_BATCH:
-                break
-    if not ids:
+    links = list(later.values_list("job_id", "after")[:FOLLOWERS_READ])
+    followers = list(islice(_runs_after({row.job_id for row in taken}, links), RELAY_BATCH))
+    if not followers:
         return []
-    rows = eligible.filter(id__in=ids)
+    rows = eligible.filter(job_id__in=followers)
     if skip_locked:
         rows = rows.select_for_update(skip_locked=True)
     return list(rows.order_by("id"))
