@@ -98,6 +98,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "lost claim replies",
             "jobs kept in hand by a give-back",
             "claims beside jobs in hand",
+            "slot claims beside a registration",
             "leases lost beside jobs in hand",
         )
     )

@@ -2,6 +2,7 @@
 jobs run side by side, each stopped alone (its time limit, its lost lease, a second
 SIGTERM for all), each outcome stored once, and nothing is given back that a slot runs."""
 
+import contextlib
 import os
 import signal
 import threading
@@ -24,6 +25,14 @@ def run_slots_here(backend, threads=2, **options):
         worker = SlotWorker(backend, threads=threads, burst=True, **options)
         worker.run()
     return worker
+
+
+def run_patched(worker, *patches):
+    """Run ``worker`` here with Redis calls made to fail or wait by ``patches``."""
+    with contextlib.ExitStack() as stack:
+        for patcher in (*patches, patch("django_redisqueue.runtime.worker.close_old_connections")):
+            stack.enter_context(patcher)
+        worker.run()
 
 
 def log(r):
@@ -173,10 +182,12 @@ def test_a_job_whose_thread_never_lets_go_is_given_up_and_the_process_recycled(r
 
 def test_a_lost_reply_gives_back_no_job_whose_outcome_a_slot_is_still_storing(r, backend):
     """The loop's claim loses its reply while a slot stores the outcome of the job it
-    ran: the recovery gives back what the lost call may have given, and keeps that job
-    (else it would run again, its outcome refused)."""
+    ran (only stores: the loop is to read the broadcasts' number, say): the recovery
+    gives back what the lost call may have given, and keeps that job (else it would run
+    again, its outcome refused)."""
     job = tasks.record.enqueue("once")
     worker = SlotWorker(backend, threads=2, burst=True)
+    worker._queues_for_a_slot = lambda: []
     storing, recovered = threading.Event(), threading.Event()
     claim, abandon, finish = worker.broker.claim, worker.broker.abandon, backend.broker.finish
     claims = []
@@ -199,14 +210,73 @@ def test_a_lost_reply_gives_back_no_job_whose_outcome_a_slot_is_still_storing(r,
         recovered.wait(30)  # the slot's store is slow: Redis fails for it too
         return finish(outcome)
 
-    with (
+    run_patched(
+        worker,
         patch.object(worker.broker, "claim", claim_losing_the_second_reply),
         patch.object(worker.broker, "abandon", abandon_then_say),
         patch.object(backend.broker, "finish", finish_once_recovered),
-        patch("django_redisqueue.runtime.worker.close_old_connections"),
-    ):
-        worker.run()
+    )
     assert recovered.is_set()
     assert log(r) == ["once"]  # run once
     stored = backend.get_result(job.id)
     assert stored.status == TaskResultStatus.SUCCESSFUL and stored.attempts == 1
+
+
+def test_a_busy_slot_stores_each_outcome_and_claims_its_next_job_in_one_call(r, backend):
+    """Without the loop between them: a job's outcome and the next claim go together."""
+    jobs = [tasks.add.enqueue(i, 1) for i in range(40)]
+    calls = []
+    claim = backend.broker.claim
+
+    def counted(*args, **kwargs):
+        calls.append(bool(args[0]))  # whether it claimed, or only stored
+        return claim(*args, **kwargs)
+
+    with patch.object(backend.broker, "claim", counted):
+        worker = run_slots_here(backend, threads=2)
+    assert [job.wait(timeout=5) for job in jobs] == [i + 1 for i in range(40)]
+    assert worker.jobs_done == 40
+    assert sum(calls) >= 20, f"{sum(calls)} of {len(calls)} slot calls claimed"
+
+
+def test_a_lost_reply_waits_for_a_slot_claim_in_flight_and_keeps_its_job(r, backend):
+    """A slot's call stored its job's outcome and claimed the next; before it has put
+    that job in its slot, the loop's claim loses its reply. The loop's give-back waits
+    for the slot's call to end, so that it keeps the job the slot claimed: run once."""
+    first, second = tasks.record.enqueue("first"), tasks.record.enqueue("second")
+    worker = SlotWorker(backend, threads=2, burst=True)
+    replied = threading.Event()
+    slot_claim, loop_claim = backend.broker.claim, worker.broker.claim
+    abandon = worker.broker.abandon
+    loop_calls, given_back = [], []
+
+    def slot_claim_slow_to_take_its_job(*args, **kwargs):
+        answer = slot_claim(*args, **kwargs)
+        if answer[1] is not None and answer[1].job_id == second.id:
+            replied.set()
+            wait_until(lambda: worker._claims._closed, 10, "the loop's give-back waiting")
+        return answer
+
+    def loop_claim_losing_a_reply(*args, **kwargs):
+        loop_calls.append(1)
+        if len(loop_calls) == 2:  # its second: while the slot claims the second job
+            assert replied.wait(10)
+            raise redis.ConnectionError("reply lost")
+        return loop_claim(*args, **kwargs)
+
+    def abandon_said(*args, **kwargs):
+        given_back.extend(abandon(*args, **kwargs))
+        return given_back
+
+    run_patched(
+        worker,
+        patch.object(backend.broker, "claim", slot_claim_slow_to_take_its_job),
+        patch.object(worker.broker, "claim", loop_claim_losing_a_reply),
+        patch.object(worker.broker, "abandon", abandon_said),
+    )
+    assert replied.is_set()
+    assert given_back == []  # the slot's job kept: it ran there
+    assert sorted(log(r)) == ["first", "second"]  # each once
+    for job in (first, second):
+        stored = backend.get_result(job.id)
+        assert stored.status == TaskResultStatus.SUCCESSFUL and stored.attempts == 1

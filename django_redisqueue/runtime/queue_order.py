@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 
 
@@ -18,16 +19,18 @@ class QueueOrder:
         self.queues = list(queues)
         self.weights = dict(weights or {})
         self._current = dict.fromkeys(self.queues, 0)
+        self._turn = threading.Lock()  # a slot worker's threads claim side by side
 
     def next(self) -> list[str]:
         """The queue order for the next claim."""
         if not self.weights:
             return self.queues
-        total = 0
-        for queue in self.queues:
-            weight = self.weights.get(queue, 1)
-            self._current[queue] += weight
-            total += weight
-        first = max(self.queues, key=self._current.__getitem__)
-        self._current[first] -= total
+        with self._turn:
+            total = 0
+            for queue in self.queues:
+                weight = self.weights.get(queue, 1)
+                self._current[queue] += weight
+                total += weight
+            first = max(self.queues, key=self._current.__getitem__)
+            self._current[first] -= total
         return [first, *(q for q in self.queues if q != first)]

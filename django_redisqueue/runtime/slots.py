@@ -2,8 +2,9 @@
 
 The loop (the main thread) claims a job whenever one of N slots is free and hands it to
 a slot's thread, which runs it as a one-slot worker does (``Worker.execute``: the same
-attempt, hooks and trace) and stores its outcome itself, on the backend's pooled
-connections, so that a result is not held behind the loop's wait. One worker id and
+attempt, hooks and trace), then stores its outcome and claims its next job in one call,
+on the backend's pooled connections, until there is no work or the loop has something
+to do first; then it frees the slot. One worker id and
 one idle registration for the process, made only with a slot free (docs/architecture.md,
 "Many jobs in one process"). A lost reply gives back what the lost call may have given,
 keeping the jobs of the other slots; the heartbeat renews every job in hand in one
@@ -18,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar, cast
 
@@ -31,7 +33,12 @@ from django_redisqueue.runtime import WORKER_LOGGER
 from django_redisqueue.runtime.attempts import Finished, given_up
 from django_redisqueue.runtime.memory import past_limit
 from django_redisqueue.runtime.stopping import StopToken
-from django_redisqueue.runtime.worker import GIVE_UP_AFTER, WAIT_TIMEOUT, Worker
+from django_redisqueue.runtime.worker import (
+    BROADCASTS_READ_EVERY,
+    GIVE_UP_AFTER,
+    WAIT_TIMEOUT,
+    Worker,
+)
 from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector
 from django_redisqueue.store.wire import Claimed
 
@@ -49,6 +56,43 @@ class _Slot:
         self.current: Claimed | None = None
         self.token: StopToken | None = None
         self.attempt: tracing.Attempt | tracing.NotTraced = tracing.NOT_TRACED
+
+
+class _Gate:
+    """Many threads pass at once, or one closes it and is alone: the slots' claims side
+    by side, each a round trip, and the loop's give-back, which none may overlap."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._passing = 0
+        self._closed = False
+
+    @contextlib.contextmanager
+    def passing(self) -> Iterator[None]:
+        with self._changed:
+            while self._closed:
+                self._changed.wait()
+            self._passing += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._passing -= 1
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def closed(self) -> Iterator[None]:
+        """Only the loop's thread closes it."""
+        with self._changed:
+            self._closed = True
+            while self._passing:
+                self._changed.wait()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._closed = False
+                self._changed.notify_all()
 
 
 class _OfTheThread(Generic[T]):
@@ -83,6 +127,9 @@ class SlotWorker(Worker):
         # run it when another claims the job again.
         self._running: dict[tuple[str, str], _Slot] = {}
         self._changed = threading.Condition()  # a job taken into a slot, or ended
+        # The slots' claims, each from its call to its job in ``_running``, and the
+        # loop's give-back after a lost reply (which keeps the jobs in ``_running``).
+        self._claims = _Gate()
         # Each slot thread's database connections, by thread, to close as the slots end.
         self._databases: dict[int, Sequence[BaseDatabaseWrapper]] = {}
         super().__init__(backend, queues, weights=weights, **options)
@@ -187,8 +234,9 @@ class SlotWorker(Worker):
         wait hands over; None when nothing came, or Redis failed."""
         try:
             if self.uncertain:
-                self._recover_claim(None)
-                self.uncertain = False
+                with self._claims.closed():  # no slot's claim between its reply and its slot
+                    self._recover_claim(None)
+                    self.uncertain = False
             claim = self._store_and_claim(None, True)
             backoff.succeeded()
         except REDIS_ERRORS as exc:  # refused (nothing changed), or its reply lost
@@ -204,20 +252,75 @@ class SlotWorker(Worker):
         return claim.job or self._between_jobs(claim, True, backoff)
 
     def _run_in_slot(self, job: Claimed, slot: _Slot) -> None:
-        self._local.slot = slot
+        """Run the job, store its outcome and, while there is work, claim the next in
+        the same call and run it, on this thread; then free the slot for the loop."""
         try:
-            finished = self.execute(job)
-            self._store(finished)
-        except BaseException:  # a bug of this app's: said, and the slot is freed
-            logger.exception("Worker %s: job %s's slot failed", self.worker_id, job.job_id)
+            while True:
+                self._local.slot = slot
+                following = None
+                try:
+                    finished = self.execute(job)
+                    with self._changed:
+                        self.jobs_done += 1
+                    self.over_memory = self.over_memory or past_limit(
+                        self.max_memory, self.worker_id
+                    )
+                    stored, following = self._store_and_claim_next(finished)
+                    if stored is not None:
+                        self._report(finished, stored)
+                except BaseException:  # a bug of this app's: said, and the slot is freed
+                    logger.exception("Worker %s: job %s's slot failed", self.worker_id, job.job_id)
+                finally:
+                    with self._changed:
+                        del self._running[job.job_id, job.owner]
+                        self._databases[threading.get_ident()] = connections.all(
+                            initialized_only=True
+                        )
+                        self._changed.notify_all()
+                if following is None or following.job is None:
+                    return
+                job, slot = following.job, following
         finally:
-            self.over_memory = self.over_memory or past_limit(self.max_memory, self.worker_id)
-            with self._changed:
-                del self._running[job.job_id, job.owner]
-                self.jobs_done += 1
-                self._databases[threading.get_ident()] = connections.all(initialized_only=True)
-                self._changed.notify_all()
             self._free.release()
+
+    def _store_and_claim_next(self, finished: Finished) -> tuple[bool | None, _Slot | None]:
+        """Store the outcome and claim this slot's next job in one call, as the
+        one-slot loop does, when the loop has nothing to do first: no stop, no
+        broadcasts to read or run, no lost reply to recover. The slot's claim neither
+        takes a job handed to the worker nor registers it as idle: those are the
+        loop's, which keeps a slot free for them. Else only store. Returns whether the
+        call stored the outcome (None: stored and reported apart) and the next job's
+        slot, already among those running."""
+        queues = self._queues_for_a_slot()
+        if not queues:
+            self._store(finished)
+            return None, None
+        failed: Exception | None = None
+        with self._claims.passing():  # not while the loop gives back what a lost reply gave
+            try:
+                stored, job = self.backend.broker.claim(
+                    queues, self.worker_id, finished.outcome, broadcasts=False
+                )
+            except REDIS_ERRORS as exc:  # the loop recovers a job the call may have given
+                self.uncertain = self.uncertain or isinstance(exc, UNCERTAIN_ERRORS)
+                failed = exc
+            else:
+                following = _Slot(job)
+                if job is not None:
+                    with self._changed:
+                        self._running[job.job_id, job.owner] = following
+        if failed is not None:
+            self._store(finished, repeated=isinstance(failed, UNCERTAIN_ERRORS))
+            return None, None
+        return bool(stored), following
+
+    def _queues_for_a_slot(self) -> list[str]:
+        """The queues a slot claims from now, in this turn's order; none while the loop
+        has to stop, recover, or read or run the broadcasts."""
+        reading_due = time.monotonic() - self.broadcasts_read_at >= BROADCASTS_READ_EVERY
+        if self._should_stop() or self.uncertain or reading_due or self.broadcasts.waiting:
+            return []
+        return self.order.next()
 
     def _close_databases(self) -> None:
         """Close the connections the slots' threads kept open (CONN_MAX_AGE), from this
@@ -234,13 +337,13 @@ class SlotWorker(Worker):
                     connection.dec_thread_sharing()
         self._databases.clear()
 
-    def _store(self, finished: Finished) -> None:
+    def _store(self, finished: Finished, *, repeated: bool = False) -> None:
         """Store the outcome, trying again while Redis fails (a repeat after a lost
-        reply is fenced), up to a few tries once the worker stops."""
+        reply is fenced), up to a few tries once the worker stops. ``repeated``: a
+        call that may have stored it lost its reply."""
         backoff = Reconnector(
             logger, f"Worker {self.worker_id}", where=self.backend.broker.describe
         )
-        repeated = False
         while True:
             try:
                 stored = self.backend.broker.finish(finished.outcome)

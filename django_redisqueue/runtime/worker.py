@@ -262,7 +262,7 @@ class Worker:
             return self._wait_for_work()
         except REDIS_ERRORS as exc:
             # A lost reply may have carried a handed job.
-            self.uncertain = isinstance(exc, UNCERTAIN_ERRORS)
+            self.uncertain = self.uncertain or isinstance(exc, UNCERTAIN_ERRORS)
             backoff.failed(exc)
             return None
 

@@ -102,16 +102,18 @@ class CoreOperations:
         woken_by: str = "",
         broadcasts: bool = True,
         idle: bool = False,
+        take: bool | None = None,
     ) -> None:
         """``woken_by``: the worker took that queue's wake-up token (BLPOP) first.
         ``broadcasts``: the claim reads the last broadcast's number (else the broker
         keeps the one it had). ``idle``: finding no job, the worker registers as idle
         (as one that will wait does). A worker registered since its last claim takes
-        the job handed to it first, as the worker does. A worker claims only with a slot
-        free (slots.py): with every slot busy, the call only stores the outcome."""
+        the job handed to it first, as the worker's loop does (``take``: False for a
+        slot's own claim, which leaves that job to the loop). A worker claims only with a
+        slot free (slots.py): with every slot busy, the call only stores the outcome."""
         if not self.slot_free(worker, outcome):
             order = ()
-        take = self.takes_handed(worker)
+        take = self.takes_handed(worker) if take is None else take
         seen = self.broker.last_broadcast
         if woken_by:
             self.r.lpop(self.keys.wake(woken_by))

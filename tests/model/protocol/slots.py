@@ -2,10 +2,12 @@
 slots (``runworker --threads N``, docs/architecture.md, "Many jobs in one process"). It
 claims only with a slot free (a claim that finishes a job frees that job's slot first),
 registers as idle only then, and is handed at most one job per registration, into that
-free slot; each slot ends its job alone; a give-back after a lost reply keeps the
-attempts of the other slots (a job claimed again beside a slot still running it after
-its lease ran out goes back); one heartbeat renews them all; a lease runs out for one job while
-the others stay the worker's, and that job's late outcome is refused.
+free slot, which the slots' own claims (a slot stores its outcome and claims its next
+job in one call) leave to it; each slot ends its job alone; a give-back after a lost
+reply keeps the attempts of the other slots (a job claimed again beside a slot still
+running it after its lease ran out goes back); one heartbeat renews them all; a lease
+runs out for one job while the others stay the worker's, and that job's late outcome is
+refused.
 
 After every step: no worker holds more jobs than its slots (those it claimed and took,
 and the one handed to it), one registered as idle has a slot free, and Redis gives a
@@ -62,6 +64,29 @@ class SlotModel:
                 return
             self.op_claim(worker, order, None, idle=True)
             self.settle()  # what this claim set, before the next one
+
+    @rule(
+        worker=WORKER,
+        pick=PICK,
+        order=ORDER,
+        status=STATUS,
+        retry_in=st.sampled_from([0, 50]),
+        fill=st.booleans(),
+    )
+    def a_slot_stores_and_claims_the_next(self, worker, pick, order, status, retry_in, fill):
+        """A slot whose job ended stores its outcome and claims its next job in one call,
+        beside the loop and the other slots: it neither takes the job handed to the
+        worker nor registers as idle (the loop, which keeps a slot free for that, does
+        both), nor reads the broadcasts' number. ``fill``: the loop fills the slots
+        first, registering as idle if it runs out of jobs."""
+        if fill:
+            self.fill_the_slots(worker, QUEUES)
+        chosen = self.pick(sorted(self.held[worker].items()), pick)
+        if chosen is None:
+            return
+        outcome = self.outcome(*chosen, status, retry_in)
+        RUN["slot claims beside a registration"] += worker in self.idle
+        self.op_claim(worker, order, outcome, broadcasts=False, take=False)
 
     @rule(worker=WORKER, pick=PICK, status=STATUS, reclaim=st.booleans())
     def one_lease_of_several_runs_out(self, worker, pick, status, reclaim):
