@@ -13,7 +13,10 @@ import redis
 
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.core.jobs import SUCCESSFUL
+from django_redisqueue.exceptions import LeaseLost
+from django_redisqueue.runtime.heartbeat import Heartbeat
 from django_redisqueue.runtime.slots import SlotWorker, _Slot
+from django_redisqueue.runtime.stopping import StopToken
 from django_redisqueue.store.wire import Outcome
 from tests import slot_tasks, tasks
 from tests.conftest import wait_until
@@ -280,3 +283,34 @@ def test_a_lost_reply_waits_for_a_slot_claim_in_flight_and_keeps_its_job(r, back
     for job in (first, second):
         stored = backend.get_result(job.id)
         assert stored.status == TaskResultStatus.SUCCESSFUL and stored.attempts == 1
+
+
+def test_the_heartbeat_renews_the_newest_attempt_of_a_job_held_twice(r):
+    """A slot still runs attempt 1 of a job (blocked in C past its lease) that this
+    worker claimed again as attempt 2: in whatever order the worker lists them, the
+    heartbeat renews attempt 2 and stops attempt 1, which no longer owns the job."""
+    leased = task_backends["leased"]
+    job = tasks.noop.using(backend="leased").enqueue()
+    worker = SlotWorker(leased, threads=2)
+    stale = leased.broker.claim(["default"], worker.worker_id)[1]
+    r.zadd(leased.keys.running, {job.id: 0})  # its lease runs out; a tick recovers it
+    assert leased.broker.tick("s", ["default"], batch=10, lost_limit=5, lost_error="").recovered
+    again = leased.broker.claim(["default"], worker.worker_id)[1]
+    assert stale is not None and again is not None and again.owner != stale.owner
+    slots = {claimed.owner: _Slot(claimed) for claimed in (again, stale)}  # newest first
+    for claimed in (again, stale):
+        slot = slots[claimed.owner]
+        slot.current, slot.token = claimed, StopToken()
+        worker._running[claimed.job_id, claimed.owner] = slot
+    heartbeat = Heartbeat(worker)
+    heartbeat.start()
+    try:
+        wait_until(lambda: slots[stale.owner].token.reason is not None, 10, "attempt 1 stopped")
+        renewed_at = r.zscore(leased.keys.running, job.id)
+        wait_until(lambda: r.zscore(leased.keys.running, job.id) > renewed_at, 10, "a renewal")
+    finally:
+        heartbeat.stopped.set()
+        heartbeat.join()
+    assert isinstance(slots[stale.owner].token.reason, LeaseLost)
+    assert slots[again.owner].token.reason is None  # attempt 2 runs on, its lease renewed
+    assert leased.broker.finish(Outcome(job.id, again.owner, SUCCESSFUL)) is True

@@ -371,6 +371,11 @@ def owner_worker(owner: str) -> str:
     return owner.rpartition("/")[0]
 
 
+def owner_attempt(owner: str) -> int:
+    """The attempt number of a job's fencing token (0 for none)."""
+    return whole_number(owner.rpartition("/")[2])
+
+
 def whole_number(value: Any) -> int:
     """A count read from Redis: a whole number >= 0, 0 for anything else."""
     try:

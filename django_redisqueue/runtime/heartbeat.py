@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
+from django_redisqueue.core.jobs import owner_attempt
 from django_redisqueue.runtime import WORKER_LOGGER
 from django_redisqueue.store.gateway import REDIS_ERRORS
 from django_redisqueue.store.wire import Claimed
@@ -59,9 +60,12 @@ class Heartbeat(threading.Thread):
         while not self.stopped.wait(delay):
             self.worker.give_up_stuck()  # before in_hand: their leases are not renewed
             jobs = self.worker.in_hand()
-            owned = {job.job_id: job.owner for job, _ in jobs}
+            newest = _newest_attempts(job for job, _ in jobs)
+            owned = {job_id: job.owner for job_id, job in newest.items()}
             # The running attempts' trace records: a recovery's attempt links to them.
-            traces = {job.job_id: record for job, record in jobs if record} or None
+            traces = {
+                job.job_id: record for job, record in jobs if record and newest[job.job_id] is job
+            } or None
             try:
                 lost = self.worker.register(owned, traces)
             except REDIS_ERRORS as exc:
@@ -80,6 +84,18 @@ class Heartbeat(threading.Thread):
                 logger.warning("Worker %s: heartbeat sent again", self.worker.worker_id)
             failures, delay = 0, self.interval
             for job, _ in jobs:
-                if job.job_id in lost:
+                if job.job_id in lost or newest[job.job_id] is not job:
                     self.worker.lease_lost(job)
             self.worker.send_metrics()
+
+
+def _newest_attempts(jobs: Iterable[Claimed]) -> dict[str, Claimed]:
+    """By job id, the attempt the heartbeat renews: the newest. A slot may still run an
+    older attempt of a job this worker claimed again (its lease ran out while it was
+    blocked in C); that one is no longer the job's owner."""
+    newest: dict[str, Claimed] = {}
+    for job in jobs:
+        kept = newest.get(job.job_id)
+        if kept is None or owner_attempt(job.owner) > owner_attempt(kept.owner):
+            newest[job.job_id] = job
+    return newest
