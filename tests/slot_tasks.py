@@ -233,6 +233,13 @@ def blocks_in_c() -> None:
     threading.Event().wait()
 
 
+@task(timeout=0.5, retries=1, retry_backoff=600)
+def blocks_in_c_retried() -> None:
+    """The same, with a retry policy: a give-up follows it (its retry far off)."""
+    client().rpush(tasks.LOG, "blocked, retried")
+    threading.Event().wait()
+
+
 @task(timeout=0.5)
 async def swallows_its_cancellation() -> str:
     """Swallow the time limit's cancellation at its await, then return a value."""

@@ -161,12 +161,16 @@ def test_async_tasks_run_in_the_threads_too(r, backend):
 
 def test_a_job_whose_thread_never_lets_go_is_given_up_and_the_process_recycled(r, backend, procs):
     """A thread blocked in a C call takes no exception: past its time limit and a grace,
-    its job ends FAILED (not renewed for ever), the other job in hand ends as it would,
-    and the process exits without waiting for the stuck thread."""
+    its job ends as if its task had raised the time limit (FAILED, or RETRY by its retry
+    policy; logged as any end), not renewed for ever; the other job in hand ends as it
+    would, and the process exits without waiting for the stuck threads."""
     stuck = slot_tasks.blocks_in_c.enqueue()  # timeout=0.5
+    retried = slot_tasks.blocks_in_c_retried.enqueue()  # a retry in 600 s
     other = tasks.steps_until_released.enqueue("other", 60)
-    worker = procs.start("runworker", "--threads", "2")
-    wait_until(lambda: {"blocked", "started:other"} <= set(log(r)), 30, "both starts")
+    worker = procs.start("runworker", "--threads", "3")
+    wait_until(
+        lambda: {"blocked", "blocked, retried", "started:other"} <= set(log(r)), 30, "the starts"
+    )
     procs.expect(worker, "its thread has not let go")
     stored = wait_until(
         lambda: (
@@ -176,6 +180,18 @@ def test_a_job_whose_thread_never_lets_go_is_given_up_and_the_process_recycled(r
         "the stuck job's outcome",
     )
     assert "ran past its timeout of 0.5 s" in stored.errors[0].traceback
+    procs.expect(worker, f"Job {stuck.id} tests.slot_tasks.blocks_in_c FAILED")
+    retried_path = slot_tasks.blocks_in_c_retried.module_path
+    procs.expect(worker, f"Job {retried.id} {retried_path} raised JobTimeout")
+    again = wait_until(
+        lambda: (
+            (result := backend.get_result(retried.id)).status == TaskResultStatus.READY and result
+        ),
+        30,
+        "the retried job's outcome",
+    )
+    assert again.attempts == 1  # to run again, in 600 s
+    assert r.zscore(backend.keys.delayed("default"), retried.id) is not None
     assert worker.poll() is None  # the other job is still in hand
     r.rpush("test:release", 1)
     assert other.wait(timeout=30) is True

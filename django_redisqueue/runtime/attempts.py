@@ -14,6 +14,7 @@ attempt, payload errors included (``Worker.execute``).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import time
@@ -67,6 +68,7 @@ class Attempt:
     ``raised`` and ``event`` once it ended."""
 
     claimed: Claimed
+    record: JobRecord  # as claimed: its attempts so far decide a retry
     envelope: Envelope
     task: Any  # the registered Task
     result: RedisTaskResult
@@ -190,21 +192,25 @@ def unreadable(
     return Finished(Outcome(claimed.job_id, claimed.owner, FAILED, error=error), event=event)
 
 
-def given_up(claimed: Claimed, reason: BaseException | None) -> Outcome | None:
-    """The outcome of a job whose thread did not let go of its stop (stuck in a C
-    call): FAILED with the stop's error (a time limit's), RELEASE (a second SIGTERM's:
-    it runs again, uncounted), or None (a lost lease: the job is another's now)."""
-    if isinstance(reason, WorkerShutdown):
-        return Outcome(claimed.job_id, claimed.owner, RELEASE)
+def given_up(attempt: Attempt, hooks: Sequence[Hook]) -> Finished | None:
+    """How an attempt whose thread did not let go of its stop (stuck in a C call) ends,
+    as if its task had raised the stop's reason: FAILED or RETRY by the task's retry
+    policy (a time limit's), RELEASE (a second SIGTERM's: it runs again, uncounted), or
+    None (a lost lease: the job is another's). Made on a copy of the attempt, which its
+    thread may still end."""
+    reason = attempt.token.reason
     if reason is None or isinstance(reason, LeaseLost):
         return None
-    error = to_json(error_info(reason))
-    return Outcome(claimed.job_id, claimed.owner, FAILED, error=error)
+    ended = copy.copy(attempt)
+    ended.result = copy.copy(attempt.result)
+    object.__setattr__(ended.result, "errors", list(attempt.result.errors))
+    if isinstance(reason, WorkerShutdown):
+        return _end(ended, Outcome(attempt.claimed.job_id, attempt.claimed.owner, RELEASE), hooks)
+    return _end(ended, _failed(ended, reason), hooks)
 
 
 def run(
     attempt: Attempt,
-    record: JobRecord,
     args: Sequence[Any],
     hooks: Sequence[Hook],
     max_bytes: int,
@@ -233,21 +239,42 @@ def run(
     # A task that calls sys.exit() fails; it does not stop the worker. Nor does one that
     # raises KeyboardInterrupt: Ctrl-C reaches the worker's handler, not a task.
     except (Exception, SystemExit, KeyboardInterrupt) as exc:
-        reason = attempt.token.reason  # raised by its class in another thread: the message
-        raised: BaseException = exc
-        if reason is not None and reason is not exc and isinstance(exc, type(reason)):
-            raised = reason.with_traceback(exc.__traceback__)
-        attempt.raised = raised
-        info = error_info(raised)
-        result.errors.append(TaskError(**info))
-        outcome = _failure(attempt.task, record, claimed, raised, to_json(info))
+        outcome = _failed(attempt, exc)
+    return _end(attempt, outcome, hooks)
+
+
+def _failed(attempt: Attempt, exc: BaseException) -> Outcome:
+    """The outcome of an attempt whose task raised ``exc``: FAILED, or RETRY later if
+    the task's retry policy says so; the error kept on its result."""
+    reason = attempt.token.reason  # raised by its class in another thread: the message
+    raised: BaseException = exc
+    if reason is not None and reason is not exc and isinstance(exc, type(reason)):
+        raised = reason.with_traceback(exc.__traceback__)
+    attempt.raised = raised
+    info = error_info(raised)
+    attempt.result.errors.append(TaskError(**info))
+    claimed, error = attempt.claimed, to_json(info)
+    failures = attempt.record.attempts - attempt.record.lost  # attempts that raised
+    task = attempt.task
+    delay = task.retry_delay(raised, failures) if isinstance(task, RedisTask) else None
+    if delay is None:
+        return Outcome(claimed.job_id, claimed.owner, FAILED, error=error)
+    return Outcome(
+        claimed.job_id, claimed.owner, RETRY, error=error, retry_in_ms=int(delay * 1000)
+    )
+
+
+def _end(attempt: Attempt, outcome: Outcome, hooks: Sequence[Hook]) -> Finished:
+    """The attempt ended with ``outcome``: its result's status, its event, the hooks
+    told (in reverse)."""
     retrying = outcome.status in (RETRY, RELEASE)
+    result = attempt.result
     object.__setattr__(result, "status", TaskResultStatus.READY if retrying else outcome.status)
     if not retrying:
         object.__setattr__(result, "finished_at", datetime.now(tz=UTC))
     attempt.outcome = outcome
     attempt.event = JobEvent.of(
-        claimed, envelope, outcome.status, time.perf_counter() - attempt.began
+        attempt.claimed, attempt.envelope, outcome.status, time.perf_counter() - attempt.began
     )
     for hook in reversed(hooks):
         hook.ended(attempt)
@@ -264,16 +291,3 @@ def _encoded(value: Any, task_path: str, max_bytes: int) -> str:
             f"the {max_bytes}-byte MAX_PAYLOAD_BYTES limit"
         )
     return encoded
-
-
-def _failure(
-    task: object, record: JobRecord, claimed: Claimed, exc: BaseException, error: str
-) -> Outcome:
-    """FAILED, or RETRY later if the task's retry policy says so."""
-    failures = record.attempts - record.lost  # attempts that ended in an exception
-    delay = task.retry_delay(exc, failures) if isinstance(task, RedisTask) else None
-    if delay is None:
-        return Outcome(claimed.job_id, claimed.owner, FAILED, error=error)
-    return Outcome(
-        claimed.job_id, claimed.owner, RETRY, error=error, retry_in_ms=int(delay * 1000)
-    )

@@ -29,8 +29,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.core import tracing
-from django_redisqueue.runtime import WORKER_LOGGER
-from django_redisqueue.runtime.attempts import Finished, given_up
+from django_redisqueue.runtime import WORKER_LOGGER, attempts
+from django_redisqueue.runtime.attempts import Finished
 from django_redisqueue.runtime.memory import past_limit
 from django_redisqueue.runtime.stopping import StopToken
 from django_redisqueue.runtime.worker import (
@@ -56,6 +56,7 @@ class _Slot:
         self.current: Claimed | None = None
         self.token: StopToken | None = None
         self.attempt: tracing.Attempt | tracing.NotTraced = tracing.NOT_TRACED
+        self.task_attempt: attempts.Attempt | None = None
 
 
 class _Gate:
@@ -145,6 +146,7 @@ class SlotWorker(Worker):
     current: _OfTheThread[Claimed | None] = _OfTheThread()
     token: _OfTheThread[StopToken | None] = _OfTheThread()
     attempt: _OfTheThread[tracing.Attempt | tracing.NotTraced] = _OfTheThread()
+    task_attempt: _OfTheThread[attempts.Attempt | None] = _OfTheThread()
 
     def in_hand(self) -> list[tuple[Claimed, str]]:
         with self._changed:
@@ -158,9 +160,10 @@ class SlotWorker(Worker):
     def give_up_stuck(self) -> bool:
         """A blocked event loop first (Worker's); then a job stopped GIVE_UP_AFTER
         seconds ago whose thread runs on (inside a C call that never returns to
-        Python) is given up: its outcome stored as the stop says
-        (FAILED for a time limit, given back for a second SIGTERM, nothing for a lost
-        lease), its lease no longer renewed, and the process recycled once its other
+        Python) is given up: it ends as if its task had raised the stop's reason
+        (a time limit's: FAILED, or RETRY by its retry policy; a second SIGTERM's: given
+        back; a lost lease's: nothing to store), logged and signalled as any end, its
+        lease no longer renewed, and the process recycled once its other
         jobs are done, the thread left behind (the process exits without waiting for
         it). If the call ever returns, its outcome is refused: the job ended."""
         if super().give_up_stuck():
@@ -182,10 +185,14 @@ class SlotWorker(Worker):
                 type(token.reason).__name__,
                 GIVE_UP_AFTER,
             )
-            outcome = given_up(job, token.reason)
-            if outcome is not None:
-                with contextlib.suppress(*REDIS_ERRORS):  # else the lease runs out
-                    self.backend.broker.finish(outcome)
+            attempt = slot.task_attempt
+            finished = attempts.given_up(attempt, self.hooks) if attempt is not None else None
+            if finished is not None:
+                try:
+                    stored = self.backend.broker.finish(finished.outcome)
+                except REDIS_ERRORS:  # the lease runs out, and the job runs again
+                    continue
+                self._report(finished, stored)
         return False
 
     def held(self) -> list[tuple[str, str]]:

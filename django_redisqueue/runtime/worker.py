@@ -124,6 +124,7 @@ class Worker:
         self.current: Claimed | None = None  # the job running now
         self.attempt: tracing.Attempt | tracing.NotTraced = tracing.NOT_TRACED  # its span
         self.token: StopToken | None = None  # how the running task is stopped
+        self.task_attempt: attempts.Attempt | None = None  # once its task is about to run
         self.woken_by = ""  # the queue whose wake-up token this worker took, to pass on
         # Registered as idle by its last claim that named queues: its next such claim
         # takes the job handed to it meanwhile, if its wait has not.
@@ -465,7 +466,7 @@ class Worker:
         except LeaseLost:
             return self._abandoned(claimed)
         finally:
-            self.current, self.token = None, None
+            self.current, self.token, self.task_attempt = None, None, None
 
     def _execute(self, claimed: Claimed, record: JobRecord) -> Finished:
         began = time.perf_counter()
@@ -494,10 +495,10 @@ class Worker:
         task = self.backend.task_for(envelope)
         result = make_result(self.backend.alias, task, record)
         assert self.token is not None
-        attempt = attempts.Attempt(claimed, envelope, task, result, self.token, began)
+        attempt = attempts.Attempt(claimed, record, envelope, task, result, self.token, began)
+        self.task_attempt = attempt
         return attempts.run(
             attempt,
-            record,
             args,
             self.hooks,
             self.backend.config.max_payload_bytes,
