@@ -40,7 +40,13 @@ if TYPE_CHECKING or HAS_DJANGO_TASKS:
         TaskResultDoesNotExist,
         TaskResultMismatch,
     )
-    from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.tasks.signals import (
+        log_task_finished,
+        log_task_started,
+        task_enqueued,
+        task_finished,
+        task_started,
+    )
 
     TASKS_PACKAGE = "django.tasks"
 else:  # Django 5.2
@@ -72,7 +78,13 @@ else:  # Django 5.2
     from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
     from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
-    from django_tasks.signals import task_enqueued, task_finished, task_started
+    from django_tasks.signals import (
+        log_task_finished,
+        log_task_started,
+        task_enqueued,
+        task_finished,
+        task_started,
+    )
 
     TASKS_PACKAGE = "django_tasks"
 

@@ -23,13 +23,16 @@ import logging
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from django_redisqueue.compat import TASKS_PACKAGE
+from django_redisqueue.compat import (
+    log_task_finished,
+    log_task_started,
+    task_finished,
+    task_started,
+)
 
 if TYPE_CHECKING:
     from django_redisqueue.observe.events import JobEvent
@@ -62,45 +65,15 @@ def start_fields(event: JobEvent) -> dict[str, Any]:
     return fields
 
 
-# The framework's receivers of task_started and task_finished log "Task id=%s path=%s
-# state=%s" (with the traceback of a failure) to the logger named as its package:
-# django.tasks, or django_tasks for the backport.
-FRAMEWORK_LOGGER = TASKS_PACKAGE
-_sending = threading.local()
-
-
-class _FrameworkLines(logging.Filter):
-    """Drops the framework's "Task id=..." records while the worker sends its signals."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (getattr(_sending, "active", False) and str(record.msg).startswith("Task id="))
-
-
-_FRAMEWORK_LINES = _FrameworkLines()
-
-
 def leave_out_framework_lines() -> None:
-    """From now on, in this process, leave out the framework's log line of each state
-    change the worker sends a signal for (see ``worker_signals``): the worker logs the
-    same events itself, with its timings and fields. ``runworker`` calls it once the
-    project's LOGGING is set up; a Worker run in-process (in a test) leaves the
-    framework's lines alone, for ``assertLogs("django.tasks")``. A filter on the
-    framework's logger: a logger's filters run before any handler, its own or its
-    ancestors', so it holds whatever the project's LOGGING."""
-    framework = logging.getLogger(FRAMEWORK_LOGGER)
-    if _FRAMEWORK_LINES not in framework.filters:
-        framework.addFilter(_FRAMEWORK_LINES)
-
-
-@contextmanager
-def worker_signals() -> Iterator[None]:
-    """Send task_started or task_finished in this block: every receiver runs, and once
-    ``leave_out_framework_lines()`` was called, the framework's own line is left out."""
-    _sending.active = True
-    try:
-        yield
-    finally:
-        _sending.active = False
+    """From now on, in this process, leave out the framework's log line of each job's
+    start and end: the worker logs the same events itself, with its timings and fields.
+    The framework's receivers of task_started and task_finished, which only log them,
+    are disconnected; so a signal no receiver of the project's listens to is not sent.
+    ``runworker`` calls it; a Worker run in-process (in a test) leaves the framework's
+    lines alone, for ``assertLogs("django.tasks")``."""
+    task_started.disconnect(log_task_started)
+    task_finished.disconnect(log_task_finished)
 
 
 class JsonFormatter(logging.Formatter):

@@ -38,7 +38,7 @@ from django_redisqueue.core.registry import registry
 from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
 from django_redisqueue.exceptions import InvalidPayload, LeaseLost, WorkerShutdown
 from django_redisqueue.observe.events import JobEvent
-from django_redisqueue.observe.logformat import job_fields, log_end, start_fields, worker_signals
+from django_redisqueue.observe.logformat import job_fields, log_end, start_fields
 from django_redisqueue.observe.metrics import JobMetrics
 from django_redisqueue.runtime.alarms import time_limit
 from django_redisqueue.runtime.stopping import StopToken
@@ -135,20 +135,18 @@ class Signals(Hook):
         self.sender = sender
 
     def started(self, attempt: Attempt) -> None:
-        with worker_signals():  # the worker logged the start already
-            task_started_signal.send_robust(self.sender, task_result=attempt.result)
+        task_started_signal.send_robust(self.sender, task_result=attempt.result)
 
     def stored(self, finished: Finished, stored: bool) -> None:
         if not stored or finished.result is None or finished.outcome.status in (RETRY, RELEASE):
             return
-        with worker_signals():  # the worker logged the end already
-            if finished.error is None:
-                task_finished.send_robust(self.sender, task_result=finished.result)
-                return
-            try:
-                raise finished.error
-            except BaseException:
-                task_finished.send_robust(self.sender, task_result=finished.result)
+        if finished.error is None or not task_finished.has_listeners(self.sender):
+            task_finished.send_robust(self.sender, task_result=finished.result)
+            return
+        try:
+            raise finished.error
+        except BaseException:
+            task_finished.send_robust(self.sender, task_result=finished.result)
 
 
 class TimeLimit(Hook):
