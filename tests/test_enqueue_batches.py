@@ -3,14 +3,16 @@ atomic, so a linked batch is cut only where no job is parted from the one it run
 after, unless a chain is longer than a call; the jobs stay in order, none lost."""
 
 import itertools
+import json
 from unittest import mock
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from django_redisqueue.core.jobs import FAILED, to_json
 from django_redisqueue.store import wire
-from django_redisqueue.store.wire import NewJob, chains_together, enqueue_batches
+from django_redisqueue.store.wire import NewJob, Outcome, chains_together, enqueue_batches
 
 # Each job: the size of its payload, and which earlier job it runs after (a place back
 # from it, 0 for none).
@@ -112,3 +114,24 @@ def test_interleaved_chains_are_stored_a_chain_per_call(r, backend):
     assert sent == [["h0", "t0"], ["h1", "t1"], ["h2", "t2"]]
     assert all(at is not None for at in enqueued)
     assert r.zrange(broker.keys.queue("default"), 0, -1) == ["h0", "h1", "h2"]
+
+
+def test_a_chain_cut_over_calls_names_the_origin_of_its_failure(r, backend):
+    """A chain longer than a call, after a job that failed: the job past the cut, whose
+    call finds the one it runs after FAILED already, names the same origin as the jobs
+    before the cut do."""
+    broker = backend.broker
+    broker.enqueue([NewJob("origin", "default", 0, "{}")])
+    claimed = broker.claim(["default"], "w")[1]
+    assert claimed is not None
+    broker.finish(Outcome("origin", claimed.owner, FAILED, error=to_json({"x": 1})))
+    chain = [NewJob("c0", "default", 0, "{}", 0, "origin")]
+    chain += [NewJob(f"c{n}", "default", 0, "{}", 0, f"c{n - 1}") for n in range(1, 4)]
+    with mock.patch.object(wire, "ENQUEUE_BATCH_JOBS", 2):
+        broker.enqueue_linked(chain)  # c0 and c1 in one call, c2 and c3 in the next
+    for n in range(4):
+        errors = json.loads(r.hget(broker.keys.job(f"c{n}"), "errors"))
+        why = errors[-1]["traceback"]
+        parent = "origin" if n == 0 else f"c{n - 1}"
+        assert f"job {parent}, which this job runs after, ended FAILED" in why, why
+        assert ("without running: job origin failed" in why) == (n > 0), why

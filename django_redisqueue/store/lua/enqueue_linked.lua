@@ -100,7 +100,8 @@ for at = first_job, #ARGV, 7 do
                  'after', after == '*' and ('group:' .. gid) or after)
       store_limits(job, options)
       if before == 'FAILED' then
-        pending[#pending + 1] = {id, dependency_error(after, after), after}
+        local root = failure_root(after)
+        pending[#pending + 1] = {id, dependency_error(after, root), root}
       end
     else
       wake_later(store_job(id, payload, queue, priority, due, now, options))

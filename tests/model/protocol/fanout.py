@@ -124,9 +124,12 @@ class FanOutModel:
                 job.place, job.run_after = WAITING, spec.due
                 job.after = f"group:{gid}" if spec.after == AFTER_GROUP else spec.after
                 if before == FAILED:
-                    # Its own dependents fail naming the failed job as the origin.
-                    error = Err(DEPENDENCY, spec.after, spec.after)
-                    pending.append(Pending(job.id, error, root=spec.after))
+                    # It and its own dependents name the job whose failure started it
+                    # all: the failed job, or the one its own DependencyFailed names (a
+                    # chain cut over calls says the same as one in one call).
+                    root = self.failure_root(self.jobs[spec.after])
+                    error = Err(DEPENDENCY, spec.after, root)
+                    pending.append(Pending(job.id, error, root=root))
             else:
                 self.place(job, spec.due, window)
                 job.after = spec.after or None
@@ -234,6 +237,12 @@ class FanOutModel:
         if not lost:
             assert len(enqueued) == len(specs)
             assert all(at is not None and t0 <= at <= t1 for at in enqueued), enqueued
+
+    def failure_root(self, job) -> str:
+        """The job whose failure a FAILED job's end goes back to: itself, or the origin
+        its last error, a DependencyFailed, names."""
+        last = job.errors[-1] if job.errors else None
+        return last.root if last is not None and last.kind == DEPENDENCY else job.id
 
     def missing(self, specs: list[Spec]) -> set[str]:
         """The jobs these wait for that neither exist nor come earlier among them:

@@ -1,3 +1,4 @@
+-- include: keys
 -- The errors the scripts store, as runtime/worker.py words them, and their place in a
 -- job's JSON list of errors.
 
@@ -36,6 +37,21 @@ local function dependency_error(parent, root)
     exception_class_path = 'django_redisqueue.exceptions.DependencyFailed',
     traceback = 'django_redisqueue.exceptions.DependencyFailed: ' .. why .. '\n',
   })
+end
+
+-- The job whose failure a FAILED job's end goes back to: itself, or the origin its last
+-- error names when that is a DependencyFailed (so that a job linked to it later, in
+-- another call, names the same origin as one linked to it in the same call).
+local function failure_root(id)
+  local ok, errors = pcall(cjson.decode, redis.call('HGET', JOB .. id, 'errors') or '')
+  local last = ok and type(errors) == 'table' and errors[#errors]
+  if type(last) ~= 'table' or type(last.traceback) ~= 'string'
+      or last.exception_class_path ~= 'django_redisqueue.exceptions.DependencyFailed' then
+    return id
+  end
+  return string.match(last.traceback, 'without running: job ([%w_%-%.:]+) failed')
+    or string.match(last.traceback, 'DependencyFailed: job ([%w_%-%.:]+), which')
+    or id
 end
 
 -- The error of a group's callback when the group is cancelled. A function, not a
