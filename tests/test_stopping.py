@@ -8,6 +8,7 @@ import time
 import pytest
 
 from django_redisqueue.exceptions import JobTimeout, LeaseLost, WorkerShutdown
+from django_redisqueue.runtime import alarms
 from django_redisqueue.runtime.alarms import time_limit
 from django_redisqueue.runtime.stopping import STOP_SIGNAL, StopToken
 from tests import tasks
@@ -106,7 +107,7 @@ def test_a_task_on_another_thread_is_stopped_with_the_reasons_class():
     assert token.reason is not None and str(token.reason) == "gone"
 
 
-def test_the_time_limit_stops_a_task_on_another_thread_by_a_timer():
+def test_the_time_limit_stops_a_task_on_another_thread_by_the_time_limit_thread():
     token = StopToken()
 
     def task():
@@ -119,6 +120,26 @@ def test_the_time_limit_stops_a_task_on_another_thread_by_a_timer():
     [exc] = raised
     assert isinstance(exc, JobTimeout)
     assert "ran past its timeout" in str(token.reason)
+
+
+@pytest.mark.pure
+def test_time_limits_off_the_main_thread_share_one_thread_and_drop_what_is_cancelled():
+    """Each in turn, never early, none of those cancelled; many cancelled limits do not
+    pile up (a job that ends well inside its limit, thousands of times)."""
+    deadlines, called = alarms._Deadlines(), []
+    before, added_at = set(threading.enumerate()), time.monotonic()
+    for n, seconds in enumerate([0.3, 0.1, 0.2, 0.15]):
+        number = deadlines.add(seconds, lambda n=n, s=seconds: called.append((n, s)))
+        if n == 3:
+            deadlines.cancel(number)
+    wait_until(lambda: len(called) == 3, 10, "the three limits left")
+    assert time.monotonic() - added_at >= 0.3
+    assert called == [(1, 0.1), (2, 0.2), (0, 0.3)]
+    for _ in range(5000):
+        deadlines.cancel(deadlines.add(600, lambda: called.append("too soon")))
+    assert len(deadlines._heap) <= 2 * 64 + 1 and called[3:] == []
+    started = [t for t in set(threading.enumerate()) - before if t.name.startswith("redis")]
+    assert started == [deadlines._thread]  # one thread for them all
 
 
 def test_a_worker_off_the_main_thread_keeps_its_jobs_time_limits(r, backend):
