@@ -135,7 +135,7 @@ def check_periodic_tasks(
     backend accepts and its workers know (an installed app's ``tasks`` module)."""
     from django_redisqueue.compat import task_backends
     from django_redisqueue.core.registry import registry
-    from django_redisqueue.periodic import PeriodicTaskError, resolve_task, schedules_of
+    from django_redisqueue.runtime.periodic import PeriodicTaskError, resolve_task, schedules_of
 
     messages: list[checks.CheckMessage] = []
     for alias, params in our_backends():

@@ -23,16 +23,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from django_redisqueue.compat import task_backends
+from django_redisqueue.core.schedules import BATCH, MAX_BACKLOG, Schedule
 from django_redisqueue.dashboard.reads import Dashboard
-from django_redisqueue.periodic import (
-    BATCH,
-    MAX_BACKLOG,
-    PeriodicStep,
-    Schedule,
-    job_id,
-    run_now,
-    schedules_of,
-)
+from django_redisqueue.runtime.periodic import PeriodicStep, job_id, run_now, schedules_of
 from django_redisqueue.runtime.scheduler import Scheduler
 from tests import tasks
 from tests.conftest import manage, wait_until

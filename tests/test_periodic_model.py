@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from unittest import mock
 
-from django_redisqueue import periodic as periodic_module
+from django_redisqueue.core import schedules
 from tests import tasks
 from tests.model.harness import RESULT_TTL, RUN, STATES, FaultyRedis, model_env, run_model
 from tests.model.periodic.calls import ModelBroker
@@ -32,8 +32,8 @@ def test_periodic_jobs_follow_their_model(r, redis_server, backend, report):
         examples=EXAMPLES,
         steps=40,
         patches=[
-            mock.patch.object(periodic_module, "BATCH", BATCH),
-            mock.patch.object(periodic_module, "MAX_BACKLOG", MAX_BACKLOG),
+            mock.patch.object(schedules, "BATCH", BATCH),
+            mock.patch.object(schedules, "MAX_BACKLOG", MAX_BACKLOG),
             mock.patch.object(backend, "broker", env["broker"]),
         ],
     )

@@ -231,7 +231,7 @@ def test_what_cannot_keep_a_unique_key_refuses_it(r):
 def test_a_unique_periodic_task_never_overlaps_itself(r):
     """A schedule's runs are skipped while the job holding the task's key has not
     ended, and "run now" says so instead of queueing a second job."""
-    from django_redisqueue.periodic import PeriodicTaskError, run_now, schedules_of
+    from django_redisqueue.runtime.periodic import PeriodicTaskError, run_now, schedules_of
     from tests.test_periodic import periodic, stepper
 
     schedule = {"report": {"task": "tests.tasks.unique_report", "every": 1, "args": ["p"]}}

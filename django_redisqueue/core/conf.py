@@ -47,7 +47,7 @@ class Options:
     cluster_nodes: tuple[tuple[str, int], ...] = ()  # a cluster's startup nodes
     replica_acks: int = 0  # replicas that must have a write before it counts as done
     replica_acks_timeout: float = 1.0  # seconds to wait for them
-    periodic: Mapping[str, Mapping[str, Any]] | None = None  # name -> schedule (periodic.py)
+    periodic: Mapping[str, Mapping[str, Any]] | None = None  # name -> schedule (core/schedules.py)
     metrics: bool = True  # workers count jobs for the Prometheus metrics (observe/metrics.py)
     # The databases whose transactions enqueue() writes jobs into (outbox.py); the first
     # is the one joined when no database is named. Empty: no outbox.
@@ -321,7 +321,7 @@ def _topology_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
-# Periodic jobs (periodic.py): PERIODIC is {name: {"task": "app.tasks.f", "cron": "0 3 * * *"
+# Periodic jobs (core/schedules.py): PERIODIC is {name: {"task": "app.tasks.f", "cron": "0 3 * * *"
 # or "every": seconds, "args": [...], "kwargs": {...}, "catch_up": "latest" or "all"}}.
 PERIODIC_FIELDS = ("task", "cron", "every", "args", "kwargs", "catch_up")
 # How a schedule catches up on the occurrences it missed: one job, or one each.

@@ -11,7 +11,7 @@ from django.contrib import messages
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.compat import TaskResultDoesNotExist
 from django_redisqueue.exceptions import NotCancellable
-from django_redisqueue.periodic import PeriodicTaskError, run_now, schedules_of
+from django_redisqueue.runtime.periodic import PeriodicTaskError, run_now, schedules_of
 
 # What an action tells: (a level of django.contrib.messages, the text).
 Told = tuple[int, str]

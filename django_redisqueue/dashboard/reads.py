@@ -28,7 +28,7 @@ from django_redisqueue.dashboard.rows import (
     status_label,
 )
 from django_redisqueue.dashboard.workers import worker_rows
-from django_redisqueue.periodic import schedules_of
+from django_redisqueue.runtime.periodic import schedules_of
 
 # Workers and schedulers read for the overview, the heard from last first.
 LIVE_READ_LIMIT = 200

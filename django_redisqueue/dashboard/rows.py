@@ -25,8 +25,8 @@ from django_redisqueue.core.jobs import (
     to_json,
     whole_number,
 )
+from django_redisqueue.core.schedules import Schedule
 from django_redisqueue.exceptions import InvalidPayload
-from django_redisqueue.periodic import Schedule
 from django_redisqueue.store.wire import AFTER_GROUP_PREFIX
 
 PAGE_SIZE = 50
@@ -510,7 +510,12 @@ class ScheduleRow:
 
     @property
     def words(self) -> str:
-        return self.schedule.words if self.schedule is not None else ""
+        """When it runs, in words: "every 5 minutes", "At 03:00"."""
+        if self.schedule is None:
+            return ""
+        if self.schedule.cron is not None:
+            return cron_words(self.schedule.cron)
+        return interval_words(self.schedule.every_ms or 1)
 
     @property
     def catch_up(self) -> str:
@@ -563,3 +568,29 @@ def _ms(value: str | None) -> int | None:
     except ValueError:
         return None
     return number if 0 <= number <= MAX_TIMESTAMP * 1000 else None
+
+
+def interval_words(every_ms: int) -> str:
+    """An interval in words: "every 30 seconds", "every 5 minutes", "every hour"."""
+    for unit, ms in (("day", 86_400_000), ("hour", 3_600_000), ("minute", 60_000)):
+        if every_ms % ms == 0:
+            count = every_ms // ms
+            return f"every {unit}" if count == 1 else f"every {count} {unit}s"
+    seconds = every_ms / 1000
+    if seconds == 1:
+        return "every second"
+    return f"every {seconds:g} seconds"
+
+
+def cron_words(expression: str) -> str:
+    """A cron expression in words (cron-descriptor: "At 03:00"), or the expression if
+    it cannot."""
+    try:
+        from cron_descriptor import Options, get_description
+
+        # English, 24-hour times: its default follows the process's locale, which
+        # would make the words differ from one host (or process) to the next.
+        options = Options(use_24hour_time_format=True, locale_code="en_US")
+        return str(get_description(expression, options))
+    except Exception:  # not installed, or an expression it does not read: show it as is
+        return expression

@@ -1,5 +1,5 @@
 """The scheduler loop: promote delayed jobs when due, recover jobs of lost workers, and
-enqueue the occurrences of periodic jobs (``periodic.py``).
+enqueue the occurrences of periodic jobs (``runtime/periodic.py``).
 
 Each step is one atomic script (``lua/tick.lua``), so any number of schedulers may run
 side by side. Between steps the scheduler sleeps until the next due job or lease
@@ -27,10 +27,10 @@ from django_redisqueue import outbox
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.core.jobs import error_info, to_json
 from django_redisqueue.exceptions import WorkerLost
-from django_redisqueue.periodic import PeriodicStep
 from django_redisqueue.runtime import SCHEDULER_IDLE_WAIT
 from django_redisqueue.runtime.heartbeat import HEARTBEAT_RETRY
 from django_redisqueue.runtime.outbox_watch import OutboxWatch
+from django_redisqueue.runtime.periodic import PeriodicStep
 from django_redisqueue.store.calls import NotReplicated
 from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from django_redisqueue.periodic import COUNT_LIMIT
+from django_redisqueue.core.schedules import COUNT_LIMIT
 from django_redisqueue.store.broker import Broker
 from tests.model.harness import RUN, snapshot
 from tests.model.periodic.schedules import (

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django_redisqueue.periodic import PeriodicStep, Schedule
+from django_redisqueue.core.schedules import Schedule
+from django_redisqueue.runtime.periodic import PeriodicStep
 from tests.model.harness import ModelMachine
 from tests.model.periodic.calls import CheckedCalls, ModelBroker
 from tests.model.periodic.invariants import InvariantChecks

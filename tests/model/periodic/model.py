@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django_redisqueue.periodic import Schedule
+from django_redisqueue.core.schedules import Schedule
 from django_redisqueue.store.wire import NewJob
 from tests.model.harness import RUN
 from tests.model.periodic.schedules import (

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from hypothesis import strategies as st
 
-from django_redisqueue.periodic import Schedule
+from django_redisqueue.core.schedules import Schedule
 
 TASK = "tests.tasks.noop_any"
 # The settings a sync may declare: per name, its variants (None: not in settings).

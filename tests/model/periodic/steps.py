@@ -8,8 +8,8 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, rule
 
-from django_redisqueue import periodic as periodic_module
-from django_redisqueue.periodic import PeriodicTaskError, run_now
+from django_redisqueue.core.schedules import Due
+from django_redisqueue.runtime.periodic import PeriodicTaskError, run_now
 from django_redisqueue.store.wire import NewJob
 from tests.model.harness import FAR, RESULT_TTL, RUN
 from tests.model.periodic.schedules import (
@@ -89,7 +89,7 @@ class PeriodicSteps:
         schedule = self.schedule_of(name)
         for _ in range(tries):
             last = step.last.get(name)
-            due = schedule.due(last, now) if last is not None else periodic_module.Due([], 0, 0)
+            due = schedule.due(last, now) if last is not None else Due([], 0, 0)
             occurrences = due.occurrences
             if rogue and last is not None:
                 p = period(schedule)
