@@ -25,6 +25,7 @@ table lists every server.
     .venv/bin/python -m bench.scaling --runs 3      # the median of 3 interleaved runs
     .venv/bin/python -m bench.scaling --jobs 1000 --configs a,b0,b   # also --concurrency 2
     .venv/bin/python -m bench.scaling --configs a,a0 --runs 3  # the metrics' cost
+    .venv/bin/python -m bench.scaling --configs a --threads 4 --jobs 10000  # four slots
 
 It prints two markdown tables; a run of 5,000 jobs takes about 25 s.
 """
@@ -157,8 +158,23 @@ def environment(config: Config, stamp_file: Path) -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class WorkerShape:
+    """How each backend's ``runworker --burst`` runs: processes, and jobs at once in each."""
+
+    concurrency: int = 1
+    threads: int = 1
+
+    def options(self) -> list[str]:
+        return ["--concurrency", str(self.concurrency), "--threads", str(self.threads)]
+
+    def __str__(self) -> str:
+        threads = f" --threads {self.threads}" if self.threads > 1 else ""
+        return f"`runworker --burst --concurrency {self.concurrency}{threads}`"
+
+
 def measure(
-    config: Config, servers: Servers, jobs: int, concurrency: int, tmp: Path, run: int
+    config: Config, servers: Servers, jobs: int, shape: WorkerShape, tmp: Path, run: int
 ) -> Result:
     """Enqueue ``jobs`` jobs over the config's backends, then drain them."""
     result = Result(config, jobs)
@@ -200,7 +216,7 @@ def measure(
                 [
                     *(sys.executable, "-m", "django", "runworker", "--burst", "-v0"),
                     *("--settings", "bench.settings", "--backend", alias),
-                    *("--concurrency", str(concurrency)),
+                    *shape.options(),
                 ],
                 cwd=ROOT,
                 env=env,
@@ -364,14 +380,14 @@ def medians(results: Sequence[Result], ports: Sequence[int]) -> list[float]:
     return [statistics.median(column) for column in zip(*runs, strict=True)]
 
 
-def report(results: dict[str, list[Result]], jobs: int, concurrency: int) -> str:
+def report(results: dict[str, list[Result]], jobs: int, shape: WorkerShape) -> str:
     version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True)
     runs = max(len(rs) for rs in results.values())
     lines = [
         f"redis-server {version.stdout.split()[2].removeprefix('v=')}, Python "
         f"{sys.version.split()[0]}, {os.cpu_count()} cores. {jobs:,} jobs per configuration, "
         "enqueued one call each, drained by one "
-        f"`runworker --burst --concurrency {concurrency}` per backend"
+        f"{shape} per backend"
         + (f"; median of {runs} interleaved runs (min to max)" if runs > 1 else "")
         + ". Redis work on the server(s) holding the backend's keys, per job.",
         "",
@@ -422,12 +438,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=5000, help="jobs per configuration")
     parser.add_argument("--runs", type=int, default=1, help="runs per configuration (median)")
     parser.add_argument("--concurrency", type=int, default=1, help="runworker --concurrency")
+    parser.add_argument("--threads", type=int, default=1, help="runworker --threads")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="e.g. a,b0,b,c,d")
     parser.add_argument("--enqueue-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.enqueue_child:
         enqueue_child(args.enqueue_child.split(","), args.jobs)
         return
+    shape = WorkerShape(args.concurrency, args.threads)
     names = set(args.configs.split(","))
     if names - set(CONFIGS):
         parser.error(f"unknown configuration(s): {', '.join(sorted(names - set(CONFIGS)))}")
@@ -451,11 +469,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                             f"({config.name}) {CONFIGS[config.name]}, run {run + 1}",
                             file=sys.stderr,
                         )
-                        result = measure(
-                            config, servers, args.jobs, args.concurrency, Path(tmp), run
-                        )
+                        result = measure(config, servers, args.jobs, shape, Path(tmp), run)
                         results.setdefault(config.name, []).append(result)
-    print(report(results, args.jobs, args.concurrency))
+    print(report(results, args.jobs, shape))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property, lru_cache
 from typing import Any, cast
 
-import redis
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
@@ -57,7 +56,7 @@ from django_redisqueue.relaying import OutboxRelay, job_after
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.calls import NotReplicated
 from django_redisqueue.store.connection import Client, make_client
-from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
+from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector, answered
 from django_redisqueue.store.keys import KeySchema
 from django_redisqueue.store.queries import Queries
 from django_redisqueue.store.wire import AFTER_GROUP, CANCELLED, MissingJob
@@ -326,10 +325,10 @@ class RedisQueueBackend(OutboxRelay, BaseTaskBackend):
         """The error for a call to Redis that failed: it did not answer (a lost
         connection, a timeout), or it answered with a refusal (out of memory, a
         read-only replica, loading), which the message quotes."""
-        answered = isinstance(exc, (redis.ResponseError, redis.BusyLoadingError))
         return BrokerUnavailable(
             f"Could not {what}: the {self.alias!r} task backend's Redis "
-            f"{'refused it' if answered else 'did not answer'} ({type(exc).__name__}: {exc})."
+            f"{'refused it' if answered(exc) else 'did not answer'} "
+            f"({type(exc).__name__}: {exc})."
         )
 
     def send_broadcast(self, job: Job, queue: str = "") -> int:

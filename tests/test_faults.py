@@ -6,15 +6,19 @@ Each test runs its own redis-server (AOF on where it restarts it) and real
 """
 
 import json
+import logging
 import os
 import random
 import signal
+from unittest import mock
 
 import pytest
 import redis
+from redis.exceptions import RedisClusterException
 
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.exceptions import BrokerUnavailable
+from django_redisqueue.store.gateway import Reconnector, answered, reply_lost
 from tests import tasks
 from tests.conftest import private_redis, wait_until
 
@@ -265,3 +269,32 @@ def test_a_second_sigterm_gives_the_job_back(rr, procs):
     rr.rpush("test:release:1", 1)
     procs.start("runworker")
     assert job.wait(timeout=30) > 0
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize(
+    "exc",
+    [
+        redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'."),
+        redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+        redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"),
+        redis.exceptions.AuthenticationError("invalid username-password pair"),
+        redis.ConnectionError("Connection closed by server."),
+        redis.TimeoutError("Timeout reading from socket"),
+        RedisClusterException("Redis Cluster cannot be connected."),
+    ],
+    ids=lambda exc: type(exc).__name__,
+)
+def test_whether_redis_answered_is_one_verdict_for_every_message_and_recovery(exc, caplog):
+    """Redis answered (a refusal: nothing ran) or did not (the reply lost: it may have
+    run): the enqueue's error, the loops' log line and the recovery agree. LOADING is
+    a refusal, though redis-py raises it as a connection error."""
+    refused = isinstance(exc, redis.ResponseError | redis.exceptions.BusyLoadingError)
+    refused = refused or isinstance(exc, redis.exceptions.AuthenticationError)
+    assert answered(exc) is refused and reply_lost(exc) is not refused
+    said = str(task_backends["default"]._unavailable("enqueue the job", exc))
+    assert ("Redis refused it" in said) is refused and ("did not answer" in said) is not refused
+    with mock.patch("time.sleep"):
+        Reconnector(logging.getLogger("tests"), "Worker w").failed(exc)
+    assert ("Redis refused a command" in caplog.text) is refused
+    assert ("Redis unreachable" in caplog.text) is not refused

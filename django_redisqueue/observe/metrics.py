@@ -39,7 +39,7 @@ from django.db import connections
 
 from django_redisqueue import outbox
 from django_redisqueue.core.jobs import owner_worker
-from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS
+from django_redisqueue.store.gateway import REDIS_ERRORS, reply_lost
 
 if TYPE_CHECKING:
     from django_redisqueue.backend import RedisQueueBackend
@@ -105,10 +105,10 @@ class JobMetrics:
             return
         try:
             refused = backend.broker.add_metrics(counts, sums)
-        except UNCERTAIN_ERRORS:
-            raise
-        except REDIS_ERRORS:
-            refused = [*counts, *sums]  # nothing was sent
+        except REDIS_ERRORS as exc:
+            if reply_lost(exc):
+                raise
+            refused = [*counts, *sums]  # refused: nothing was added
         if not refused:
             return
         with self.lock:

@@ -39,7 +39,7 @@ from django_redisqueue.runtime.worker import (
     WAIT_TIMEOUT,
     Worker,
 )
-from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector
+from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector, reply_lost
 from django_redisqueue.store.wire import Claimed
 
 logger = logging.getLogger(WORKER_LOGGER)
@@ -247,7 +247,7 @@ class SlotWorker(Worker):
             claim = self._store_and_claim(None, True)
             backoff.succeeded()
         except REDIS_ERRORS as exc:  # refused (nothing changed), or its reply lost
-            self.uncertain = self.uncertain or isinstance(exc, UNCERTAIN_ERRORS)
+            self.uncertain = self.uncertain or reply_lost(exc)
             backoff.failed(exc)
             return None
         if claim.job is None and self.burst and claim.read_broadcasts:
@@ -309,7 +309,7 @@ class SlotWorker(Worker):
                     queues, self.worker_id, finished.outcome, broadcasts=False
                 )
             except REDIS_ERRORS as exc:  # the loop recovers a job the call may have given
-                self.uncertain = self.uncertain or isinstance(exc, UNCERTAIN_ERRORS)
+                self.uncertain = self.uncertain or reply_lost(exc)
                 failed = exc
             else:
                 following = _Slot(job)
@@ -317,7 +317,7 @@ class SlotWorker(Worker):
                     with self._changed:
                         self._running[job.job_id, job.owner] = following
         if failed is not None:
-            self._store(finished, repeated=isinstance(failed, UNCERTAIN_ERRORS))
+            self._store(finished, repeated=reply_lost(failed))
             return None, None
         return bool(stored), following
 
@@ -356,7 +356,7 @@ class SlotWorker(Worker):
                 stored = self.backend.broker.finish(finished.outcome)
                 break
             except REDIS_ERRORS as exc:
-                repeated = repeated or isinstance(exc, UNCERTAIN_ERRORS)
+                repeated = repeated or reply_lost(exc)
                 if self._give_up(not self._should_stop(), backoff, exc):
                     return
         backoff.succeeded()

@@ -44,7 +44,7 @@ from django_redisqueue.runtime.queue_order import QueueOrder
 from django_redisqueue.runtime.scheduler_watch import SchedulerWatch
 from django_redisqueue.runtime.stopping import STOP_SIGNAL, StopToken
 from django_redisqueue.runtime.unknown_tasks import for_a_worker_that_knows
-from django_redisqueue.store.gateway import REDIS_ERRORS, UNCERTAIN_ERRORS, Reconnector
+from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector, reply_lost
 from django_redisqueue.store.wire import AFTER_GROUP_PREFIX, RELEASE, Claimed, Outcome
 
 logger = logging.getLogger(WORKER_LOGGER)
@@ -201,7 +201,7 @@ class Worker:
                 claim = self._store_and_claim(finished, wanted)
                 backoff.succeeded()
             except REDIS_ERRORS as exc:  # refused (nothing changed), or its reply lost
-                self.uncertain = self.uncertain or isinstance(exc, UNCERTAIN_ERRORS)
+                self.uncertain = self.uncertain or reply_lost(exc)
                 if self._give_up(wanted, backoff, exc):
                     return
                 continue
@@ -263,7 +263,7 @@ class Worker:
             return self._wait_for_work()
         except REDIS_ERRORS as exc:
             # A lost reply may have carried a handed job.
-            self.uncertain = self.uncertain or isinstance(exc, UNCERTAIN_ERRORS)
+            self.uncertain = self.uncertain or reply_lost(exc)
             backoff.failed(exc)
             return None
 

@@ -29,14 +29,34 @@ logger = logging.getLogger(__name__)
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
 
 
-# The errors after which a command may or may not have run: the reply was lost.
-# Redis refuses a command it answers with an error (OOM, READONLY, BUSY, NOSCRIPT...)
-# before it changes anything, and our scripts never fail half-way (see lua/lib/keys.lua).
+# The errors after which a command may or may not have run, but those by which Redis
+# answered (``answered``): then the reply was lost. Redis refuses a command it answers
+# with an error (OOM, READONLY, BUSY, NOSCRIPT, LOADING...) before it changes anything,
+# and our scripts never fail half-way (see lua/lib/keys.lua).
 UNCERTAIN_ERRORS: tuple[type[Exception], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
     RedisClusterException,
 )
+# Redis's own answers that redis-py raises as connection errors.
+_REFUSALS = (
+    redis.exceptions.BusyLoadingError,
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthorizationError,
+)
+
+
+def answered(exc: BaseException) -> bool:
+    """Whether Redis answered the command that raised ``exc`` (it refused it: out of
+    memory, a read-only replica, loading, a wrong password...), rather than not at all.
+    The one place that decides it, for every message and every recovery."""
+    return isinstance(exc, (redis.ResponseError, *_REFUSALS))
+
+
+def reply_lost(exc: BaseException) -> bool:
+    """Whether the command that raised ``exc`` may have run, its reply lost: then what
+    it may have done is recovered (a claim's job given back, an outcome sent again)."""
+    return isinstance(exc, UNCERTAIN_ERRORS) and not answered(exc)
 
 
 def sync(reply: Any) -> Any:
@@ -80,7 +100,7 @@ class Reconnector:
     def failed(self, exc: Exception) -> None:
         delay = min(0.1 * 2**self.failures, self.ceiling) * random.uniform(0.5, 1.0)
         self.failures += 1
-        what = "unreachable" if isinstance(exc, UNCERTAIN_ERRORS) else "refused a command"
+        what = "refused a command" if answered(exc) else "unreachable"
         self.logger.warning(
             "%s: Redis %s (%s: %s); retry %d in %.2f s",
             self.who,
