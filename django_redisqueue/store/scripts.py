@@ -21,6 +21,8 @@ from functools import cache
 from importlib import resources
 from importlib.resources.abc import Traversable
 
+from django_redisqueue.store.keys import KeySchema
+
 LUA = resources.files(__package__) / "lua"
 LIB = "lib"
 
@@ -187,15 +189,30 @@ def _used_statements(parts: list[str], script: str) -> list[str]:
 
 
 def read_library(directory: Traversable = LUA) -> dict[str, str]:
-    """The shared files of ``directory/lib``, by name (without ``.lua``)."""
+    """The shared files of ``directory/lib``, by name (without ``.lua``); in keys.lua,
+    the line ``-- names: made from store/keys.py`` becomes the key names' statements."""
     lib = directory / LIB
     if not lib.is_dir():
         return {}
     return {
-        file.name.removesuffix(".lua"): file.read_text()
+        file.name.removesuffix(".lua"): file.read_text().replace(_MADE_HERE, key_statements())
         for file in lib.iterdir()
         if file.name.endswith(".lua")
     }
+
+
+_MADE_HERE = "-- names: made from store/keys.py\n"
+
+
+@cache
+def key_statements() -> str:
+    """keys.lua's names, one ``local NAME = P .. 'rest'`` a line, as KeySchema spells
+    each key after the prefix that KEYS[1] holds (with its colon)."""
+    schema = KeySchema(prefix="")
+    return "".join(
+        f"local {name} = P .. '{key.removeprefix(':')}'\n"
+        for name, key in schema.fixed_keys.items()
+    )
 
 
 def _texts(directory: Traversable) -> dict[str, str]:

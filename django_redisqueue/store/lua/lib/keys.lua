@@ -2,8 +2,9 @@
 -- them; and the two rules every script keeps.
 --
 -- Every script gets one key, KEYS[1]: the backend's prefix with its hash tag and a
--- colon ('{drq:default}:'). The names below complete it as keys.py spells them
--- (tests/test_broker.py checks that they agree); per-job and per-queue keys are then
+-- colon ('{drq:default}:'). The names complete it as keys.py spells them: they are made
+-- from its KeySchema.fixed_keys where the line below says (scripts.read_library), not
+-- written twice; per-job and per-queue keys are then
 -- completed with an id or a queue name, which a claim or a promotion learns only
 -- inside the script. Every key carries the one hash tag, so Cluster keeps them on the
 -- slot of KEYS[1]. No other file reads KEYS: a script's header lists, by these names,
@@ -16,15 +17,4 @@
 -- read as absent or as defaults, and a set of the protocol's holding another type
 -- (written by hand) is read as empty and replaced when written (zadd, typed).
 local P = KEYS[1]
-local JOB, QUEUE, WAKE, SEQ = P .. 'job:', P .. 'queue:', P .. 'wake:', P .. 'seq'
-local RUNNING, DELAYED, SCHEDULER_WAKE = P .. 'running', P .. 'delayed:', P .. 'scheduler:wake'
-local PAUSED, FAILED, STATS = P .. 'paused', P .. 'failed:', P .. 'stats:'
-local SCHEDULERS, WORKERS, WORKER = P .. 'schedulers', P .. 'workers', P .. 'worker:'
-local KNOWN_QUEUES = P .. 'queues'
-local GROUP, GROUPS, BROADCAST = P .. 'group:', P .. 'groups', P .. 'broadcast:'
-local BROADCAST_SEQ, CURSORS = BROADCAST .. 'seq', BROADCAST .. 'cursors'
-local UNREAD, SENT = BROADCAST .. 'unread', BROADCAST .. 'sent'
-local UNIQUE, LIMIT, LIMITS = P .. 'unique:', P .. 'limit:', P .. 'limits'
-local PERIODIC, SCHEDULE = P .. 'periodic', P .. 'periodic:'
-local IDLE, IDLE_WORKER, HANDOFF = P .. 'idlers:', P .. 'idle-worker:', P .. 'handoff:'
-local HANDED, RELAYED = P .. 'handed', P .. 'relayed'
+-- names: made from store/keys.py
