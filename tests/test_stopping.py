@@ -123,18 +123,21 @@ def test_the_time_limit_stops_a_task_on_another_thread_by_the_time_limit_thread(
 
 
 @pytest.mark.pure
-def test_time_limits_off_the_main_thread_share_one_thread_and_drop_what_is_cancelled():
-    """Each in turn, never early, none of those cancelled; many cancelled limits do not
-    pile up (a job that ends well inside its limit, thousands of times)."""
+def test_time_limits_off_the_main_thread_share_one_thread_and_drop_what_is_cancelled(caplog):
+    """Each in turn, never early, none of those cancelled, whatever one before them
+    raised; many cancelled limits do not pile up (a job that ends well inside its
+    limit, thousands of times)."""
     deadlines, called = alarms._Deadlines(), []
     before, added_at = set(threading.enumerate()), time.monotonic()
     for n, seconds in enumerate([0.3, 0.1, 0.2, 0.15]):
         number = deadlines.add(seconds, lambda n=n, s=seconds: called.append((n, s)))
         if n == 3:
             deadlines.cancel(number)
+    deadlines.add(0.05, lambda: 1 / 0)  # a stop that fails stops none of the others
     wait_until(lambda: len(called) == 3, 10, "the three limits left")
     assert time.monotonic() - added_at >= 0.3
     assert called == [(1, 0.1), (2, 0.2), (0, 0.3)]
+    assert "A time limit's stop failed" in caplog.text
     for _ in range(5000):
         deadlines.cancel(deadlines.add(600, lambda: called.append("too soon")))
     assert len(deadlines._heap) <= 2 * 64 + 1 and called[3:] == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import logging
 import signal
 import threading
 import time
@@ -15,7 +16,10 @@ from contextlib import contextmanager
 from types import FrameType
 
 from django_redisqueue.exceptions import JobTimeout
+from django_redisqueue.runtime import WORKER_LOGGER
 from django_redisqueue.runtime.stopping import StopToken
+
+logger = logging.getLogger(WORKER_LOGGER)
 
 
 @contextmanager
@@ -117,7 +121,10 @@ class _Deadlines:
                     continue
                 heapq.heappop(self._heap)
                 action = self._actions.pop(number)
-            action()
+            try:
+                action()
+            except Exception:  # said, and the other limits still fire
+                logger.exception("A time limit's stop failed")
 
 
 _DEADLINES = _Deadlines()
