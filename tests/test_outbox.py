@@ -21,7 +21,7 @@ from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, t
 from django_redisqueue.core.conf import validate
 from django_redisqueue.dashboard.reads import Dashboard
 from django_redisqueue.exceptions import ConfigurationError, NotCancellable
-from django_redisqueue.management.commands.queuehealth import OUTBOX_STUCK
+from django_redisqueue.observe.health import OUTBOX_STUCK
 from django_redisqueue.models import OutboxJob
 from django_redisqueue.observe import metrics
 from tests import tasks
