@@ -21,9 +21,9 @@ from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, t
 from django_redisqueue.core.conf import validate
 from django_redisqueue.dashboard.reads import Dashboard
 from django_redisqueue.exceptions import ConfigurationError, NotCancellable
-from django_redisqueue.observe.health import OUTBOX_STUCK
 from django_redisqueue.models import OutboxJob
 from django_redisqueue.observe import metrics
+from django_redisqueue.observe.health import OUTBOX_STUCK
 from tests import tasks
 from tests.conftest import not_on_cluster, private_redis, run_worker_here, wait_until
 from tests.outboxes import two_relays_at_once, waiting
