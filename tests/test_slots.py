@@ -330,3 +330,35 @@ def test_the_heartbeat_renews_the_newest_attempt_of_a_job_held_twice(r):
     assert isinstance(slots[stale.owner].token.reason, LeaseLost)
     assert slots[again.owner].token.reason is None  # attempt 2 runs on, its lease renewed
     assert leased.broker.finish(Outcome(job.id, again.owner, SUCCESSFUL)) is True
+
+
+def test_a_job_given_back_and_claimed_again_by_its_own_slot_stays_in_hand(r, backend, caplog):
+    """A group's callback whose members' results Redis could not give is given back,
+    unrun and uncounted: the slot's call that stores that give-back may claim the same
+    job again at once, under the same owner token (its attempt was not counted). That
+    new attempt stays among the jobs in hand (its lease renewed, kept by a give-back)
+    and ends once, with no slot failing."""
+    from django_redisqueue import group
+
+    result = group([tasks.add.job(1, 2)], callback=tasks.collect.job("cb")).enqueue()
+    worker = SlotWorker(backend, threads=1, burst=True)
+    execute, held_at_start = worker.execute, []
+
+    def execute_seen_in_hand(job):
+        held_at_start.append((job.job_id, job.owner) in worker.held())
+        return execute(job)
+
+    run_patched(
+        worker,
+        # The slots claim their next jobs whatever the time (no broadcasts' number due).
+        patch("django_redisqueue.runtime.slots.BROADCASTS_READ_EVERY", 3600),
+        patch.object(
+            type(backend), "group_results", side_effect=[redis.ConnectionError("gone"), [3]]
+        ),
+        patch.object(worker, "execute", execute_seen_in_hand),
+    )
+    assert r.lrange(tasks.LOG, 0, -1) == ['["cb", [3]]']
+    assert backend.get_result(result.callback_id).attempts == 1
+    assert held_at_start == [True, True, True]  # the member, the callback twice
+    assert "slot failed" not in caplog.text
+    assert worker._running == {}

@@ -279,7 +279,11 @@ class SlotWorker(Worker):
                     logger.exception("Worker %s: job %s's slot failed", self.worker_id, job.job_id)
                 finally:
                     with self._changed:
-                        del self._running[job.job_id, job.owner]
+                        # Unless the call that stored its outcome claimed the same job
+                        # again under the same token (a give-back is uncounted): then
+                        # the entry is the next attempt's, which this thread runs next.
+                        if self._running.get((job.job_id, job.owner)) is slot:
+                            del self._running[job.job_id, job.owner]
                         self._databases[threading.get_ident()] = connections.all(
                             initialized_only=True
                         )
