@@ -362,3 +362,31 @@ def test_a_job_given_back_and_claimed_again_by_its_own_slot_stays_in_hand(r, bac
     assert held_at_start == [True, True, True]  # the member, the callback twice
     assert "slot failed" not in caplog.text
     assert worker._running == {}
+
+
+def test_a_slot_claim_whose_reply_is_lost_as_the_worker_stops_gives_its_job_back(r, backend):
+    """A slot's call stores its job's outcome and claims the next; the worker is told
+    to stop as the call runs, and its reply is lost. The worker's loop ends without a
+    free slot's claim, so nothing recovered that call: the worker gives back what it
+    may have given before it ends, and that job does not wait, RUNNING under no slot,
+    for its lease to run out (and count as lost)."""
+    first, second = tasks.record.enqueue("first"), tasks.record.enqueue("second")
+    worker = SlotWorker(backend, threads=1)
+    claim = backend.broker.claim
+
+    def slot_claim_losing_its_reply_as_the_worker_stops(*args, **kwargs):
+        answer = claim(*args, **kwargs)
+        if answer[1] is not None and answer[1].job_id == second.id:
+            worker.stop()  # SIGTERM, as the call ran
+            raise redis.ConnectionError("reply lost")
+        return answer
+
+    run_patched(
+        worker,
+        patch("django_redisqueue.runtime.slots.BROADCASTS_READ_EVERY", 3600),
+        patch.object(backend.broker, "claim", slot_claim_losing_its_reply_as_the_worker_stops),
+    )
+    assert log(r) == ["first"]
+    assert backend.get_result(first.id).status == TaskResultStatus.SUCCESSFUL
+    stored = backend.get_result(second.id)
+    assert stored.status == TaskResultStatus.READY and stored.attempts == 0
