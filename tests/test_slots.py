@@ -330,3 +330,63 @@ def test_the_heartbeat_renews_the_newest_attempt_of_a_job_held_twice(r):
     assert isinstance(slots[stale.owner].token.reason, LeaseLost)
     assert slots[again.owner].token.reason is None  # attempt 2 runs on, its lease renewed
     assert leased.broker.finish(Outcome(job.id, again.owner, SUCCESSFUL)) is True
+
+
+def test_a_job_given_back_and_claimed_again_by_its_own_slot_stays_in_hand(r, backend, caplog):
+    """A group's callback whose members' results Redis could not give is given back,
+    unrun and uncounted: the slot's call that stores that give-back may claim the same
+    job again at once, under the same owner token (its attempt was not counted). That
+    new attempt stays among the jobs in hand (its lease renewed, kept by a give-back)
+    and ends once, with no slot failing."""
+    from django_redisqueue import group
+
+    result = group([tasks.add.job(1, 2)], callback=tasks.collect.job("cb")).enqueue()
+    worker = SlotWorker(backend, threads=1, burst=True)
+    execute, held_at_start = worker.execute, []
+
+    def execute_seen_in_hand(job):
+        held_at_start.append((job.job_id, job.owner) in worker.held())
+        return execute(job)
+
+    run_patched(
+        worker,
+        # The slots claim their next jobs whatever the time (no broadcasts' number due).
+        patch("django_redisqueue.runtime.slots.BROADCASTS_READ_EVERY", 3600),
+        patch.object(
+            type(backend), "group_results", side_effect=[redis.ConnectionError("gone"), [3]]
+        ),
+        patch.object(worker, "execute", execute_seen_in_hand),
+    )
+    assert r.lrange(tasks.LOG, 0, -1) == ['["cb", [3]]']
+    assert backend.get_result(result.callback_id).attempts == 1
+    assert held_at_start == [True, True, True]  # the member, the callback twice
+    assert "slot failed" not in caplog.text
+    assert worker._running == {}
+
+
+def test_a_slot_claim_whose_reply_is_lost_as_the_worker_stops_gives_its_job_back(r, backend):
+    """A slot's call stores its job's outcome and claims the next; the worker is told
+    to stop as the call runs, and its reply is lost. The worker's loop ends without a
+    free slot's claim, so nothing recovered that call: the worker gives back what it
+    may have given before it ends, and that job does not wait, RUNNING under no slot,
+    for its lease to run out (and count as lost)."""
+    first, second = tasks.record.enqueue("first"), tasks.record.enqueue("second")
+    worker = SlotWorker(backend, threads=1)
+    claim = backend.broker.claim
+
+    def slot_claim_losing_its_reply_as_the_worker_stops(*args, **kwargs):
+        answer = claim(*args, **kwargs)
+        if answer[1] is not None and answer[1].job_id == second.id:
+            worker.stop()  # SIGTERM, as the call ran
+            raise redis.ConnectionError("reply lost")
+        return answer
+
+    run_patched(
+        worker,
+        patch("django_redisqueue.runtime.slots.BROADCASTS_READ_EVERY", 3600),
+        patch.object(backend.broker, "claim", slot_claim_losing_its_reply_as_the_worker_stops),
+    )
+    assert log(r) == ["first"]
+    assert backend.get_result(first.id).status == TaskResultStatus.SUCCESSFUL
+    stored = backend.get_result(second.id)
+    assert stored.status == TaskResultStatus.READY and stored.attempts == 0

@@ -131,6 +131,9 @@ class SlotWorker(Worker):
         # The slots' claims, each from its call to its job in ``_running``, and the
         # loop's give-back after a lost reply (which keeps the jobs in ``_running``).
         self._claims = _Gate()
+        # The attempts whose outcome a stopping slot could not store (Redis failing):
+        # still this worker's in Redis, their leases to run out; never given back.
+        self._unstored: set[tuple[str, str]] = set()
         # Each slot thread's database connections, by thread, to close as the slots end.
         self._databases: dict[int, Sequence[BaseDatabaseWrapper]] = {}
         super().__init__(backend, queues, weights=weights, **options)
@@ -199,7 +202,7 @@ class SlotWorker(Worker):
         # A slot's job is held from its claim (before its thread starts it) until its
         # outcome is stored (after ``execute`` let it go): a give-back keeps them all.
         with self._changed:
-            return list(self._running)
+            return [*self._running, *self._unstored]
 
     def lease_lost(self, job: Claimed) -> None:
         with self._changed:
@@ -235,6 +238,13 @@ class SlotWorker(Worker):
                     self._changed.wait(WAIT_TIMEOUT)
             pool.shutdown(wait=not self.stuck)
             self._close_databases()
+            # A slot's claim lost its reply as the worker stopped: no free slot's claim
+            # came after it to give back what it may have given, which would wait for
+            # its lease, RUNNING with no slot, and count as lost.
+            if self.uncertain:
+                with contextlib.suppress(*REDIS_ERRORS):  # else its lease runs out
+                    self._recover_claim(None)
+                    self.uncertain = False
 
     def _claim(self, backoff: Reconnector) -> Claimed | None:
         """One claim for a free slot (no outcome: the slots store theirs), or what the
@@ -279,7 +289,11 @@ class SlotWorker(Worker):
                     logger.exception("Worker %s: job %s's slot failed", self.worker_id, job.job_id)
                 finally:
                     with self._changed:
-                        del self._running[job.job_id, job.owner]
+                        # Unless the call that stored its outcome claimed the same job
+                        # again under the same token (a give-back is uncounted): then
+                        # the entry is the next attempt's, which this thread runs next.
+                        if self._running.get((job.job_id, job.owner)) is slot:
+                            del self._running[job.job_id, job.owner]
                         self._databases[threading.get_ident()] = connections.all(
                             initialized_only=True
                         )
@@ -358,6 +372,8 @@ class SlotWorker(Worker):
             except REDIS_ERRORS as exc:
                 repeated = repeated or reply_lost(exc)
                 if self._give_up(not self._should_stop(), backoff, exc):
+                    with self._changed:
+                        self._unstored.add((finished.outcome.job_id, finished.outcome.owner))
                     return
         backoff.succeeded()
         self._report(finished, stored, repeated=repeated)
