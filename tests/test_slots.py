@@ -390,3 +390,47 @@ def test_a_slot_claim_whose_reply_is_lost_as_the_worker_stops_gives_its_job_back
     assert backend.get_result(first.id).status == TaskResultStatus.SUCCESSFUL
     stored = backend.get_result(second.id)
     assert stored.status == TaskResultStatus.READY and stored.attempts == 0
+
+
+def test_a_refusal_to_the_loop_does_not_forget_a_slot_claims_lost_reply(r, backend):
+    """The loop's claim is refused (Redis answered: nothing changed) as a slot's claim
+    loses its reply (it may have given a job). The loop's note that its call changed
+    nothing must not erase the slot's that its call may have: the job that call gave
+    goes back (or runs), and does not wait RUNNING under no slot for its lease."""
+    from django_redisqueue.runtime import slots
+
+    first, second = tasks.record.enqueue("first"), tasks.record.enqueue("second")
+    worker = SlotWorker(backend, threads=2, burst=True)
+    slot_claim, loop_claim, real_reply_lost = (
+        backend.broker.claim,
+        worker.broker.claim,
+        slots.reply_lost,
+    )
+    loop_calls = []
+
+    def slot_claim_losing_its_reply(*args, **kwargs):
+        answer = slot_claim(*args, **kwargs)
+        if answer[1] is not None and answer[1].job_id == second.id:
+            raise redis.ConnectionError("reply lost")
+        return answer
+
+    def loop_claim_refused_once(*args, **kwargs):
+        loop_calls.append(1)
+        if len(loop_calls) == 2:  # with the first job in a slot
+            raise redis.ResponseError("OOM command not allowed")
+        return loop_claim(*args, **kwargs)
+
+    def reply_lost_as_the_slot_loses_its_own(exc):
+        if threading.current_thread() is threading.main_thread():  # the loop's
+            wait_until(lambda: worker.uncertain, 10, "the slot's lost reply")
+        return real_reply_lost(exc)
+
+    run_patched(
+        worker,
+        patch("django_redisqueue.runtime.slots.BROADCASTS_READ_EVERY", 3600),
+        patch.object(backend.broker, "claim", slot_claim_losing_its_reply),
+        patch.object(worker.broker, "claim", loop_claim_refused_once),
+        patch.object(slots, "reply_lost", reply_lost_as_the_slot_loses_its_own),
+    )
+    assert backend.get_result(first.id).status == TaskResultStatus.SUCCESSFUL
+    assert backend.get_result(second.id).status != TaskResultStatus.RUNNING

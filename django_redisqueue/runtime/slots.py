@@ -257,7 +257,8 @@ class SlotWorker(Worker):
             claim = self._store_and_claim(None, True)
             backoff.succeeded()
         except REDIS_ERRORS as exc:  # refused (nothing changed), or its reply lost
-            self.uncertain = self.uncertain or reply_lost(exc)
+            if reply_lost(exc):  # set, never read and written back: a slot may set it too
+                self.uncertain = True
             backoff.failed(exc)
             return None
         if claim.job is None and self.burst and claim.read_broadcasts:
@@ -323,7 +324,8 @@ class SlotWorker(Worker):
                     queues, self.worker_id, finished.outcome, broadcasts=False
                 )
             except REDIS_ERRORS as exc:  # the loop recovers a job the call may have given
-                self.uncertain = self.uncertain or reply_lost(exc)
+                if reply_lost(exc):  # set, never read and written back: a slot may set it too
+                    self.uncertain = True
                 failed = exc
             else:
                 following = _Slot(job)

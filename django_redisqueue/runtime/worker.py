@@ -201,7 +201,8 @@ class Worker:
                 claim = self._store_and_claim(finished, wanted)
                 backoff.succeeded()
             except REDIS_ERRORS as exc:  # refused (nothing changed), or its reply lost
-                self.uncertain = self.uncertain or reply_lost(exc)
+                if reply_lost(exc):  # set, never read and written back: a slot may set it too
+                    self.uncertain = True
                 if self._give_up(wanted, backoff, exc):
                     return
                 continue
@@ -263,7 +264,8 @@ class Worker:
             return self._wait_for_work()
         except REDIS_ERRORS as exc:
             # A lost reply may have carried a handed job.
-            self.uncertain = self.uncertain or reply_lost(exc)
+            if reply_lost(exc):  # set, never read and written back: a slot may set it too
+                self.uncertain = True
             backoff.failed(exc)
             return None
 
