@@ -29,7 +29,7 @@ from django.utils.translation import gettext
 from django.views.decorators.clickjacking import xframe_options_deny
 from django.views.decorators.http import require_GET, require_POST
 
-from django_redisqueue.backend import RedisQueueBackend, our_backends
+from django_redisqueue.backends.redis import RedisQueueBackend, our_backends
 from django_redisqueue.compat import task_backends
 from django_redisqueue.core.jobs import JOB_ID_RE, from_ms
 from django_redisqueue.dashboard import actions

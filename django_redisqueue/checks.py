@@ -32,8 +32,8 @@ from django.apps import AppConfig, apps
 from django.core import checks
 from django.core.management import find_commands
 
-from django_redisqueue import outbox
-from django_redisqueue.backend import RedisQueueBackend, our_backends
+from django_redisqueue.backends import outbox
+from django_redisqueue.backends.redis import RedisQueueBackend, our_backends
 from django_redisqueue.core.conf import parse_options, validate
 
 APP = "django_redisqueue"

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Sequence
 from datetime import timedelta
 
-from django_redisqueue.backend import RedisQueueBackend
+from django_redisqueue.backends.redis import RedisQueueBackend
 from django_redisqueue.compat import BaseTaskBackend, ImmediateBackend, task_backends
 from django_redisqueue.core.tasks import RedisTaskResult
 from django_redisqueue.runtime.worker import Finished, Worker

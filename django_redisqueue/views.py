@@ -6,7 +6,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from django_redisqueue.backend import redisqueue_backends
+from django_redisqueue.backends.redis import redisqueue_backends
 from django_redisqueue.observe.metrics import CONTENT_TYPE, render
 
 

@@ -10,7 +10,7 @@ from unittest import mock
 
 from django.db import connections
 
-from django_redisqueue import outbox
+from django_redisqueue.backends import outbox
 from django_redisqueue.models import OutboxJob
 from django_redisqueue.store.wire import NewJob
 

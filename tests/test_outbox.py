@@ -16,7 +16,8 @@ from django.db import OperationalError, connections, transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from django_redisqueue import outbox
+from django_redisqueue.backends import outbox
+from django_redisqueue.backends.outbox import OutboxRelay
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
 from django_redisqueue.core.conf import validate
 from django_redisqueue.dashboard.reads import Dashboard
@@ -116,10 +117,10 @@ def test_a_commit_while_redis_refuses_keeps_the_job_until_the_relay(database, ca
         assert "stay in the outbox" in caplog.text
         assert backend.get_result(result.id).status == TaskResultStatus.READY
         with pytest.raises(redis.ConnectionError):
-            backend.relay_outbox(settle=0)
+            backend.outbox.relay_left(settle=0)
         assert rows(database) == [result.id]  # nothing deleted on a failed relay
         server.start()
-        assert backend.relay_outbox(settle=0) == 1
+        assert backend.outbox.relay_left(settle=0) == 1
         assert rows(database) == []
         assert backend.get_result(result.id).status == TaskResultStatus.READY
         assert job_exists(backend, result.id)
@@ -133,7 +134,7 @@ def test_a_row_relayed_twice_makes_one_job(backend, database, r):
     copy = waiting(result.id, 9)
     with transaction.atomic(using=database):
         outbox.write(database, backend.alias, [copy])
-    assert backend.relay_outbox(settle=0) == 1
+    assert backend.outbox.relay_left(settle=0) == 1
     assert rows(database) == []
     assert r.keys(f"*{result.id}*") == [stored]
     assert backend.get_result(result.id).args == [1, 2]  # the first one, untouched
@@ -156,7 +157,7 @@ def test_a_row_relayed_after_its_job_ran_and_its_result_expired_stores_nothing(
         run_worker_here(backend)
     keys = [backend.keys.job(job.id) for job in jobs]
     wait_until(lambda: not r.exists(*keys), 10, "the results to expire")
-    assert backend.relay_outbox(settle=0) == 5
+    assert backend.outbox.relay_left(settle=0) == 5
     assert rows(database) == [] and queued(r, backend) == []
     assert outbox.sweep_records(backend.broker, backend.config.outbox, hold=0) == 0
     assert not r.exists(backend.keys.relayed)
@@ -206,16 +207,16 @@ def test_a_relay_that_read_its_rows_before_they_were_deleted_finds_their_records
     deletes them and sweeps; the jobs run and their results expire; the stalled relay
     stores nothing: the records are held past the sweep."""
     stalled = []
-    stall = mock.patch.object(type(backend), "relay_committed", lambda *a: stalled.append(a))
+    stall = mock.patch.object(OutboxRelay, "relay_committed", lambda *a: stalled.append(a))
     with stall, transaction.atomic(using=database):
         job = enqueue(backend, 1, 1)
     OutboxJob.objects.using(database).update(created_at=timezone.now() - timedelta(seconds=10))
-    assert backend.relay_outbox(settle=0) == 1
+    assert backend.outbox.relay_left(settle=0) == 1
     assert outbox.sweep_records(backend.broker, backend.config.outbox) == 0
     r.delete(backend.keys.job(job.id))  # it ran, and its result expired
     r.zrem(backend.keys.queue("default"), job.id)
     with mock.patch.object(outbox, "present", return_value={job.id}):  # read before the delete
-        backend.relay_committed(*stalled[0][1:])
+        backend.outbox.relay_committed(*stalled[0][1:])
     assert not r.exists(backend.keys.job(job.id))  # stored nothing
 
 
@@ -234,7 +235,7 @@ def test_relays_at_once_relay_each_row_once_and_in_order(backend, database, r):
     relayed = two_relays_at_once(backend, database, 5, 100, skipping=skipped)
     if connections[database].features.has_select_for_update_skip_locked:
         assert relayed == {"first": 5, "second": 0}
-        assert backend.relay_outbox(settle=0) == 15
+        assert backend.outbox.relay_left(settle=0) == 15
     else:
         assert relayed == {"first": 5, "second": 15}
     assert rows(database) == []
@@ -253,7 +254,7 @@ def test_a_job_that_runs_after_another_in_the_same_transaction(backend, database
 def test_the_relay_drops_a_job_that_runs_after_a_job_that_is_gone(backend, database, caplog):
     with transaction.atomic(using=database):
         outbox.write(database, backend.alias, [waiting("a" * 26, 1, after="b" * 26)])
-    assert backend.relay_outbox(settle=0) == 1
+    assert backend.outbox.relay_left(settle=0) == 1
     assert rows(database) == []
     assert "does not exist" in caplog.text
 
@@ -263,14 +264,14 @@ def test_a_delayed_limited_job_keeps_its_time_and_limit_through_the_outbox(
     backend, database, relayed_by
 ):
     died = relayed_by == "runscheduler"  # the committing process, before its relay
-    left_behind = mock.patch.object(type(backend), "relay_committed")
+    left_behind = mock.patch.object(OutboxRelay, "relay_committed")
     with left_behind if died else contextlib.nullcontext(), transaction.atomic(using=database):
         result = enqueue(
             backend, "a", 0, task=tasks.limited_two, limit_key="partner:7", delay=3600
         )
     if died:
         assert rows(database) == [result.id]
-        assert backend.relay_outbox(settle=0) == 1
+        assert backend.outbox.relay_left(settle=0) == 1
     assert rows(database) == []
     assert backend.queries.delayed_count(["default"]) == 1  # due in an hour, not ready
     assert backend.queries.queue_length("default") == 0
@@ -338,14 +339,14 @@ def test_a_job_waiting_for_a_job_still_in_the_outbox_is_relayed_after_it(backend
     with transaction.atomic(using=database):
         then = enqueue(backend, 2, 2, depends_on=first)
     assert rows(database) == [first.id, then.id]  # it waits for the one it runs after
-    assert backend.relay_outbox(settle=0) == 2
+    assert backend.outbox.relay_left(settle=0) == 2
     assert rows(database) == []
     assert backend.get_result(then.id).status == TaskResultStatus.READY
 
 
 def left_behind(backend):
     """The committing process dies before its relay: the rows wait for runscheduler."""
-    return mock.patch.object(type(backend), "relay_committed")
+    return mock.patch.object(OutboxRelay, "relay_committed")
 
 
 def test_a_batch_of_the_relay_takes_the_jobs_that_run_after_its_own(backend, database):
@@ -379,9 +380,9 @@ def test_a_relay_cut_by_redis_stores_a_job_with_the_one_it_runs_after_or_neither
         return send(jobs, **options)
 
     with mock.patch.object(backend.broker, "enqueue_linked", cut), pytest.raises(redis.RedisError):
-        backend.relay_outbox(settle=0)
+        backend.outbox.relay_left(settle=0)
     assert not job_exists(backend, first.id)  # else it could run, and its result expire
-    assert backend.relay_outbox(settle=0) == 2
+    assert backend.outbox.relay_left(settle=0) == 2
     run_worker_here(backend)
     assert backend.get_result(then.id).return_value == 4
 
@@ -395,7 +396,7 @@ def test_a_job_after_one_relayed_before_whose_result_expired_is_dropped(
     r.delete(backend.keys.job(first))  # as its result's TTL would, once it ran
     with transaction.atomic(using=database):
         outbox.write(database, backend.alias, [waiting(first, 1), waiting(then, 2, after=first)])
-    assert backend.relay_outbox(settle=0) == 2
+    assert backend.outbox.relay_left(settle=0) == 2
     assert rows(database) == []
     assert not job_exists(backend, then)
     assert f"job(s) {then} run after job {first}, which does not exist" in caplog.text
@@ -484,7 +485,7 @@ def test_the_overview_queuestats_metrics_and_probe_show_a_stuck_relay(r, viewer)
     assert stuck.value.code == OUTBOX_STUCK
 
     # Gone once relayed.
-    assert backend.relay_outbox() == 1
+    assert backend.outbox.relay_left() == 1
     assert Dashboard(backend).overview()["outbox"] == {"jobs": 0, "oldest_seconds": 0.0}
 
 

@@ -28,7 +28,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from django_redisqueue import outbox
+from django_redisqueue.backends import outbox
+from django_redisqueue.backends.outbox import OutboxRelay
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
 from django_redisqueue.models import OutboxJob
 from tests import tasks
@@ -87,7 +88,7 @@ class OutboxMachine(RuleBasedStateMachine):
                 self.backend.broker, "enqueue", side_effect=redis.ConnectionError("down")
             )
         elif fate == "died":
-            failing = mock.patch.object(type(self.backend), "relay_committed")
+            failing = mock.patch.object(OutboxRelay, "relay_committed")
         else:
             failing = contextlib.nullcontext()
         with failing, transaction.atomic(using=self.database):

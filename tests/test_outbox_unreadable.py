@@ -12,7 +12,7 @@ import pytest
 from django.core import checks
 from django.db import DatabaseError, OperationalError, transaction
 
-from django_redisqueue import outbox
+from django_redisqueue.backends import outbox
 from django_redisqueue.compat import task_backends
 from django_redisqueue.models import OutboxJob
 from django_redisqueue.runtime import outbox_watch
@@ -187,6 +187,6 @@ def test_an_outbox_that_cannot_be_read_leaves_the_others_relayed():
         outbox_table_gone("postgresql"),
         pytest.raises(DatabaseError),
     ):
-        backend.relay_outbox(settle=0)
+        backend.outbox.relay_left(settle=0)
     assert not OutboxJob.objects.using("default").exists()
     assert backend.queries.get_job("e" * 26) is not None

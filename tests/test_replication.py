@@ -16,7 +16,8 @@ import redis
 from django.db import transaction
 from django.test import override_settings
 
-from django_redisqueue import outbox
+from django_redisqueue.backends import outbox
+from django_redisqueue.backends.outbox import OutboxRelay
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.exceptions import BrokerUnavailable
 from django_redisqueue.models import OutboxJob
@@ -253,7 +254,7 @@ def test_an_unconfirmed_relay_still_stores_each_job_right_after_the_one_it_waits
     ledger.delete("test:ledger")
     with acked_backend(1, NOT_CONFIRMED_WITHIN, alias="outbox-default") as backend:
         task = tasks.ledger.using(backend=backend.alias)
-        died = mock.patch.object(type(backend), "relay_committed")  # the producer died
+        died = mock.patch.object(OutboxRelay, "relay_committed")  # the producer died
         with frozen(replica):
             with died, transaction.atomic():
                 first = task.enqueue(1, 0)

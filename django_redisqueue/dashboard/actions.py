@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from django.contrib import messages
 
-from django_redisqueue.backend import RedisQueueBackend
+from django_redisqueue.backends.redis import RedisQueueBackend
 from django_redisqueue.compat import TaskResultDoesNotExist
 from django_redisqueue.exceptions import NotCancellable
 from django_redisqueue.runtime.periodic import PeriodicTaskError, run_now, schedules_of

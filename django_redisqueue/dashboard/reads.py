@@ -11,8 +11,8 @@ from typing import Any
 
 from django.utils.timezone import localtime
 
-from django_redisqueue import outbox
-from django_redisqueue.backend import RedisQueueBackend
+from django_redisqueue.backends import outbox
+from django_redisqueue.backends.redis import RedisQueueBackend
 from django_redisqueue.core.jobs import STATUSES, from_ms
 from django_redisqueue.dashboard.rows import (
     BroadcastRow,

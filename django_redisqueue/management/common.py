@@ -8,7 +8,7 @@ from typing import TextIO, cast
 
 from django.core.management.base import CommandError
 
-from django_redisqueue.backend import RedisQueueBackend
+from django_redisqueue.backends.redis import RedisQueueBackend
 from django_redisqueue.compat import task_backends
 from django_redisqueue.exceptions import ConfigurationError
 from django_redisqueue.observe.logformat import (

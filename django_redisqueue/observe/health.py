@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from django_redisqueue import outbox
-from django_redisqueue.backend import RedisQueueBackend
+from django_redisqueue.backends import outbox
+from django_redisqueue.backends.redis import RedisQueueBackend
 from django_redisqueue.observe.deadlines import raise_after
 from django_redisqueue.store.gateway import REDIS_ERRORS
 from django_redisqueue.store.queries import SCHEDULER_ALIVE_MS, Live, Queries, QueueCounts

@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections
 
-from django_redisqueue import outbox
+from django_redisqueue.backends import outbox
 from django_redisqueue.core.jobs import owner_worker
 from django_redisqueue.store.gateway import REDIS_ERRORS, reply_lost
 
 if TYPE_CHECKING:
-    from django_redisqueue.backend import RedisQueueBackend
+    from django_redisqueue.backends.redis import RedisQueueBackend
     from django_redisqueue.observe.events import JobEvent
     from django_redisqueue.store.queries import Live, QueueCounts
 

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from django_redisqueue import outbox
+from django_redisqueue.backends import outbox
 
 # How often (s) a scheduler says again that its outbox still cannot be read.
 REMIND_EVERY = 300.0

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 from django.utils.module_loading import import_string
 from django.utils.timezone import get_default_timezone
 
+from django_redisqueue.backends.base import new_job
 from django_redisqueue.compat import Task
 from django_redisqueue.core.registry import registry
 from django_redisqueue.core.schedules import Due, Schedule, parse_schedules
-from django_redisqueue.preparation import new_job
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.gateway import REDIS_ERRORS
 
 if TYPE_CHECKING:
-    from django_redisqueue.backend import RedisQueueBackend
+    from django_redisqueue.backends.redis import RedisQueueBackend
     from django_redisqueue.core.tasks import RedisTaskResult
 
 logger = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from types import FrameType
 
 from django.db import close_old_connections, connections
 
-from django_redisqueue import outbox
-from django_redisqueue.backend import RedisQueueBackend
+from django_redisqueue.backends import outbox
+from django_redisqueue.backends.redis import RedisQueueBackend
 from django_redisqueue.core.jobs import error_info, to_json
 from django_redisqueue.exceptions import WorkerLost
 from django_redisqueue.runtime import SCHEDULER_IDLE_WAIT
@@ -217,7 +217,7 @@ class Scheduler:
         self.next_relay = time.monotonic() + RELAY_EVERY
         close_old_connections()
         try:
-            relayed = self.backend.relay_outbox()
+            relayed = self.backend.outbox.relay_left()
             self.sweep_from = outbox.sweep_records(
                 self.broker, self.backend.config.outbox, self.sweep_from, now_ms=now_ms
             )

@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar, cast
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_redisqueue.backend import RedisQueueBackend
+from django_redisqueue.backends.redis import RedisQueueBackend
 from django_redisqueue.core import tracing
 from django_redisqueue.runtime import WORKER_LOGGER, attempts
 from django_redisqueue.runtime.attempts import Finished

@@ -21,19 +21,19 @@ from types import FrameType
 
 from django.db import close_old_connections
 
-from django_redisqueue.backend import RedisQueueBackend
+from django_redisqueue.backends.redis import RedisQueueBackend
 from django_redisqueue.core import tracing
 from django_redisqueue.core.jobs import (
     JobRecord,
 )
 from django_redisqueue.core.registry import registry
+from django_redisqueue.core.results import make_result, task_for
 from django_redisqueue.exceptions import (
     InvalidPayload,
     LeaseLost,
     WorkerShutdown,
 )
 from django_redisqueue.observe.metrics import JobMetrics, MetricsRefused
-from django_redisqueue.preparation import make_result
 from django_redisqueue.runtime import WORKER_LOGGER, attempts
 from django_redisqueue.runtime.attempts import Finished
 from django_redisqueue.runtime.broadcasts import Inbox
@@ -494,7 +494,7 @@ class Worker:
                 return Finished(Outcome(claimed.job_id, claimed.owner, RELEASE))
             self.attempt.link_members(traces or ())
             args = [results, *args]
-        task = self.backend.task_for(envelope)
+        task = task_for(envelope, self.backend.alias, self.backend.default_queue)
         result = make_result(self.backend.alias, task, record)
         assert self.token is not None
         attempt = attempts.Attempt(claimed, record, envelope, task, result, self.token, began)

@@ -209,7 +209,7 @@ def run_model(
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(
-                mock.patch("django_redisqueue.preparation.new_job_id", env["ids"].new_job_id)
+                mock.patch("django_redisqueue.backends.base.new_job_id", env["ids"].new_job_id)
             )
             for patch in patches:
                 stack.enter_context(patch)

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_redisqueue.backend import RedisQueueBackend
+from django_redisqueue.backends.redis import RedisQueueBackend
 from django_redisqueue.core.jobs import QUEUE_NAME_RE
 from django_redisqueue.management.common import get_backend
 from django_redisqueue.observe.health import (

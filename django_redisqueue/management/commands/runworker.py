@@ -10,7 +10,7 @@ from typing import Any, TextIO, cast
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 
-from django_redisqueue.backend import RedisQueueBackend
+from django_redisqueue.backends.redis import RedisQueueBackend
 from django_redisqueue.core.jobs import QUEUE_NAME_RE
 from django_redisqueue.core.registry import registry
 from django_redisqueue.management.common import configure_logging, get_backend

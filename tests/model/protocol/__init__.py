@@ -105,7 +105,7 @@ The scripts read Redis's clock (TIME), which a test cannot move. So:
   an enqueue slower than 20 ms), the model accepts exactly the outcomes some instant
   of that window would give, and follows the one Redis took.
 
-Job ids are made deterministic (``preparation.new_job_id`` is replaced during the test by
+Job ids are made deterministic (``backends.base.new_job_id`` is replaced during the test by
 a counter hashed into an id), so that a failing sequence replays with the same ids,
 and so the same ties between equal scores.
 

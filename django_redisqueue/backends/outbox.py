@@ -4,7 +4,8 @@ that transaction, and relayed to Redis once it has committed.
 A row commits or rolls back with the data it belongs to (savepoints included), so a
 committed job cannot be lost to Redis being down, failing over or full at the commit.
 Two relays move rows to Redis: the committing process's, right after the commit
-(``relaying.py``), and ``runscheduler``'s, for rows left behind (``relay()``). Both
+(``OutboxRelay.relay_committed``), and ``runscheduler``'s, for rows left behind
+(``relay()``). Both
 store the job and only then delete the row. The store leaves a relay record in Redis
 (the job's id), which outlives the job and its result until runscheduler sweeps it
 once the row is deleted: a row relayed again, however late (a delete that failed, a
@@ -22,14 +23,20 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import islice
+from typing import Protocol
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, InterfaceError, connections, transaction
 from django.db.models import Count, Min, QuerySet
 from django.utils import timezone
 
+from django_redisqueue.backends.base import job_after, new_job
+from django_redisqueue.compat import TaskResultDoesNotExist
+from django_redisqueue.core.tasks import RedisTaskResult
+from django_redisqueue.exceptions import BrokerUnavailable
 from django_redisqueue.models import OutboxJob
 from django_redisqueue.store.broker import Broker
+from django_redisqueue.store.gateway import REDIS_ERRORS
 from django_redisqueue.store.wire import MissingJob, NewJob
 
 logger = logging.getLogger(__name__)
@@ -37,6 +44,8 @@ logger = logging.getLogger(__name__)
 # What reading or writing an outbox may raise while its database is down, lacks the
 # table, or cannot even be loaded (a DATABASES entry whose driver is missing).
 OUTBOX_ERRORS: tuple[type[Exception], ...] = (DatabaseError, InterfaceError, ImproperlyConfigured)
+# What a relay by the committing process survives: the rows stay for runscheduler.
+RELAY_ERRORS: tuple[type[Exception], ...] = (BrokerUnavailable, *REDIS_ERRORS)
 # Rows runscheduler relays per transaction.
 RELAY_BATCH = 500
 # runscheduler relays a row once it is this old (s): a commit's own relay usually
@@ -329,3 +338,100 @@ def _delete_rows(database: str, ids: Sequence[int]) -> None:
     table = connection.ops.quote_name(OutboxJob._meta.db_table)
     with connection.cursor() as cursor:
         cursor.executemany(f"DELETE FROM {table} WHERE id = %s", [(id_,) for id_ in ids])
+
+
+class Push(Protocol):
+    def __call__(self, results: Sequence[RedisTaskResult], *, relayed: bool = False) -> None: ...
+
+
+class OutboxRelay:
+    """A backend's side of its outboxes: the jobs written in a transaction, relayed
+    right after the commit by the committing process (``push``: the backend's own
+    enqueue) or later by runscheduler, and found while they wait."""
+
+    def __init__(
+        self,
+        alias: str,
+        databases: Sequence[str],
+        broker: Broker,
+        push: Push,
+        *,
+        record_queues: bool,
+    ) -> None:
+        self.alias = alias
+        self.databases = databases
+        self.broker = broker
+        self.push = push
+        self.record_queues = record_queues
+
+    def write(self, results: Sequence[RedisTaskResult], database: str) -> None:
+        """Write ``results`` to the outbox in the transaction on ``database``."""
+        write(database, self.alias, [new_job(result, job_after(result)) for result in results])
+
+    def relay_committed(self, results: list[RedisTaskResult], database: str) -> None:
+        """Right after the commit: push the jobs whose rows committed, then delete the
+        rows. If Redis refuses, the rows stay for runscheduler, and the caller, whose
+        transaction has committed, is not told: the jobs are safe."""
+        try:
+            committed = present(database, [result.id for result in results])
+        except OUTBOX_ERRORS as exc:
+            logger.warning("Outbox: rows unread after the commit, left to runscheduler: %s", exc)
+            return
+        results = [result for result in results if result.id in committed]
+        if not results:
+            return
+        kept: set[str] = set()
+        try:
+            try:
+                self.push(results, relayed=True)
+            except TaskResultDoesNotExist:
+                # A job runs after one Redis does not have: job by job, as runscheduler.
+                kept = store(
+                    self.broker,
+                    [new_job(result, job_after(result)) for result in results],
+                    record_queues=self.record_queues,
+                    backend=self.alias,
+                    databases=self.databases,
+                )
+        except RELAY_ERRORS as exc:
+            logger.warning(
+                "%d job(s) stay in the outbox of database %r until runscheduler relays them: %s",
+                len(results),
+                database,
+                exc,
+            )
+            return
+        try:
+            forget(database, [r.id for r in results if r.id not in kept])
+        except OUTBOX_ERRORS as exc:  # relayed again later: stores nothing
+            logger.warning("Outbox: relayed jobs' rows not deleted yet: %s", exc)
+
+    def relay_left(self, settle: float = SETTLE_SECONDS) -> int:
+        """Relay the rows left in the outboxes, once ``settle`` seconds old
+        (runscheduler's step): one batch per database; return how many. A database
+        that cannot be read leaves the others relayed; its error is raised after them,
+        as are Redis errors."""
+        relayed, failed = 0, None
+        for database in self.databases:
+            try:
+                relayed += relay(
+                    self.broker,
+                    self.alias,
+                    database,
+                    record_queues=self.record_queues,
+                    databases=self.databases,
+                    settle=settle,
+                )
+            except OUTBOX_ERRORS as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+        return relayed
+
+    def fields(self, job_id: str) -> dict[str, str] | None:
+        """The fields of a job still in an outbox, as a READY job's hash holds them
+        (no ``enqueued_at`` yet); None if it is in none."""
+        job = find(self.databases, self.alias, job_id)
+        if job is None:
+            return None
+        return {"payload": job.payload, "queue": job.queue, "priority": str(job.priority)}

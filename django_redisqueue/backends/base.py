@@ -1,23 +1,26 @@
-"""What every backend of this app does with a job before it runs (check it, give it
-an id and its envelope, push it at once or when the transaction commits), and the
-result a stored job makes."""
+"""What every backend of this app does with a job before it runs: check it, give it an
+id and its envelope, push it at once or when the transaction commits."""
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import transaction
 
-from django_redisqueue.compat import Task, TaskError, TaskResultStatus
+from django_redisqueue.compat import BaseTaskBackend, Task
 from django_redisqueue.core import tracing
 from django_redisqueue.core.conf import Options, parse_options
 from django_redisqueue.core.jobs import Envelope, JobRecord, ensure_json_arguments
+from django_redisqueue.core.results import make_result
 from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
-from django_redisqueue.exceptions import ConfigurationError, UnknownTask
+from django_redisqueue.exceptions import ConfigurationError
 from django_redisqueue.store.wire import NewJob
+
+# Moves committed jobs from the outbox of a database (the second argument) to Redis.
+Relay = Callable[[list[RedisTaskResult], str], None]
 
 
 def new_job_id() -> str:
@@ -26,12 +29,7 @@ def new_job_id() -> str:
     return secrets.token_hex(13)
 
 
-def unregistered_task(*args: Any, **kwargs: Any) -> None:
-    """Stands in for the task of a job whose task is unknown or unreadable."""
-    raise UnknownTask("this job's task is not registered")
-
-
-class JobPreparation:
+class JobPreparation(BaseTaskBackend):
     """What every backend of this app does with a job before it runs: check it, give
     it an id and its envelope, then ``push`` it (at once, or when the transaction
     commits). ``RedisQueueBackend`` pushes to Redis; ``ImmediateBackend`` runs it."""
@@ -45,10 +43,6 @@ class JobPreparation:
     def config(self) -> Options:
         """The parsed settings; raises ConfigurationError if they are wrong."""
         return parse_options(self.alias, self.params)
-
-    if TYPE_CHECKING:
-
-        def validate_task(self, task: Task) -> None: ...
 
     def push(self, results: Sequence[RedisTaskResult]) -> None:
         """Hand prepared jobs on: to Redis (one round trip), or run them."""
@@ -150,12 +144,12 @@ class JobPreparation:
         return self.enqueue_many(task, [(args, kwargs)], on_commit=True, using=using)[0]
 
     def push_on_commit(
-        self, results: list[RedisTaskResult], using: str | None, *, relay: bool = False
+        self, results: list[RedisTaskResult], using: str | None, *, relay: Relay | None = None
     ) -> None:
         """Push ``results`` when the transaction commits, together with the jobs
         queued just before them in the same transaction and savepoint: a view that
         queues ten jobs sends them in one round trip at the commit. ``relay``: they are
-        in the outbox of ``using``; ``relay_committed`` pushes them."""
+        in the outbox of ``using``, and ``relay(results, using)`` pushes them."""
         connection = transaction.get_connection(using)
         if connection.in_atomic_block and connection.run_on_commit:
             # Django keeps (savepoint ids, callback, robust) per callback. Joining the
@@ -171,12 +165,8 @@ class JobPreparation:
             ):
                 last.results += results
                 return
-        batch = _CommitBatch(self, results, using if relay else None)
+        batch = _CommitBatch(self, results, using if relay else None, relay)
         transaction.on_commit(batch, using=using)
-
-    def relay_committed(self, results: list[RedisTaskResult], database: str) -> None:
-        """Move committed jobs from the outbox of ``database`` to where they run."""
-        raise NotImplementedError
 
     def prepare(
         self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
@@ -242,40 +232,22 @@ class _CommitBatch:
     """The jobs pushed together when a transaction commits (an on_commit callback)."""
 
     def __init__(
-        self, backend: JobPreparation, results: list[RedisTaskResult], relay_from: str | None
+        self,
+        backend: JobPreparation,
+        results: list[RedisTaskResult],
+        relay_from: str | None,
+        relay: Relay | None,
     ) -> None:
         self.backend = backend
         self.results = results
         self.relay_from = relay_from  # the database whose outbox holds them, if one does
+        self.relay = relay
 
     def __call__(self) -> None:
-        if self.relay_from is None:
+        if self.relay is None or self.relay_from is None:
             self.backend.push(self.results)
         else:
-            self.backend.relay_committed(self.results, self.relay_from)
-
-
-def make_result(alias: str, task: Task, record: JobRecord) -> RedisTaskResult:
-    """The TaskResult of a job as its record stands: the one place results are built."""
-    envelope = record.envelope
-    result = RedisTaskResult(
-        task=task,
-        id=record.id,
-        status=TaskResultStatus(record.status),
-        enqueued_at=record.enqueued_at,
-        started_at=record.started_at,
-        finished_at=record.finished_at,
-        last_attempted_at=record.last_attempted_at,
-        args=envelope.args if envelope else [],
-        kwargs=envelope.kwargs if envelope else {},
-        backend=alias,
-        errors=[TaskError(**error) for error in record.errors],
-        worker_ids=record.worker_ids,
-    )
-    has_value, value = record.return_value
-    if result.status == TaskResultStatus.SUCCESSFUL and has_value:
-        object.__setattr__(result, "_return_value", value)
-    return result
+            self.relay(self.results, self.relay_from)
 
 
 def new_job(result: RedisTaskResult, after: str = "") -> NewJob:
@@ -289,3 +261,8 @@ def new_job(result: RedisTaskResult, after: str = "") -> NewJob:
         after,
         result._options,
     )
+
+
+def job_after(result: RedisTaskResult) -> str:
+    """The id of the job ``result``'s job runs after ('' for none)."""
+    return getattr(result.task, "depends_on", None) or ""
