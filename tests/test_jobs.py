@@ -1,11 +1,16 @@
 """The envelope and the job record: everything read from Redis is checked in jobs.py."""
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from django_redisqueue.core.jobs import Envelope, JobRecord, cut_traceback
+from django_redisqueue.core.registry import registry
+from django_redisqueue.core.results import make_result, ready_result
 from django_redisqueue.exceptions import InvalidPayload, TaskFailed
 
 pytestmark = pytest.mark.pure
@@ -97,3 +102,34 @@ def test_task_failed_says_why_whatever_error_is_stored(errors, reason):
         id="j1",
     )
     assert str(TaskFailed(result)) == f"Task tests.tasks.fail (j1) failed: {reason}"
+
+
+# Arguments as callers pass them: JSON values, with tuples where JSON has lists.
+call_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@given(
+    args=st.lists(call_values, max_size=4).map(tuple),
+    kwargs=st.dictionaries(st.text(max_size=4), call_values, max_size=3),
+)
+def test_a_prepared_result_is_what_its_empty_record_makes(args, kwargs):
+    """Each enqueue builds its READY result without a record (ready_result): it must
+    equal, field for field, what make_result builds from the job's empty record."""
+    task = registry.get("tests.tasks.noop_any")
+    envelope = Envelope("tests.tasks.noop_any", list(args), dict(kwargs), "default")
+    made = make_result("default", task, JobRecord("j", {}, envelope))
+    ready = ready_result("default", task, "j", args, kwargs, payload="p", options="o")
+    for field in dataclasses.fields(made):
+        if field.name not in ("_payload", "_options"):
+            assert getattr(ready, field.name) == getattr(made, field.name), field.name
+    assert json.dumps([ready.args, ready.kwargs]) == json.dumps([made.args, made.kwargs])
+    assert (ready._payload, ready._options) == ("p", "o")
+    assert ready.errors is not ready_result("default", task, "k", (), {}).errors

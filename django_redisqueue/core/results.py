@@ -4,6 +4,7 @@ by the backends (``get_result``) and the worker, which builds the result it runs
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -50,6 +51,71 @@ def make_result(alias: str, task: Task, record: JobRecord) -> RedisTaskResult:
     if result.status == TaskResultStatus.SUCCESSFUL and has_value:
         object.__setattr__(result, "_return_value", value)
     return result
+
+
+def ready_result(
+    alias: str,
+    task: Task,
+    job_id: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    payload: str = "",
+    options: str = "",
+) -> RedisTaskResult:
+    """The READY result of a job just prepared, whose arguments are plain JSON
+    (``ensure_json_arguments``): what ``make_result`` makes of its empty record, built
+    at a third of the cost, as every enqueue builds one. The arguments are copied as
+    Django's result copies them (a tuple becomes a list) only where one is not a scalar."""
+    result = _NEW(RedisTaskResult)
+    for name, value in _READY_VALUES:
+        _SET(result, name, value)
+    for name, factory in _READY_FACTORIES:
+        _SET(result, name, factory())
+    _SET(result, "task", task)
+    _SET(result, "id", job_id)
+    _SET(result, "backend", alias)
+    _SET(result, "args", _plain(list(args)))
+    _SET(result, "kwargs", _plain(dict(kwargs)))
+    _SET(result, "_payload", payload)
+    _SET(result, "_options", options)
+    return result
+
+
+def _plain(values: list[Any] | dict[str, Any]) -> Any:
+    items = values.values() if isinstance(values, dict) else values
+    return values if all(type(v) in _SCALARS for v in items) else _json_copy(values)
+
+
+def _json_copy(value: Any) -> Any:
+    """Plain JSON data as JSON reads it back: lists for tuples, copies of containers."""
+    if isinstance(value, dict):
+        return {key: _json_copy(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_copy(item) for item in value]
+    return value
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_NEW = object.__new__
+_SET = object.__setattr__
+
+
+def _ready_defaults() -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every field of a result as a READY job's empty record makes it: values, and
+    factories of fresh lists. Fields a newer Django adds get their defaults."""
+    values: dict[str, Any] = {}
+    factories: dict[str, Any] = {"errors": list, "worker_ids": list}
+    for field in dataclasses.fields(RedisTaskResult):
+        if field.default_factory is not dataclasses.MISSING:
+            factories.setdefault(field.name, field.default_factory)
+        elif field.name not in factories:
+            values[field.name] = None if field.default is dataclasses.MISSING else field.default
+    values["status"] = TaskResultStatus.READY
+    return values, factories
+
+
+_READY_VALUES, _READY_FACTORIES = (tuple(d.items()) for d in _ready_defaults())
 
 
 @lru_cache(maxsize=64)
