@@ -8,9 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from django_redisqueue.compat import TaskError, TaskResultStatus
 from django_redisqueue.core.jobs import Envelope, JobRecord, cut_traceback
 from django_redisqueue.core.registry import registry
-from django_redisqueue.core.results import make_result, ready_result
+from django_redisqueue.core.results import make_result
+from django_redisqueue.core.tasks import RedisTaskResult
 from django_redisqueue.exceptions import InvalidPayload, TaskFailed
 
 pytestmark = pytest.mark.pure
@@ -119,17 +121,39 @@ call_values = st.recursive(
 @given(
     args=st.lists(call_values, max_size=4).map(tuple),
     kwargs=st.dictionaries(st.text(max_size=4), call_values, max_size=3),
+    fields=st.sampled_from(
+        [
+            {},
+            {"status": "RUNNING", "started_at": "1700000000000", "attempts": "1"},
+            {"status": "SUCCESSFUL", "result": "[1, 2]", "finished_at": "1700000000001"},
+            {"status": "FAILED", "errors": '[{"exception_class_path": "x.Y", "traceback": "t"}]'},
+        ]
+    ),
 )
-def test_a_prepared_result_is_what_its_empty_record_makes(args, kwargs):
-    """Each enqueue builds its READY result without a record (ready_result): it must
-    equal, field for field, what make_result builds from the job's empty record."""
+def test_a_result_built_field_by_field_is_what_djangos_dataclass_makes(args, kwargs, fields):
+    """make_result sets a result's fields one by one, skipping the dataclass's __init__
+    and its copy of the arguments where none is a container: the result must be the
+    one that __init__ makes, field for field, JSON's lists for the caller's tuples."""
     task = registry.get("tests.tasks.noop_any")
     envelope = Envelope("tests.tasks.noop_any", list(args), dict(kwargs), "default")
-    made = make_result("default", task, JobRecord("j", {}, envelope))
-    ready = ready_result("default", task, "j", args, kwargs, payload="p", options="o")
-    for field in dataclasses.fields(made):
-        if field.name not in ("_payload", "_options"):
-            assert getattr(ready, field.name) == getattr(made, field.name), field.name
-    assert json.dumps([ready.args, ready.kwargs]) == json.dumps([made.args, made.kwargs])
-    assert (ready._payload, ready._options) == ("p", "o")
-    assert ready.errors is not ready_result("default", task, "k", (), {}).errors
+    record = JobRecord("j", fields, envelope)
+    made = make_result("default", task, record)
+    expected = RedisTaskResult(
+        task=task,
+        id="j",
+        status=TaskResultStatus(record.status),
+        enqueued_at=record.enqueued_at,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        last_attempted_at=record.last_attempted_at,
+        args=list(args),
+        kwargs=dict(kwargs),
+        backend="default",
+        errors=[TaskError(**error) for error in record.errors],
+        worker_ids=record.worker_ids,
+    )
+    if record.status == "SUCCESSFUL":
+        object.__setattr__(expected, "_return_value", record.return_value[1])
+    for field in dataclasses.fields(expected):
+        assert getattr(made, field.name) == getattr(expected, field.name), field.name
+        assert type(getattr(made, field.name)) is type(getattr(expected, field.name)), field.name

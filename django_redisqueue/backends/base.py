@@ -13,8 +13,8 @@ from django.db import transaction
 from django_redisqueue.compat import BaseTaskBackend, Task
 from django_redisqueue.core import tracing
 from django_redisqueue.core.conf import Options, parse_options
-from django_redisqueue.core.jobs import Envelope, ensure_json_arguments
-from django_redisqueue.core.results import ready_result
+from django_redisqueue.core.jobs import Envelope, JobRecord, ensure_json_arguments
+from django_redisqueue.core.results import make_result
 from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
 from django_redisqueue.exceptions import ConfigurationError
 from django_redisqueue.store.wire import NewJob
@@ -221,16 +221,11 @@ class JobPreparation(BaseTaskBackend):
                 f"{self.config.max_payload_bytes}-byte MAX_PAYLOAD_BYTES limit: pass "
                 "a reference (a primary key, a file path) instead of the data."
             )
-        options = task.job_options(args, kwargs) if isinstance(task, RedisTask) else ""
-        return ready_result(
-            self.alias,
-            task,
-            new_job_id(),
-            envelope.args,
-            envelope.kwargs,
-            payload=payload,
-            options=options,
-        )
+        result = make_result(self.alias, task, JobRecord(new_job_id(), {}, envelope))
+        object.__setattr__(result, "_payload", payload)
+        if isinstance(task, RedisTask):
+            object.__setattr__(result, "_options", task.job_options(args, kwargs))
+        return result
 
 
 class _CommitBatch:

@@ -4,7 +4,6 @@ by the backends (``get_result``) and the worker, which builds the result it runs
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -31,64 +30,41 @@ def task_for(envelope: Envelope | None, backend: str, default_queue: str) -> Tas
 
 
 def make_result(alias: str, task: Task, record: JobRecord) -> RedisTaskResult:
-    """The TaskResult of a job as its record stands: the one place results are built."""
+    """The TaskResult of a job as its record stands: the one place results are built.
+    Every enqueue and every attempt builds one, so it is set field by field: the
+    dataclass's own pass copies the arguments, which only a container among them needs."""
     envelope = record.envelope
-    result = RedisTaskResult(
-        task=task,
-        id=record.id,
-        status=TaskResultStatus(record.status),
-        enqueued_at=record.enqueued_at,
-        started_at=record.started_at,
-        finished_at=record.finished_at,
-        last_attempted_at=record.last_attempted_at,
-        args=envelope.args if envelope else [],
-        kwargs=envelope.kwargs if envelope else {},
-        backend=alias,
-        errors=[TaskError(**error) for error in record.errors],
-        worker_ids=record.worker_ids,
-    )
-    has_value, value = record.return_value
-    if result.status == TaskResultStatus.SUCCESSFUL and has_value:
-        object.__setattr__(result, "_return_value", value)
-    return result
-
-
-def ready_result(
-    alias: str,
-    task: Task,
-    job_id: str,
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-    *,
-    payload: str = "",
-    options: str = "",
-) -> RedisTaskResult:
-    """The READY result of a job just prepared, whose arguments are plain JSON
-    (``ensure_json_arguments``): what ``make_result`` makes of its empty record, built
-    at a third of the cost, as every enqueue builds one. The arguments are copied as
-    Django's result copies them (a tuple becomes a list) only where one is not a scalar."""
+    status = TaskResultStatus(record.status)
     result = _NEW(RedisTaskResult)
-    for name, value in _READY_VALUES:
+    for name, value in _DEFAULTS:
         _SET(result, name, value)
-    for name, factory in _READY_FACTORIES:
+    for name, factory in _FACTORIES:
         _SET(result, name, factory())
     _SET(result, "task", task)
-    _SET(result, "id", job_id)
+    _SET(result, "id", record.id)
+    _SET(result, "status", status)
+    _SET(result, "enqueued_at", record.enqueued_at)
+    _SET(result, "started_at", record.started_at)
+    _SET(result, "finished_at", record.finished_at)
+    _SET(result, "last_attempted_at", record.last_attempted_at)
+    _SET(result, "args", _plain(envelope.args) if envelope else [])
+    _SET(result, "kwargs", _plain(envelope.kwargs) if envelope else {})
     _SET(result, "backend", alias)
-    _SET(result, "args", _plain(list(args)))
-    _SET(result, "kwargs", _plain(dict(kwargs)))
-    _SET(result, "_payload", payload)
-    _SET(result, "_options", options)
+    _SET(result, "errors", [TaskError(**error) for error in record.errors])
+    _SET(result, "worker_ids", record.worker_ids)
+    has_value, value = record.return_value
+    if status == TaskResultStatus.SUCCESSFUL and has_value:
+        _SET(result, "_return_value", value)
     return result
 
 
 def _plain(values: list[Any] | dict[str, Any]) -> Any:
+    """The arguments as Django's result keeps them: JSON's (a tuple becomes a list)."""
     items = values.values() if isinstance(values, dict) else values
     return values if all(type(v) in _SCALARS for v in items) else _json_copy(values)
 
 
 def _json_copy(value: Any) -> Any:
-    """Plain JSON data as JSON reads it back: lists for tuples, copies of containers."""
     if isinstance(value, dict):
         return {key: _json_copy(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
@@ -99,23 +75,25 @@ def _json_copy(value: Any) -> Any:
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 _NEW = object.__new__
 _SET = object.__setattr__
-
-
-def _ready_defaults() -> tuple[dict[str, Any], dict[str, Any]]:
-    """Every field of a result as a READY job's empty record makes it: values, and
-    factories of fresh lists. Fields a newer Django adds get their defaults."""
-    values: dict[str, Any] = {}
-    factories: dict[str, Any] = {"errors": list, "worker_ids": list}
-    for field in dataclasses.fields(RedisTaskResult):
-        if field.default_factory is not dataclasses.MISSING:
-            factories.setdefault(field.name, field.default_factory)
-        elif field.name not in factories:
-            values[field.name] = None if field.default is dataclasses.MISSING else field.default
-    values["status"] = TaskResultStatus.READY
-    return values, factories
-
-
-_READY_VALUES, _READY_FACTORIES = (tuple(d.items()) for d in _ready_defaults())
+# The fields make_result does not set, with their defaults: the private ones, and any
+# a newer Django adds (None where it gives no default).
+_OTHERS = [
+    field
+    for field in dataclasses.fields(RedisTaskResult)
+    if field.name not in {"task", "id", "status", "enqueued_at", "started_at", "finished_at",
+                          "last_attempted_at", "args", "kwargs", "backend", "errors",
+                          "worker_ids"}
+]  # fmt: skip
+_FACTORIES = tuple(
+    (field.name, field.default_factory)
+    for field in _OTHERS
+    if field.default_factory is not dataclasses.MISSING
+)
+_DEFAULTS = tuple(
+    (field.name, None if field.default is dataclasses.MISSING else field.default)
+    for field in _OTHERS
+    if field.default_factory is dataclasses.MISSING
+)
 
 
 @lru_cache(maxsize=64)
