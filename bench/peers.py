@@ -98,6 +98,12 @@ def main() -> None:
     parser.add_argument(
         "--drain-cap", type=float, default=30.0, help="seconds before a drain is cut short"
     )
+    parser.add_argument(
+        "--job-body",
+        choices=("stamp", "redis"),
+        default="stamp",
+        help="what each job does: stamp a file (default), or that and one Redis INCR",
+    )
     options = parser.parse_args()
     names = [name.strip() for name in options.systems.split(",") if name.strip()]
     chosen = [name.strip() for name in options.workloads.split(",") if name.strip()]
@@ -111,6 +117,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-peers-"))
     with RedisServer() as server:
         os.environ["BENCH_REDIS_URL"] = server.url  # read by the adapters on import
+        os.environ["BENCH_JOB_BODY"] = options.job_body  # read by every worker's job
         systems = [load(name) for name in names]
         client = redis.Redis.from_url(server.url)
         bench = Bench(client, server.url, work, options.scale, options.drain_cap)
@@ -119,6 +126,7 @@ def main() -> None:
             "command": shlex.join(["python", "-m", "bench.peers", *sys.argv[1:]]),
             "runs": options.runs,
             "scale": options.scale,
+            "job_body": options.job_body,
             "versions": versions(systems, client),
             "systems": {s.name: describe(s) for s in systems},
             "parameters": parameters(bench),

@@ -204,7 +204,12 @@ def markdown(data: dict[str, Any]) -> str:
     lines = [
         f"Median of {data['runs']} runs (min{DASH}max), and **{TIMES}ratio**: the system's "
         "median over django-redisqueue's."
-        + ("" if data["scale"] == 1 else f" Job counts scaled by {data['scale']}."),
+        + ("" if data["scale"] == 1 else f" Job counts scaled by {data['scale']}.")
+        + (
+            " Each job also made one Redis INCR (`--job-body redis`)."
+            if data.get("job_body") == "redis"
+            else ""
+        ),
         "",
         *table(data),
     ]

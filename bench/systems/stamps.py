@@ -2,7 +2,9 @@
 ``BENCH_STAMPS``: the time it was given, and when it started and ended.
 
 A file, not Redis: one more round trip per job would cost as much as a whole job does on
-this loopback and would squeeze every system's figures towards the same number. Lines
+this loopback and would squeeze every system's figures towards the same number. With
+``BENCH_JOB_BODY=redis`` (``bench.peers --job-body redis``) the job also makes that round
+trip, one INCR, as a job that touches a cache or a counter does. Lines
 are appended with one ``write()`` on an ``O_APPEND`` descriptor, so processes and forks
 can share the file; fixed width makes the count a division of its size.
 """
@@ -13,6 +15,7 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 LINE_BYTES = 63  # three %20.6f fields, two spaces, a newline
 _FORMAT = b"%20.6f %20.6f %20.6f\n"
@@ -31,8 +34,27 @@ def stamp(given: float, started: float) -> None:
 
 
 def run_job(given: float = 0.0) -> None:
-    """The body of every system's benchmark job: nothing but its stamp."""
-    stamp(given, time.time())
+    """The body of every system's benchmark job: its stamp, and with
+    ``BENCH_JOB_BODY=redis`` one INCR on the benchmark's Redis."""
+    started = time.time()
+    if os.environ.get("BENCH_JOB_BODY") == "redis":
+        _redis().incr("bench:body")
+    stamp(given, started)
+
+
+_client: Any = None
+_client_pid = 0
+
+
+def _redis() -> Any:
+    """This process's client of the benchmark's Redis (a fork makes its own)."""
+    global _client, _client_pid
+    if _client is None or _client_pid != os.getpid():
+        import redis
+
+        _client = redis.Redis.from_url(os.environ["BENCH_REDIS_URL"])
+        _client_pid = os.getpid()
+    return _client
 
 
 def wait_job(seconds: float) -> None:
