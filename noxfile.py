@@ -88,8 +88,8 @@ OLDEST_REST = ["tests/test_protocol_model.py", "tests/test_periodic_model.py", B
 # (REDISQUEUE_TEST_SERVER, tests/servers.py): Redis 6.2, which has no Functions (the
 # scripts by EVALSHA) and words its errors its own way, and Valkey 8.1. What the server
 # decides: how the scripts are called, every script (the broker's suite), enqueue, the
-# workers' and the scheduler's blocking waits, the hand-off, and the protocol model at
-# a few examples.
+# workers' and the scheduler's blocking waits, the hand-off, the slots' own claims, and
+# the protocol model at a few examples.
 SERVERS = ["redis-6.2", "valkey-8.1"]
 SERVER_TESTS = [
     "tests/test_script_calls.py",
@@ -99,6 +99,7 @@ SERVER_TESTS = [
     "tests/test_worker.py",
     "tests/test_scheduler.py",
     "tests/test_handoff.py",
+    "tests/test_slots.py",
     "tests/test_protocol_model.py",
 ]
 SERVER_MODEL_EXAMPLES = "20"
