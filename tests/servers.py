@@ -207,10 +207,11 @@ class RedisServer(StartStop):
             *self.extra_args,
         ]
 
-    def start(self, timeout: float = 10.0) -> None:
+    def start(self, timeout: float = 10.0, *, loaded: bool = True) -> None:
         """Start the server and return once it answers, its data loaded: a server
         restarted on its append-only file answers INFO while it loads, and refuses
-        everything else with LOADING."""
+        everything else with LOADING. ``loaded=False``: return once it answers INFO,
+        maybe still loading."""
         process = self.process = subprocess.Popen(self._command(), stdout=subprocess.DEVNULL)
         client = client_at(self.port)
         deadline = time.monotonic() + timeout
@@ -222,7 +223,7 @@ class RedisServer(StartStop):
                         self.kill()
                         raise RuntimeError(f"port {self.port} is taken by another redis-server")
                     # (A sentinel has no persistence to load.)
-                    if not server_info(client, "persistence").get("loading", 0):
+                    if not loaded or not server_info(client, "persistence").get("loading", 0):
                         return
                     raise redis.ConnectionError("loading")  # as not answering yet
                 except redis.ConnectionError:
