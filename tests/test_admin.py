@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client, override_settings
 
-from django_redisqueue.backend import RedisQueueBackend, our_backends
+from django_redisqueue.backends.redis import RedisQueueBackend, our_backends
 from django_redisqueue.compat import TaskResultStatus
 from django_redisqueue.runtime.worker import Worker
 from django_redisqueue.store.gateway import now_ms
