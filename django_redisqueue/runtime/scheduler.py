@@ -3,10 +3,8 @@ enqueue the occurrences of periodic jobs (``runtime/periodic.py``).
 
 Each step is one atomic script (``lua/tick.lua``), so any number of schedulers may run
 side by side. Between steps the scheduler sleeps until the next due job or lease
-deadline: blocked on Redis (BLPOP on the scheduler wake-up list, pushed when a job
-becomes the first due), and, for the last moments, on a local clock, because Redis
-ends a blocking command's timeout only about every 100 ms (``hz 10``). Due times and
-leases are measured by Redis's clock: the step returns how long to sleep, not when.
+deadline, which the step returns as a duration by Redis's clock, not as a time; a job
+that becomes the first due wakes it.
 """
 
 from __future__ import annotations
