@@ -34,8 +34,8 @@ from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
 
 logger = logging.getLogger(__name__)
 
-# Longest sleep when nothing is due: also how often an idle scheduler checks in. Well
-# under redis-py's default socket timeout (5 s), which a longer blocking call would hit.
+# Longest sleep when nothing is due (runtime.SCHEDULER_IDLE_WAIT says why): well under
+# redis-py's default socket timeout (5 s), which a longer blocking call would hit.
 IDLE_WAIT = SCHEDULER_IDLE_WAIT
 # Below this, sleep on the local clock: Redis's blocking timeouts are ~0.1 s coarse.
 LOCAL_SLEEP_BELOW = 0.25
