@@ -6,8 +6,6 @@ extra admin URLs wrapped in ``admin_site.admin_view``. Looking needs
 Actions are POST with CSRF; destructive ones are confirmed on a page of their own.
 No page may be framed (X-Frame-Options: DENY), with or without the project's
 XFrameOptionsMiddleware.
-The waiting, delayed and failed lists also act on the jobs selected on a page, and the
-failed list filters by task and exception class among a queue's newest failures.
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
-"""System checks (``manage.py check``), registered by the app's ``ready()``.
-
-| ID | what |
-|---|---|
-| ``django_redisqueue.E001`` | ``QUEUES`` is not a list of names |
-| ``django_redisqueue.E002`` | a queue name is not a valid Redis key part |
-| ``django_redisqueue.E003`` | a queue is listed twice |
-| ``django_redisqueue.E004`` | ``OPTIONS`` has unknown names |
-| ``django_redisqueue.E005`` | more than one of ``CONNECTION``, ``URL``, ``SENTINELS`` is set |
-| ``django_redisqueue.E006`` | an option has a wrong value |
-| ``django_redisqueue.E007`` | ``CONNECTION`` is not a django-redis ``CACHES`` alias |
-| ``django_redisqueue.E008`` | ``SENTINELS``, ``SERVICE_NAME``, ``CLUSTER``, ``*_KWARGS`` clash |
-| ``django_redisqueue.E009`` | a ``PERIODIC`` schedule is wrong (name, cron, every, args...) |
-| ``django_redisqueue.W001`` | Redis does not answer (``--deploy`` only) |
-| ``django_redisqueue.W002`` | another app's ``runworker`` or ``runscheduler`` wins |
-| ``django_redisqueue.W003`` | a ``PERIODIC`` schedule's task cannot be used (import, backend) |
-| ``django_redisqueue.W005`` | an ``OUTBOX`` database has no outbox table (``--database`` only) |
-| ``django_redisqueue.W006`` | backends with outboxes in other databases share a ``KEY_PREFIX`` |
+"""System checks (``manage.py check``), registered by the app's ``ready()``; each ID is
+described in docs/reference/checks.md.
 
 W004 (the app is not in ``INSTALLED_APPS``) is the backend's own ``check()``: the checks
-registered here run only when the app is installed.
-"""
+registered here run only when the app is installed."""
 
 from __future__ import annotations
 

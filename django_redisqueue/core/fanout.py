@@ -1,18 +1,8 @@
 """Fan-out: groups with a completion callback, chains, and broadcast to every worker.
 
 ``task.job(*args, **kwargs)`` is a task with its arguments, not queued yet; these
-functions queue such jobs together:
-
-- ``group(jobs, callback=...)``: the members run in parallel; the callback is queued
-  once, when every member has ended (successful or failed), and receives the members'
-  return values as its first argument (None for a member that failed).
-- ``chain(a, b, c)`` (or ``a.then(b, c)``): each job starts once the one before it
-  succeeded; if one fails, the rest end FAILED with ``DependencyFailed``.
-- ``broadcast(job)``: every live worker (or every worker serving ``queue``) runs it
-  once: reload a configuration, clear a local cache.
-
-The steps in Redis are atomic scripts like every other move of a job (see
-docs/protocol.md, "Fan-out").
+functions queue such jobs together, each step in Redis an atomic script like every other
+move of a job (docs/protocol.md, "Fan-out").
 """
 
 from __future__ import annotations
@@ -100,7 +90,8 @@ def group(jobs: Iterable[Job], *, callback: Job | None = None) -> Group:
 
 
 def chain(*jobs: Job) -> Chain:
-    """Jobs that run in the order given, each once the one before succeeded."""
+    """Jobs that run in the order given, each once the one before succeeded; if one
+    fails, the rest end FAILED with ``DependencyFailed``."""
     jobs_ = checked_jobs(jobs, "chain()")
     if not jobs_:
         raise ValueError("A chain needs at least one job.")

@@ -1,11 +1,9 @@
 """Periodic schedules as timetables: ``OPTIONS["PERIODIC"]`` parsed, and the
 occurrences of each, pure of Redis.
 
-An occurrence is an instant in ms since the epoch (UTC). A cron schedule's
-occurrences are read by ``cronsim`` (Debian cron's rules, DST included) in the
-project's ``TIME_ZONE``; an interval's are the whole multiples of the interval since
-the epoch, so every scheduler finds the same ones without talking to the others.
-``runtime/periodic.py`` enqueues them.
+An occurrence is an instant in ms since the epoch (UTC); an interval's are the whole
+multiples of it since the epoch, so every scheduler finds the same ones without talking
+to the others (docs/protocol.md, "Periodic jobs"). ``runtime/periodic.py`` enqueues them.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """OpenTelemetry traces of jobs (docs/howto/tracing.md).
 
-An enqueue records a producer span and puts its W3C trace context in each job's
-envelope; the worker continues that trace with a consumer span per attempt, linked to
-the attempt before it (a retry, a recovery, an operator's retry) and, for a group's
-callback, to its members' attempts. Attributes follow OpenTelemetry's messaging
-conventions. With opentelemetry-api missing (the ``[otel]`` extra not installed),
-nothing here imports it and every call is a no-op; with no SDK configured, spans are
-not recorded and jobs carry no context.
-
-Where an attempt was traced travels as a *trace record*, ``<attempt> <how it ended>
-<traceparent>``, kept in the job's hash (docs/protocol.md, "Traces").
+An enqueue's producer span puts its trace context in each job's envelope; each attempt's
+consumer span continues it, linked to the attempt before it. Without opentelemetry-api
+(the ``[otel]`` extra) every call here is a no-op. Where an attempt was traced is kept
+in the job's hash as a *trace record* (docs/protocol.md, "Traces").
 """
 
 from __future__ import annotations

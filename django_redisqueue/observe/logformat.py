@@ -1,18 +1,8 @@
 """``runworker --log-format json``: one JSON object per log line.
 
-Every line has ``time`` (UTC, ISO 8601), ``level``, ``logger`` and ``message``, and
-``error`` (the traceback) when it carries an exception. A job's line also has the
-fields the worker passes with ``extra=`` (``job_fields``): ``job_id``, ``task``,
-``queue``, ``status``, ``duration_ms``, ``attempt``, and ``wait_ms`` when known (the
-first attempt's time from ready to started). Any other ``extra=`` field of a log call
-is added as it is, so a project's own log calls can add fields too.
-
-``json_everywhere`` makes every line the process writes to stdout or stderr such a line,
-whatever the project's LOGGING: it changes formats only, never which records are
+The fields are listed in docs/reference/commands.md; any ``extra=`` field of a log call
+is added as it is. ``json_everywhere`` changes formats only, never which records are
 written, nor how many times.
-
-``leave_out_framework_lines`` makes each job's start and end one record, the worker's:
-Django's tasks framework logs them too, from its own signal receivers.
 """
 
 from __future__ import annotations
@@ -66,12 +56,10 @@ def start_fields(event: JobEvent) -> dict[str, Any]:
 
 
 def leave_out_framework_lines() -> None:
-    """From now on, in this process, leave out the framework's log line of each job's
-    start and end: the worker logs the same events itself, with its timings and fields.
-    The framework's receivers of task_started and task_finished, which only log them,
-    are disconnected; so a signal no receiver of the project's listens to is not sent.
-    ``runworker`` calls it; a Worker run in-process (in a test) leaves the framework's
-    lines alone, for ``assertLogs("django.tasks")``."""
+    """From now on, in this process, disconnect the framework's receivers that log each
+    job's start and end: the worker logs them itself, with its timings and fields.
+    ``runworker`` calls it; a Worker run in a test keeps the framework's lines, for
+    ``assertLogs("django.tasks")``."""
     task_started.disconnect(log_task_started)
     task_finished.disconnect(log_task_finished)
 
@@ -167,13 +155,10 @@ def _stderr() -> TextIO:
 
 
 class JsonLines(io.TextIOBase):
-    """A text stream that writes each line it is given to ``stream`` as a JSON line: a
-    command's stdout or stderr under ``--log-format json``, where Django writes the
-    system checks' findings and a CommandError's message, and sys.stdout and stderr,
-    where tasks print. A line is written once it ends (print writes it in pieces), or
-    on flush; blank lines are left out, and one that is a JSON object already (a
-    handler writing to whatever sys.stderr is, as Python's last resort does) goes as it
-    is."""
+    """A text stream that writes each line it is given to ``stream`` as a JSON line (a
+    command's stdout or stderr, and sys.stdout and stderr, where tasks print). A line is
+    written once it ends (print writes it in pieces), or on flush; blank lines are left
+    out, and one that is a JSON object already goes as it is."""
 
     def __init__(self, stream: TextIO, name: str, level: int) -> None:
         self.stream = stream

@@ -1,23 +1,9 @@
 """Prometheus metrics: what workers count, and the exposition of every backend.
 
-Workers count each attempt whose outcome Redis stored (``JobMetrics``): jobs per queue,
-task and status, and histograms of how long jobs ran and waited to start. The counts
-are summed in the worker's memory and added to one hash per backend (``{P}:metrics``)
-by the heartbeat, every few seconds, so that a job costs Redis no command more. A
-worker killed with SIGKILL loses at most one heartbeat's counts; one that stops
-gracefully sends them first.
-
-The exposition (``render``) reads Redis on each scrape: the gauges (jobs per queue and
-state, live workers and schedulers, the workers' slots and those busy, found by the
-running jobs' owners, how long the next job of each queue has waited)
-as they are now, and the counters as workers last sent them. Every endpoint (the view
-in ``views.py``, ``runworker --metrics-port``) shows the whole backend's numbers: scrape
-one of them. Labels are the backend, queue, task and status: no job ids. Tasks are
-counted under their path only when registered in the worker, so payloads naming made-up
-tasks cannot add series.
-
-The text format (version 0.0.4) is written here, without a dependency; the tests parse
-it with prometheus_client's parser.
+Workers sum their counts in memory and the heartbeat adds them to ``{P}:metrics``, so
+that a job costs Redis no command more; the exposition (``render``) reads Redis on each
+scrape, so every endpoint shows the whole backend (docs/reference/metrics.md). The text
+format (version 0.0.4) is written here, without a dependency.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """One attempt at a claimed job: read its payload, call its task with the hooks every
 attempt has around it, and make the outcome to store.
 
-What is not the task's own work plugs in as a ``Hook`` (in the manner of Dramatiq's
-middleware): the log lines, the signals, the database connections, the time limit,
-the metrics. Each hook is told when the task is about to start (``started``), wraps
-the call itself (``around``, a context: a time limit arms and disarms there), is told
-how the attempt ended (``ended``), and once Redis stored its outcome or refused it
-(``stored``). So an attempt runs the same way whoever runs it, and a new concern is a
-hook, not a new branch in the worker. The trace span is no hook: it frames the whole
-attempt, payload errors included (``Worker.execute``).
+What is not the task's own work (the log lines, the signals, the database connections,
+the time limit, the metrics) is a ``Hook``: an attempt runs the same way whoever runs
+it, and a new concern is a hook, not a new branch in the worker.
 """
 
 from __future__ import annotations

@@ -2,14 +2,9 @@
 there, as many at once as the worker has slots, rather than each on a loop (and a
 thread) of its own, as ``async_to_sync`` would run them.
 
-The thread that runs the attempt (the main thread, or a slot's) waits for the task, and
-meanwhile runs the task's thread-sensitive calls (Django's ORM through
-``sync_to_async``, which Django's async ORM methods use): on its own database
-connections, closed or kept around each job as for a sync task, and never shared with
-another job. A stop (a time limit, a lost lease, a second SIGTERM) cancels the task on
-the loop: it gets ``CancelledError`` at the ``await`` it is in, and the attempt ends
-with the stop's reason. A task that blocks the loop (a sync call inside an ``async
-def``) holds up every async task of the process, as on any event loop.
+The thread that runs the attempt waits for the task and meanwhile runs its
+thread-sensitive calls (the ORM), on that thread's own database connections; a stop
+cancels the task on the loop (docs/architecture.md, "Many jobs in one process").
 """
 
 from __future__ import annotations

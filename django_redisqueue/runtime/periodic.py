@@ -3,9 +3,7 @@
 
 The scheduler computes the occurrences due, and ``lua/periodic.lua`` enqueues them
 atomically, compare-and-setting the schedule's ``last`` occurrence: see
-docs/protocol.md, "Periodic jobs". A schedule edited so that it runs at other times
-starts again from the sync that brings the edit: the runs of its new timetable
-before then are never enqueued.
+docs/protocol.md, "Periodic jobs" (and its "Edits").
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """``--concurrency N`` (and several ``--backend``): forked worker processes under a
-small supervisor.
+small supervisor, which runs no job, forwards SIGTERM/SIGINT to the children and, until
+told to stop (and never in burst mode), replaces every child that exits.
 
-Processes, not threads: jobs run in parallel on every core, one crashing job takes
-down one process only, and each process runs its job on its main thread, where
-signals (and time limits) work. The supervisor runs no job; it forwards SIGTERM/SIGINT
-to the children, and exits when all children have exited. Until it is told to stop,
-it replaces every child that exits, whatever its exit code: one that crashed, and one
-that stopped cleanly on a SIGTERM (or two) sent to it alone. Not in burst mode.
-
-A child that stops to be recycled (``--max-jobs`` reached, or past ``--max-memory``)
-exits with RECYCLED_EXIT_CODE and is replaced at once, with no crash-loop delay; in
-burst mode nothing is replaced, so a recycled child simply ends, like one that ran out
-of work.
+Processes, not threads: jobs run on every core, a crash takes down one process only,
+and each process runs its job on its main thread, where signals (and time limits) work.
 """
 
 from __future__ import annotations
@@ -188,14 +180,9 @@ def run_workers(
     watcher: ReloadWatcher | None = None,
 ) -> int:
     """Run one worker in this process, or a Pool of them when there are several;
-    return 0 if all went well.
-
-    A single worker that stops to be recycled (max jobs or memory, or a stuck thread
-    given up, which it does not wait for) exits 0: whatever runs it (systemd,
-    Kubernetes) starts a new one. With ``watcher`` (``--reload``) a
-    file change stops the worker, or the whole pool, and the process exits for the
-    reloading parent to start it again; Ctrl-C reaches it as SIGTERM from that parent.
-    """
+    return 0 if all went well (a single worker recycled too: its process manager starts
+    a new one). With ``watcher`` (``--reload``) a file change stops the worker or the
+    pool, and the process exits for the reloading parent to start it again."""
     stop_signals = [signal.SIGTERM] if watcher else [signal.SIGTERM, signal.SIGINT]
     if len(makers) == 1:
         worker = makers[0]()

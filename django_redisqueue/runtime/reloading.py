@@ -1,19 +1,12 @@
 """``runworker --reload`` (development): restart the worker when the project's files
 change, with Django's own autoreloader (the one ``runserver`` uses).
 
-Two processes. The parent runs the same command again as a child, with
-``DJANGO_AUTORELOAD_ENV`` set, and starts a new child each time one exits with
-RELOAD_EXIT_CODE. Unlike Django's ``restart_with_reloader`` it forwards SIGTERM (and
-Ctrl-C, as SIGTERM) to the child, so that stopping the parent (systemd, a container,
-a terminal) stops the worker the usual way instead of leaving it orphaned; otherwise it
-exits with the child's exit code.
-
-The child runs the worker (or the ``--concurrency`` pool) on its main thread, where
-signals and job time limits work, and Django's reloader on a daemon thread, watching
-the loaded modules (the project's code, the tasks modules) as ``runserver`` does. On a
-change, the worker stops as on SIGTERM: the job in hand finishes and its outcome is
-stored; one still running after RELOAD_GRACE seconds is given back to its queue, as on
-a second SIGTERM. Then the child exits with RELOAD_EXIT_CODE.
+Two processes. The parent runs the command again as a child until it exits other than
+with RELOAD_EXIT_CODE; unlike Django's ``restart_with_reloader`` it forwards SIGTERM
+(and Ctrl-C, as SIGTERM), so that stopping the parent stops the worker instead of
+orphaning it. The child runs the worker on its main thread, where signals and time
+limits work, and the reloader on a daemon thread; a change stops the worker as SIGTERM
+does, then the child exits with RELOAD_EXIT_CODE.
 """
 
 from __future__ import annotations

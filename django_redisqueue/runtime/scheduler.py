@@ -3,10 +3,8 @@ enqueue the occurrences of periodic jobs (``runtime/periodic.py``).
 
 Each step is one atomic script (``lua/tick.lua``), so any number of schedulers may run
 side by side. Between steps the scheduler sleeps until the next due job or lease
-deadline: blocked on Redis (BLPOP on the scheduler wake-up list, pushed when a job
-becomes the first due), and, for the last moments, on a local clock, because Redis
-ends a blocking command's timeout only about every 100 ms (``hz 10``). Due times and
-leases are measured by Redis's clock: the step returns how long to sleep, not when.
+deadline, which the step returns as a duration by Redis's clock, not as a time; a job
+that becomes the first due wakes it.
 """
 
 from __future__ import annotations
@@ -36,8 +34,8 @@ from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector
 
 logger = logging.getLogger(__name__)
 
-# Longest sleep when nothing is due: also how often an idle scheduler checks in. Well
-# under redis-py's default socket timeout (5 s), which a longer blocking call would hit.
+# Longest sleep when nothing is due (runtime.SCHEDULER_IDLE_WAIT says why): well under
+# redis-py's default socket timeout (5 s), which a longer blocking call would hit.
 IDLE_WAIT = SCHEDULER_IDLE_WAIT
 # Below this, sleep on the local clock: Redis's blocking timeouts are ~0.1 s coarse.
 LOCAL_SLEEP_BELOW = 0.25

@@ -23,10 +23,9 @@ SCHEDULER_LOOK_EVERY = 5.0
 
 
 class SchedulerWatch:
-    """Whether a scheduler has stepped within NO_SCHEDULER_AFTER, by Redis's clock:
-    without one, retries and delayed jobs stay in their delayed sets. Asked of Redis
-    at most every SCHEDULER_LOOK_EVERY s, the answer kept between; None when Redis did
-    not answer (unknown: nothing is said then, and the worker goes on)."""
+    """Whether a scheduler has stepped within NO_SCHEDULER_AFTER, by Redis's clock.
+    Asked of Redis at most every SCHEDULER_LOOK_EVERY s, the answer kept between; None
+    when Redis did not answer (unknown: nothing is said then, and the worker goes on)."""
 
     def __init__(self, queries: Queries) -> None:
         self.queries = queries

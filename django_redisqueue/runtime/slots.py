@@ -1,17 +1,10 @@
 """A worker process that runs several jobs at once: ``runworker --threads N``.
 
 The loop (the main thread) claims a job whenever one of N slots is free and hands it to
-a slot's thread, which runs it as a one-slot worker does (``Worker.execute``: the same
-attempt, hooks and trace), then stores its outcome and claims its next job in one call,
-on the backend's pooled connections, until there is no work or the loop has something
-to do first; then it frees the slot. One worker id and
-one idle registration for the process, made only with a slot free (docs/architecture.md,
-"Many jobs in one process"). A lost reply gives back what the lost call may have given,
-keeping the jobs of the other slots; the heartbeat renews every job in hand in one
-call; a lost lease, a time limit or a second SIGTERM stops one job through its own stop
-token, in its own thread. Each thread has its database connections, checked around each
-job as around a request (CONN_MAX_AGE); those still open when the slots end are closed,
-as Django's threaded runserver closes a request thread's.
+a slot's thread, which runs it as a one-slot worker does (``Worker.execute``), then
+stores its outcome and claims its next job in one call until there is no work or the
+loop has something to do first. The design: docs/architecture.md, "Many jobs in one
+process".
 """
 
 from __future__ import annotations
@@ -161,14 +154,10 @@ class SlotWorker(Worker):
         ]
 
     def give_up_stuck(self) -> bool:
-        """A blocked event loop first (Worker's); then a job stopped GIVE_UP_AFTER
-        seconds ago whose thread runs on (inside a C call that never returns to
-        Python) is given up: it ends as if its task had raised the stop's reason
-        (a time limit's: FAILED, or RETRY by its retry policy; a second SIGTERM's: given
-        back; a lost lease's: nothing to store), logged and signalled as any end, its
-        lease no longer renewed, and the process recycled once its other
-        jobs are done, the thread left behind (the process exits without waiting for
-        it). If the call ever returns, its outcome is refused: the job ended."""
+        """A blocked event loop first (Worker's); then each job stopped GIVE_UP_AFTER
+        seconds ago whose thread runs on (blocked in C) ends as if its task had raised
+        the stop's reason (``attempts.given_up``), and the process recycles once its
+        other jobs are done, without waiting for that thread."""
         if super().give_up_stuck():
             return True  # the threads it let go end their jobs: looked at next time
         with self._changed:
@@ -306,13 +295,10 @@ class SlotWorker(Worker):
             self._free.release()
 
     def _store_and_claim_next(self, finished: Finished) -> tuple[bool | None, _Slot | None]:
-        """Store the outcome and claim this slot's next job in one call, as the
-        one-slot loop does, when the loop has nothing to do first: no stop, no
-        broadcasts to read or run, no lost reply to recover. The slot's claim neither
-        takes a job handed to the worker nor registers it as idle: those are the
-        loop's, which keeps a slot free for them. Else only store. Returns whether the
-        call stored the outcome (None: stored and reported apart) and the next job's
-        slot, already among those running."""
+        """Store the outcome and, when the loop has nothing to do first, claim this
+        slot's next job in the same call (never the job handed to the worker, nor an
+        idle registration: those are the loop's). Returns whether the call stored the
+        outcome (None: stored and reported apart) and the next job's slot, if any."""
         queues = self._queues_for_a_slot()
         if not queues:
             self._store(finished)

@@ -19,14 +19,10 @@ RAISE_AGAIN_AFTER = 0.05
 
 
 class StopToken:
-    """The one way a running task is stopped. ``stop(reason)`` raises ``reason`` in the
-    task's thread while it runs (inside ``running()``): at once from that thread itself
-    (a signal handler there: the time limit's, a second SIGTERM's); on the main thread
-    from another (the heartbeat's) by STOP_SIGNAL, whose handler (``deliver``) raises it,
-    ending a blocking sleep too; on any other thread by ``PyThreadState_SetAsyncExc``,
-    which raises ``reason``'s class at the task's next bytecode (a sleep or a call into
-    C ends first; ``reason`` itself is the token's, for the message); an ``async def``
-    task by cancelling it on its loop (``cancelling``). A token stopped
+    """The one way a running task is stopped: ``stop(reason)`` raises ``reason`` in the
+    task's thread while it runs (inside ``running()``), by STOP_SIGNAL on the main
+    thread (which ends a blocking sleep too), elsewhere at the next bytecode (a call
+    into C ends first), or cancels an ``async def`` task on its loop. A token stopped
     before its task runs raises as the task begins. The first reason wins."""
 
     def __init__(self) -> None:

@@ -513,12 +513,10 @@ class Worker:
         self._stop_lost(job, self.token if self.current is job else None)
 
     def give_up_stuck(self) -> bool:
-        """Called by the heartbeat: give up the jobs that cannot end. Here, those
-        waiting for the process's event loop while a task has blocked it GIVE_UP_AFTER
-        seconds: each is given back (WorkerShutdown: it runs again, uncounted), unless
-        stopped already (a time limit's: it ends so), and the process recycled, leaving
-        the loop behind. True if it did. (A one-slot worker runs a sync task on the
-        main thread, where the stop's signal interrupts a blocking call.)"""
+        """Called by the heartbeat: give up the jobs that cannot end. Here, the async
+        jobs waiting for an event loop a task has blocked GIVE_UP_AFTER seconds are
+        given back (``EventLoop.give_back_if_blocked``) and the process recycles; True if
+        it did. A sync task runs on the main thread, where the stop's signal gets through."""
         if self.loop_blocked or not self.event_loop.give_back_if_blocked(GIVE_UP_AFTER):
             return False
         self.loop_blocked = True

@@ -1,12 +1,8 @@
 """The redis-py client of a backend: one server, a master watched by Redis Sentinel, or
 a Redis Cluster, as ``OPTIONS`` say (``CONNECTION``, ``URL``, ``SENTINELS``,
-``CLUSTER``, ``CLUSTER_NODES``), or a Redis cache's. Only clients are made here; every command goes
-through ``broker.py``.
-
-After a failover the clients follow the new master on their own: a Sentinel client
-asks the sentinels again when a connection fails or the old master answers READONLY
-(redis-py's ``SentinelManagedConnection``), and a Cluster client reloads the slot map
-on a MOVED reply or a lost node. The loops that use them retry with backoff.
+``CLUSTER``, ``CLUSTER_NODES``), or a Redis cache's. Only clients are made here; every
+command goes through ``gateway.py``. After a failover the clients follow the new master on
+their own (redis-py's Sentinel and Cluster clients), and the loops that use them retry.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """The Lua scripts' source: each script of ``lua/`` with the shared files it includes.
 
 A script, or a shared file of ``lua/lib/``, starts with lines such as
-``-- include: keys, values`` naming the files of ``lua/lib/`` it uses. A script's source
-is those files, and the ones they include in turn, each once and each after the files
-it includes (a Lua ``local function`` must be defined before it is used), then the
-script itself. ``lua/lib/keys.lua`` names the keys and states the rules every script
-keeps.
-
-Redis 7 and later run each script as a Redis Function: ``library`` makes its library,
-whose shared definitions are made once, when it is loaded, instead of at every call.
+``-- include: keys, values``; a script's source is those files, each once and each after
+the files it includes (a Lua ``local function`` must be defined before it is used), then
+the script. On Redis 7 and later ``library`` makes it a Redis Function (docs/protocol.md,
+"The scripts and their shared files").
 """
 
 from __future__ import annotations
@@ -103,12 +99,10 @@ def function_name(name: str, text: str) -> str:
 
 def library(name: str, text: str, library_files: Mapping[str, str]) -> tuple[str, str]:
     """Script ``name`` as a Redis Functions library: its function's name and the
-    library's source. The shared definitions it uses are made once, at the library's
-    load; each call binds KEYS, ARGV and, when the prefix changed, the key names
-    (keys.lua's statements, run again), then runs the script.
-
-    Raises IncludeError for a keys.lua statement that is not one line of
-    ``local NAMES = VALUES`` (the key names must be bindable per call)."""
+    library's source, whose shared definitions are made once, at load; each call binds
+    KEYS, ARGV and, when the prefix changed, the key names. Raises IncludeError for a
+    keys.lua statement that is not one line of ``local NAMES = VALUES`` (the key names
+    must be bindable per call)."""
     order = resolve(name, text, library_files)
     parts = [_lines(library_files[lib]) for lib in order if lib != KEYS_FILE]
     names, bound = [], []
