@@ -150,9 +150,9 @@ class SentinelServer(RedisServer):
     def _command(self) -> list[str]:
         return [server_program(), self.config_file, "--sentinel"]
 
-    def start(self, timeout: float = 10.0) -> None:
+    def start(self, timeout: float = 10.0, *, loaded: bool = True) -> None:
         """Start the Sentinel and return once it answers PING, its timers tuned."""
-        super().start(timeout)
+        super().start(timeout, loaded=loaded)
         client = client_at(self.port)
         try:
             client.execute_command("SENTINEL", "DEBUG", *self.TUNING)
