@@ -447,11 +447,18 @@ def test_a_one_at_a_time_job_never_starts_beside_a_rate_limited_job_of_its_key(r
         results += [tasks.mixed_rated.enqueue(f"R{i}.{j}", 0.01) for j in range(3)]
     procs.start("runscheduler")
     procs.start("runworker", "--concurrency", "4")
-    wait_until(lambda: r.llen(tasks.LIMITED_DONE) == 120, timeout=60, message="all 120")
-    pipe = r.pipeline(transaction=False)
-    for result in results:
-        pipe.hmget(DEFAULT_KEYS.job(result.id), "last_attempted_at", "finished_at")
-    spans = [(int(start), int(end)) for start, end in pipe.execute()]
+
+    def spans_once_all_ended() -> list[tuple[int, int]] | None:
+        # A job's body reports it done before its worker stores its outcome.
+        pipe = r.pipeline(transaction=False)
+        for result in results:
+            pipe.hmget(DEFAULT_KEYS.job(result.id), "last_attempted_at", "finished_at")
+        read = pipe.execute()
+        return None if any(end is None for _, end in read) else [(int(s), int(e)) for s, e in read]
+
+    wait_until(lambda: spans_once_all_ended() is not None, timeout=60, message="all 120")
+    spans = spans_once_all_ended()
+    assert spans is not None
     starts_alone = [s for (s, _), result in zip(spans, results, strict=True) if result.id in alone]
     beside = [
         (start, other)
