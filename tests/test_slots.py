@@ -434,3 +434,35 @@ def test_a_refusal_to_the_loop_does_not_forget_a_slot_claims_lost_reply(r, backe
     )
     assert backend.get_result(first.id).status == TaskResultStatus.SUCCESSFUL
     assert backend.get_result(second.id).status != TaskResultStatus.RUNNING
+
+
+def test_a_slot_under_max_memory_does_not_erase_another_slots_finding_it_past(r, backend):
+    """Two slots look at the process's memory after their jobs at once: the first to
+    look finds it under --max-memory and answers last, after the other found it past.
+    The worker recycles all the same: the other slot's finding stands, and no slot
+    claims a job after it."""
+    from django_redisqueue.runtime import worker as worker_module
+
+    for i in range(4):
+        tasks.record.enqueue(f"job{i}")
+    worker = SlotWorker(backend, threads=2, burst=True, max_memory=1)
+    looks: list[int] = []
+    lock = threading.Lock()
+
+    def past_limit_answering_last_the_first_time(limit_mb, worker_id):
+        with lock:
+            looks.append(1)
+            first = len(looks) == 1
+        if first:  # under the limit, told once the other slot has found it past
+            wait_until(lambda: worker.over_memory, 10, "the other slot's look")
+            return False
+        return True
+
+    run_patched(
+        worker,
+        patch("django_redisqueue.runtime.slots.BROADCASTS_READ_EVERY", 3600),
+        patch.object(worker_module, "past_limit", past_limit_answering_last_the_first_time),
+    )
+    assert worker.over_memory
+    assert sorted(log(r)) == ["job0", "job1"]  # the two in hand as it was found past
+    assert worker.jobs_done == 2

@@ -31,7 +31,6 @@ from django_redisqueue.backends.redis import RedisQueueBackend
 from django_redisqueue.core import tracing
 from django_redisqueue.runtime import WORKER_LOGGER, attempts
 from django_redisqueue.runtime.attempts import Finished
-from django_redisqueue.runtime.memory import past_limit
 from django_redisqueue.runtime.stopping import StopToken
 from django_redisqueue.runtime.worker import (
     BROADCASTS_READ_EVERY,
@@ -280,9 +279,7 @@ class SlotWorker(Worker):
                     finished = self.execute(job)
                     with self._changed:
                         self.jobs_done += 1
-                    self.over_memory = self.over_memory or past_limit(
-                        self.max_memory, self.worker_id
-                    )
+                    self._look_at_memory()
                     stored, following = self._store_and_claim_next(finished)
                     if stored is not None:
                         self._report(finished, stored)

@@ -213,7 +213,14 @@ class Worker:
             if job is not None:
                 finished = self.execute(job)
                 self.jobs_done += 1
-                self.over_memory = self.over_memory or past_limit(self.max_memory, self.worker_id)
+                self._look_at_memory()
+
+    def _look_at_memory(self) -> None:
+        """After a job: once past ``max_memory``, the worker recycles. The flag is set,
+        never read and written back: the slots of a SlotWorker look at once, and one
+        under the limit must not erase another's finding."""
+        if not self.over_memory and past_limit(self.max_memory, self.worker_id):
+            self.over_memory = True
 
     def _store_and_claim(self, finished: Finished | None, wanted: bool) -> _Claim:
         """Store the outcome in hand and claim the next job, in one call: from the
