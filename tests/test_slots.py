@@ -17,6 +17,7 @@ from django_redisqueue.exceptions import LeaseLost
 from django_redisqueue.runtime.heartbeat import Heartbeat
 from django_redisqueue.runtime.slots import SlotWorker, _Slot
 from django_redisqueue.runtime.stopping import StopToken
+from django_redisqueue.runtime.worker import Worker
 from django_redisqueue.store.wire import Outcome
 from tests import slot_tasks, tasks
 from tests.conftest import wait_until
@@ -389,6 +390,30 @@ def test_a_slot_claim_whose_reply_is_lost_as_the_worker_stops_gives_its_job_back
     assert log(r) == ["first"]
     assert backend.get_result(first.id).status == TaskResultStatus.SUCCESSFUL
     stored = backend.get_result(second.id)
+    assert stored.status == TaskResultStatus.READY and stored.attempts == 0
+
+
+def test_a_one_slot_workers_claim_whose_reply_is_lost_as_it_stops_gives_its_job_back(r, backend):
+    """The same with ``--threads 1`` (a Worker, no slots): the worker is told to stop
+    as its claim runs, and the claim's reply is lost. Its loop then ends with no
+    outcome to store, so no later call recovers the lost one: the worker gives back
+    what it may have given before it ends."""
+    job = tasks.record.enqueue("first")
+    worker = Worker(backend)
+    claim = worker.broker.claim
+
+    def claim_losing_its_reply_as_the_worker_stops(*args, **kwargs):
+        answer = claim(*args, **kwargs)
+        if answer[1] is not None:
+            worker.stop()  # SIGTERM, as the call ran
+            raise redis.ConnectionError("reply lost")
+        return answer
+
+    run_patched(
+        worker, patch.object(worker.broker, "claim", claim_losing_its_reply_as_the_worker_stops)
+    )
+    assert log(r) == []
+    stored = backend.get_result(job.id)
     assert stored.status == TaskResultStatus.READY and stored.attempts == 0
 
 

@@ -238,12 +238,8 @@ class SlotWorker(Worker):
             pool.shutdown(wait=not self.stuck)
             self._close_databases()
             # A slot's claim lost its reply as the worker stopped: no free slot's claim
-            # came after it to give back what it may have given, which would wait for
-            # its lease, RUNNING with no slot, and count as lost.
-            if self.uncertain:
-                with contextlib.suppress(*REDIS_ERRORS):  # else its lease runs out
-                    self._recover_claim(None)
-                    self.uncertain = False
+            # came after it to give back what it may have given.
+            self._recover_before_the_end()
 
     def _claim(self, backoff: Reconnector) -> Claimed | None:
         """One claim for a free slot (no outcome: the slots store theirs), or what the

@@ -193,6 +193,7 @@ class Worker:
         while True:
             wanted = not self._should_stop()
             if not wanted and finished is None:
+                self._recover_before_the_end()
                 return
             try:
                 if self.uncertain:  # the last call's reply was lost: it may have given a job
@@ -318,6 +319,14 @@ class Worker:
                 ", ".join(given_back),
             )
         return None
+
+    def _recover_before_the_end(self) -> None:
+        """The loop ends with no outcome to store: give back what a call whose reply was
+        lost may have given (else it waits RUNNING for its lease, counted as lost)."""
+        if self.uncertain:
+            with contextlib.suppress(*REDIS_ERRORS):  # else its lease runs out
+                self._recover_claim(None)
+                self.uncertain = False
 
     def in_hand(self) -> list[tuple[Claimed, str]]:
         """The job running now (none or one), with its attempt's trace record."""
