@@ -1,15 +1,18 @@
 """The features that order or bound jobs, on workers that run several jobs at once:
 limits per key, retries, unique jobs, groups and chains, and sync and ``async def``
-tasks side by side in one process; a slot's own claim meeting a parked job, and an
-operator acting on a job a slot has just claimed. Each job that must not overlap
-another counts itself in and out in Redis (tests/slot_tasks.py), or is held until the
-test releases it, so an overlap is seen, not timed."""
+tasks side by side in one process; a slot's own claim meeting a parked job, an
+operator acting on a job a slot has just claimed, broadcasts while every slot is
+busy. Each job that must not overlap another counts itself in and out in Redis
+(tests/slot_tasks.py), or is held until the test releases it, so an overlap is seen,
+not timed."""
 
+import contextlib
 import json
+import threading
 import time
 from unittest.mock import patch
 
-from django_redisqueue import chain, group, task
+from django_redisqueue import broadcast, chain, group, task
 from django_redisqueue.compat import TaskResultStatus
 from django_redisqueue.runtime.slots import SlotWorker
 from tests import slot_tasks, tasks
@@ -210,3 +213,83 @@ def test_an_operators_stale_actions_on_a_job_a_slot_has_just_claimed_change_noth
     assert stored.status == TaskResultStatus.SUCCESSFUL and stored.attempts == 2
     assert stored.return_value == 2
     assert r.zcard(backend.keys.failed("default")) == 0 and worker.jobs_done == 2
+
+
+# Broadcasts while every slot is busy
+
+BROADCAST_RAN = "test:slots:broadcast"
+
+
+@task
+def held(label):
+    """Runs until the test pushes its release."""
+    r = tasks.client()
+    r.rpush(tasks.LOG, f"start {label}")
+    assert r.blpop([f"test:release:{label}"], timeout=30), f"{label} never released"
+    r.rpush(tasks.LOG, f"end {label}")
+
+
+@task
+def relay(label, n):
+    """A stream of jobs: each enqueues the next before it ends (until a broadcast ran,
+    or 5,000 of them did), so that its queue never runs dry."""
+    r = tasks.client()
+    r.rpush(tasks.LOG, f"{label}{n}")
+    if not r.exists(BROADCAST_RAN) and n < 5000:
+        relay.enqueue(label, n + 1)
+
+
+@task
+def mark_broadcast():
+    r = tasks.client()
+    r.incr(BROADCAST_RAN)
+    r.rpush(tasks.LOG, "broadcast")
+
+
+@contextlib.contextmanager
+def slots_running(backend, threads: int):
+    """A worker of ``threads`` slots (not burst: as runworker runs) on a thread of its
+    own, stopped when the block ends."""
+    worker = SlotWorker(backend, threads=threads)
+    thread = threading.Thread(target=run_patched, args=(worker,))
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(60)
+        assert not thread.is_alive(), "the worker did not stop"
+
+
+def test_a_broadcast_waits_for_the_first_slot_to_end_its_job_not_for_all(r, backend):
+    """Both slots hold a job when a broadcast is sent: it runs once the first of them
+    ends, while the other runs on (docs/howto/many-jobs.md: between two jobs)."""
+    held.enqueue("a"), held.enqueue("b")
+    with slots_running(backend, threads=2):
+        wait_until(lambda: {"start a", "start b"} <= set(r.lrange(tasks.LOG, 0, -1)), 30, "both")
+        broadcast(mark_broadcast.job())
+        r.rpush("test:release:a", 1)
+        wait_until(lambda: r.exists(BROADCAST_RAN), 30, "the broadcast, b still held")
+        assert "end b" not in r.lrange(tasks.LOG, 0, -1)
+        r.rpush("test:release:b", 1)
+        wait_until(lambda: "end b" in r.lrange(tasks.LOG, 0, -1), 30, "b")
+    log = r.lrange(tasks.LOG, 0, -1)
+    assert log.index("end a") < log.index("broadcast") < log.index("end b")
+    assert log.count("broadcast") == 1
+
+
+def test_a_broadcast_runs_while_every_slot_stays_busy_with_a_stream_of_jobs(r, backend):
+    """Two streams of jobs keep both slots busy, their queue never empty: a broadcast
+    sent meanwhile still runs (the slots leave the loop a turn to read the broadcasts'
+    number, then to run them), once, and the streams, which stop once it ran, end long
+    before their 5,000 jobs."""
+    relay.enqueue("x", 0), relay.enqueue("y", 0)
+    with slots_running(backend, threads=2):
+        wait_until(lambda: {"x1", "y1"} <= set(r.lrange(tasks.LOG, 0, -1)), 30, "the streams")
+        broadcast(mark_broadcast.job())
+        wait_until(lambda: r.exists(BROADCAST_RAN), 60, "the broadcast")
+        wait_until(lambda: r.zcard(backend.keys.queue("default")) == 0, 30, "the streams' ends")
+    log = r.lrange(tasks.LOG, 0, -1)
+    assert log.count("broadcast") == 1
+    ran = [entry for entry in log if entry[0] in "xy"]
+    assert max(int(entry[1:]) for entry in ran) < 5000, "the broadcast waited for the streams"
