@@ -13,6 +13,7 @@ for ever. The number of examples tried per property is printed under "figures".
 """
 
 import json
+import re
 from contextlib import suppress
 
 import pytest
@@ -20,11 +21,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from django_redisqueue.compat import TaskResultDoesNotExist
+from django_redisqueue.core.jobs import JOB_ID_RE
 from django_redisqueue.exceptions import NotCancellable
 from tests import tasks
 from tests.conftest import run_worker_here
 from tests.fuzzing import (
     FINAL,
+    ID_CHARS,
     JOB_FIELDS,
     NUMERIC_TEXTS,
     OTHER_TYPES,
@@ -34,6 +37,8 @@ from tests.fuzzing import (
     a_good_job_runs,
     assert_failed,
     counted,
+    encode,
+    errors_of,
     fuzz,
     garbage,
     job_key,
@@ -326,4 +331,68 @@ def test_any_queue_member_is_recorded_as_failed_and_the_worker_goes_on(raw, back
         a_good_job_runs(backend)
 
     with counted("queue members", report):
+        check()
+
+
+# 4. The errors of a failed job, read by a job enqueued after it
+
+DEPENDENCY = "django_redisqueue.exceptions.DependencyFailed"
+# What an error may name as the job it ran after, or as its failure's origin: ids of
+# every length about the longest (128), and anything else.
+named = st.one_of(
+    st.text(ID_CHARS, min_size=1, max_size=300),
+    st.sampled_from(["x" * 128, "x" * 129, "x" * 5000, "failed"]),
+    garbage.map(lambda value: encode(value).decode("utf-8", "replace")),
+)
+
+
+@st.composite
+def dependency_errors(draw) -> bytes:
+    """A job's ``errors`` as written by hand: mostly a list ending in a DependencyFailed
+    worded as the scripts word it, naming anything; sometimes anything at all."""
+    why = f"{DEPENDENCY}: job {draw(named)}, which this job runs after, ended FAILED"
+    if draw(st.booleans()):
+        why += f" without running: job {draw(named)} failed"
+    last = {"exception_class_path": draw(st.sampled_from([DEPENDENCY, DEPENDENCY, "x.Y"]))}
+    last["traceback"] = why + "\n"
+    earlier = draw(st.lists(st.just({"exception_class_path": "builtins.ValueError"}), max_size=1))
+    written = json.dumps([*earlier, last])
+    return encode(draw(st.one_of(st.just(written), st.just(written), garbage)))
+
+
+ORIGIN = re.compile(r"without running: job (.*) failed")
+
+
+def test_a_job_after_a_failed_one_names_only_a_job_id_as_its_failure_s_origin(
+    raw, backend, report
+):
+    """A job enqueued after a FAILED job fails at once, naming the job whose failure
+    started it all: the origin the FAILED job's last error names when that is a job id
+    (as a claim reads a queue member), else the FAILED job itself; never text of any
+    length taken from an error written by hand."""
+
+    @fuzz(200)
+    @given(errors=dependency_errors())
+    def check(errors):
+        TRIED["origins of failures"] += 1
+        raw.flushall()
+        key = job_key(backend, b"failed")
+        raw.hset(key, mapping=base_fields("failed", backend.broker.clock_ms()))
+        raw.hset(key, "errors", errors)
+
+        with scripts_never_fail(backend.broker):
+            after = tasks.add.using(depends_on="failed").enqueue(1, 2)
+            read_result(backend, after.id)
+
+        fields = raw.hgetall(job_key(backend, after.id.encode()))
+        assert fields[b"status"] == b"FAILED", fields
+        last = errors_of(fields)[-1]
+        assert last["exception_class_path"] == DEPENDENCY, last
+        why = last["traceback"]
+        assert "job failed, which this job runs after, ended FAILED" in why, why
+        origin = ORIGIN.search(why)
+        assert origin is None or JOB_ID_RE.fullmatch(origin.group(1)), why
+        a_good_job_runs(backend)
+
+    with counted("origins of failures", report):
         check()

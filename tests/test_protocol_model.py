@@ -68,6 +68,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "groups completed",
             "released",
             "failed waiting jobs",
+            "origins written by hand",
             "refused linked enqueues",
             "groups trimmed from the index",
             "messages received",

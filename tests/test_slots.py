@@ -17,6 +17,7 @@ from django_redisqueue.exceptions import LeaseLost
 from django_redisqueue.runtime.heartbeat import Heartbeat
 from django_redisqueue.runtime.slots import SlotWorker, _Slot
 from django_redisqueue.runtime.stopping import StopToken
+from django_redisqueue.runtime.worker import Worker
 from django_redisqueue.store.wire import Outcome
 from tests import slot_tasks, tasks
 from tests.conftest import wait_until
@@ -392,6 +393,30 @@ def test_a_slot_claim_whose_reply_is_lost_as_the_worker_stops_gives_its_job_back
     assert stored.status == TaskResultStatus.READY and stored.attempts == 0
 
 
+def test_a_one_slot_workers_claim_whose_reply_is_lost_as_it_stops_gives_its_job_back(r, backend):
+    """The same with ``--threads 1`` (a Worker, no slots): the worker is told to stop
+    as its claim runs, and the claim's reply is lost. Its loop then ends with no
+    outcome to store, so no later call recovers the lost one: the worker gives back
+    what it may have given before it ends."""
+    job = tasks.record.enqueue("first")
+    worker = Worker(backend)
+    claim = worker.broker.claim
+
+    def claim_losing_its_reply_as_the_worker_stops(*args, **kwargs):
+        answer = claim(*args, **kwargs)
+        if answer[1] is not None:
+            worker.stop()  # SIGTERM, as the call ran
+            raise redis.ConnectionError("reply lost")
+        return answer
+
+    run_patched(
+        worker, patch.object(worker.broker, "claim", claim_losing_its_reply_as_the_worker_stops)
+    )
+    assert log(r) == []
+    stored = backend.get_result(job.id)
+    assert stored.status == TaskResultStatus.READY and stored.attempts == 0
+
+
 def test_a_refusal_to_the_loop_does_not_forget_a_slot_claims_lost_reply(r, backend):
     """The loop's claim is refused (Redis answered: nothing changed) as a slot's claim
     loses its reply (it may have given a job). The loop's note that its call changed
@@ -434,3 +459,35 @@ def test_a_refusal_to_the_loop_does_not_forget_a_slot_claims_lost_reply(r, backe
     )
     assert backend.get_result(first.id).status == TaskResultStatus.SUCCESSFUL
     assert backend.get_result(second.id).status != TaskResultStatus.RUNNING
+
+
+def test_a_slot_under_max_memory_does_not_erase_another_slots_finding_it_past(r, backend):
+    """Two slots look at the process's memory after their jobs at once: the first to
+    look finds it under --max-memory and answers last, after the other found it past.
+    The worker recycles all the same: the other slot's finding stands, and no slot
+    claims a job after it."""
+    from django_redisqueue.runtime import worker as worker_module
+
+    for i in range(4):
+        tasks.record.enqueue(f"job{i}")
+    worker = SlotWorker(backend, threads=2, burst=True, max_memory=1)
+    looks: list[int] = []
+    lock = threading.Lock()
+
+    def past_limit_answering_last_the_first_time(limit_mb, worker_id):
+        with lock:
+            looks.append(1)
+            first = len(looks) == 1
+        if first:  # under the limit, told once the other slot has found it past
+            wait_until(lambda: worker.over_memory, 10, "the other slot's look")
+            return False
+        return True
+
+    run_patched(
+        worker,
+        patch("django_redisqueue.runtime.slots.BROADCASTS_READ_EVERY", 3600),
+        patch.object(worker_module, "past_limit", past_limit_answering_last_the_first_time),
+    )
+    assert worker.over_memory
+    assert sorted(log(r)) == ["job0", "job1"]  # the two in hand as it was found past
+    assert worker.jobs_done == 2

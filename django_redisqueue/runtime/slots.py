@@ -24,7 +24,6 @@ from django_redisqueue.backends.redis import RedisQueueBackend
 from django_redisqueue.core import tracing
 from django_redisqueue.runtime import WORKER_LOGGER, attempts
 from django_redisqueue.runtime.attempts import Finished
-from django_redisqueue.runtime.memory import past_limit
 from django_redisqueue.runtime.stopping import StopToken
 from django_redisqueue.runtime.worker import (
     BROADCASTS_READ_EVERY,
@@ -228,12 +227,8 @@ class SlotWorker(Worker):
             pool.shutdown(wait=not self.stuck)
             self._close_databases()
             # A slot's claim lost its reply as the worker stopped: no free slot's claim
-            # came after it to give back what it may have given, which would wait for
-            # its lease, RUNNING with no slot, and count as lost.
-            if self.uncertain:
-                with contextlib.suppress(*REDIS_ERRORS):  # else its lease runs out
-                    self._recover_claim(None)
-                    self.uncertain = False
+            # came after it to give back what it may have given.
+            self._recover_before_the_end()
 
     def _claim(self, backoff: Reconnector) -> Claimed | None:
         """One claim for a free slot (no outcome: the slots store theirs), or what the
@@ -269,9 +264,7 @@ class SlotWorker(Worker):
                     finished = self.execute(job)
                     with self._changed:
                         self.jobs_done += 1
-                    self.over_memory = self.over_memory or past_limit(
-                        self.max_memory, self.worker_id
-                    )
+                    self._look_at_memory()
                     stored, following = self._store_and_claim_next(finished)
                     if stored is not None:
                         self._report(finished, stored)

@@ -193,6 +193,7 @@ class Worker:
         while True:
             wanted = not self._should_stop()
             if not wanted and finished is None:
+                self._recover_before_the_end()
                 return
             try:
                 if self.uncertain:  # the last call's reply was lost: it may have given a job
@@ -213,7 +214,14 @@ class Worker:
             if job is not None:
                 finished = self.execute(job)
                 self.jobs_done += 1
-                self.over_memory = self.over_memory or past_limit(self.max_memory, self.worker_id)
+                self._look_at_memory()
+
+    def _look_at_memory(self) -> None:
+        """After a job: once past ``max_memory``, the worker recycles. The flag is set,
+        never read and written back: the slots of a SlotWorker look at once, and one
+        under the limit must not erase another's finding."""
+        if not self.over_memory and past_limit(self.max_memory, self.worker_id):
+            self.over_memory = True
 
     def _store_and_claim(self, finished: Finished | None, wanted: bool) -> _Claim:
         """Store the outcome in hand and claim the next job, in one call: from the
@@ -311,6 +319,14 @@ class Worker:
                 ", ".join(given_back),
             )
         return None
+
+    def _recover_before_the_end(self) -> None:
+        """The loop ends with no outcome to store: give back what a call whose reply was
+        lost may have given (else it waits RUNNING for its lease, counted as lost)."""
+        if self.uncertain:
+            with contextlib.suppress(*REDIS_ERRORS):  # else its lease runs out
+                self._recover_claim(None)
+                self.uncertain = False
 
     def in_hand(self) -> list[tuple[Claimed, str]]:
         """The job running now (none or one), with its attempt's trace record."""

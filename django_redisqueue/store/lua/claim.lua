@@ -83,7 +83,7 @@ for _, name in ipairs(queues) do
       break
     end
     local fields
-    if #id <= 128 and string.find(id, '^[%w_%-%.:]+$') then
+    if valid_id(id) then
       -- pcall: a key of another type answers an error instead of the fields.
       fields = redis.pcall('HMGET', JOB .. id, unpack(READ))
     end

@@ -32,7 +32,9 @@ The fan-out is modelled too. Chains and ``depends_on`` (through the task API and
 ``Broker.enqueue_linked``, on a job in any state, or on one that does not exist) make
 waiting jobs: READY, in no queue and no delayed set, until the job they wait for ends
 (released at the back of their queue, or into their delayed set, when it succeeded;
-FAILED with one ``DependencyFailed`` naming it when it did not, down the chain).
+FAILED with one ``DependencyFailed`` naming it when it did not, down the chain; a job
+enqueued after a FAILED one names the origin its last error names, also one written
+by hand, if that is a job id).
 Groups of 0 to 5 members (some waiting for other jobs), with or without a callback,
 go in batches of two jobs per call (``ENQUEUE_BATCH_JOBS`` is patched), so that
 sealing happens in a later call than the first members; the model counts each

@@ -7,13 +7,15 @@ their rules."""
 
 from __future__ import annotations
 
+import json
+
 import redis
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
 from django_redisqueue import Job as WorkflowJob
 from django_redisqueue.compat import TaskResultDoesNotExist
-from django_redisqueue.core.jobs import FAILED
+from django_redisqueue.core.jobs import FAILED, JOB_ID_RE
 from django_redisqueue.store.wire import AFTER_GROUP, MissingJob, NewJob
 from tests import tasks
 from tests.model.harness import RUN, snapshot
@@ -240,9 +242,12 @@ class FanOutModel:
 
     def failure_root(self, job) -> str:
         """The job whose failure a FAILED job's end goes back to: itself, or the origin
-        its last error, a DependencyFailed, names."""
+        its last error, a DependencyFailed, names, if that is a job id (an error
+        written by hand may name anything)."""
         last = job.errors[-1] if job.errors else None
-        return last.root if last is not None and last.kind == DEPENDENCY else job.id
+        if last is not None and last.kind == DEPENDENCY and JOB_ID_RE.fullmatch(last.root):
+            return last.root
+        return job.id
 
     def missing(self, specs: list[Spec]) -> set[str]:
         """The jobs these wait for that neither exist nor come earlier among them:
@@ -363,6 +368,34 @@ class FanOutModel:
             self.op_chain_api([step], self.link(parent, pick, ""))
         else:
             self.op_linked([(*step[:3], parent, pick)])
+
+    @rule(
+        pick=PICK,
+        length=st.sampled_from([1, 26, 128, 129, 1000]),
+        alone=st.booleans(),
+        step=LINKED,
+    )
+    def enqueue_after_an_origin_written_by_hand(self, pick, length, alone, step):
+        """A FAILED job whose last error, written by hand, is a DependencyFailed naming
+        an origin of any length (``alone``: as its parent only, as a job failed where it
+        waited names it), then a job enqueued after it: that job names the origin if it
+        is a job id, else the FAILED job itself."""
+        failed = [j for j in self.jobs.values() if j.place == FINISHED and j.final == FAILED]
+        job = self.pick(failed, pick)
+        if job is None:
+            return
+        origin = ("origin-" * (length // 7 + 1))[:length]
+        parent = origin if alone else UNKNOWN_ID
+        why = f"job {parent}, which this job runs after, ended FAILED"
+        if not alone:
+            why += f" without running: job {origin} failed"
+        error = {"exception_class_path": DEPENDENCY, "traceback": f"{DEPENDENCY}: {why}\n"}
+        key = self.keys.job(job.id)
+        errors = json.loads(self.r.hget(key, "errors") or "[]")
+        self.r.hset(key, "errors", json.dumps([*errors, error]))
+        job.errors.append(Err(DEPENDENCY, parent, origin))
+        RUN["origins written by hand"] += 1
+        self.op_linked([(*step[:3], "job", list(self.jobs).index(job.id))])
 
     @rule(
         members=st.lists(MEMBER, max_size=5),

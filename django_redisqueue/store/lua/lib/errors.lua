@@ -1,4 +1,4 @@
--- include: keys
+-- include: keys, values
 -- The errors the scripts store, as runtime/worker.py words them, and their place in a
 -- job's JSON list of errors.
 
@@ -41,7 +41,8 @@ end
 
 -- The job whose failure a FAILED job's end goes back to: itself, or the origin its last
 -- error names when that is a DependencyFailed (so that a job linked to it later, in
--- another call, names the same origin as one linked to it in the same call).
+-- another call, names the same origin as one linked to it in the same call), if that
+-- is a job id: an error written by hand may name anything, of any length.
 local function failure_root(id)
   local ok, errors = pcall(cjson.decode, redis.call('HGET', JOB .. id, 'errors') or '')
   local last = ok and type(errors) == 'table' and errors[#errors]
@@ -49,9 +50,9 @@ local function failure_root(id)
       or last.exception_class_path ~= 'django_redisqueue.exceptions.DependencyFailed' then
     return id
   end
-  return string.match(last.traceback, 'without running: job ([%w_%-%.:]+) failed')
+  local root = string.match(last.traceback, 'without running: job ([%w_%-%.:]+) failed')
     or string.match(last.traceback, 'DependencyFailed: job ([%w_%-%.:]+), which')
-    or id
+  return valid_id(root) and root or id
 end
 
 -- The error of a group's callback when the group is cancelled. A function, not a

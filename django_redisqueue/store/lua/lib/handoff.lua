@@ -94,7 +94,7 @@ local function take_handed(worker)
   end
   local ok, reply = pcall(cjson.decode, handed)
   local id = ok and type(reply) == 'table' and reply[1]
-  if type(id) ~= 'string' or not string.find(id, '^[%w_%-%.:]+$') or #id > 128 then
+  if not valid_id(id) then
     return nil
   end
   local f = redis.pcall('HMGET', JOB .. id, 'owner', 'status')

@@ -1,7 +1,7 @@
 -- include: keys
 -- Values read and written whatever Redis holds (keys.lua, the second rule): Redis's
 -- clock, numbers read leniently, writes that replace a key of another type, wake-up
--- tokens, and the tests of a job's key, a queue name and a final status.
+-- tokens, and the tests of a job's key, a job id, a queue name and a final status.
 
 -- Redis's clock in ms.
 local function clock_ms()
@@ -28,6 +28,12 @@ end
 local function valid_queue(name)
   return type(name) == 'string' and #name > 0 and #name <= 64
     and string.find(name, '^[%w_%.%-]+$') ~= nil
+end
+
+-- A job id as enqueues make them (see jobs.JOB_ID_RE): one read from Redis that is not
+-- (a queue member, a hand-off entry, an origin in an error, written by hand) names no job.
+local function valid_id(id)
+  return type(id) == 'string' and #id <= 128 and string.find(id, '^[%w_%-%.:]+$') ~= nil
 end
 
 -- Leave one wake-up token on a list. It never holds more than one: a token is a hint
