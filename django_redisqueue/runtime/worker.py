@@ -23,9 +23,7 @@ from django.db import close_old_connections
 
 from django_redisqueue.backends.redis import RedisQueueBackend
 from django_redisqueue.core import tracing
-from django_redisqueue.core.jobs import (
-    JobRecord,
-)
+from django_redisqueue.core.jobs import JobRecord
 from django_redisqueue.core.registry import registry
 from django_redisqueue.core.results import make_result, task_for
 from django_redisqueue.exceptions import (
@@ -98,8 +96,7 @@ class Worker:
         watch_scheduler: bool = True,
     ) -> None:
         self.backend = backend
-        # The loop's calls go through a connection of its own; the heartbeat thread's
-        # (register) through the backend's broker, not waiting on this one's BLPOP.
+        # A connection of its own: the heartbeat's calls never wait behind its BLPOP.
         self.broker = backend.broker.pinned()
         self.queues = list(queues or backend.queue_names)
         # No queue named and QUEUES empty: serve every queue used, looking for new ones.
@@ -110,8 +107,7 @@ class Worker:
         self.max_jobs = max_jobs
         self.max_memory = max_memory  # MB of RSS, checked after each job
         self.over_memory = False
-        # Jobs whose threads did not let go of a stop (blocked in C): given up, and the
-        # process recycled once its other jobs are done (SlotWorker).
+        # Jobs whose threads ignored a stop (blocked in C): given up, the process recycled.
         self.stuck: set[tuple[str, str]] = set()  # by attempt: (job id, owner token)
         self.loop_blocked = False  # a task blocked the event loop: given up (recycled)
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
@@ -126,8 +122,7 @@ class Worker:
         self.token: StopToken | None = None  # how the running task is stopped
         self.task_attempt: attempts.Attempt | None = None  # once its task is about to run
         self.woken_by = ""  # the queue whose wake-up token this worker took, to pass on
-        # Registered as idle by its last claim that named queues: its next such claim
-        # takes the job handed to it meanwhile, if its wait has not.
+        # Registered idle by its last claim: the next one takes a job handed meanwhile.
         self.idle_registered = False
         self.broadcasts_read_at = float("-inf")  # when a claim last read their number
         self.event_loop = EventLoop()  # the async def tasks', started by the first
@@ -137,8 +132,7 @@ class Worker:
         self.metrics = JobMetrics() if backend.config.metrics else None
         # Off only in tests that run jobs inside their own transaction (testing.py).
         self.close_connections = close_connections
-        # Whether it says when no scheduler runs (at start, and on retry lines); off in
-        # run_jobs(), which moves delayed jobs and retries itself (testing.py).
+        # It says when no scheduler runs; not in run_jobs(), which is its own (testing.py).
         self.scheduler = SchedulerWatch(backend.queries) if watch_scheduler else None
         # What every attempt has around its task (attempts.py), in this order.
         self.hooks: list[attempts.Hook] = [
@@ -416,9 +410,8 @@ class Worker:
         return None
 
     def _take(self, handed: Claimed) -> bool:
-        """Take a job handed over: it becomes this worker's under its lease, unless the
-        scheduler gave it back meanwhile (this worker was frozen, or slow to read the
-        reply, past the hand-off's deadline): then it is not started here."""
+        """Take a job handed over, under this worker's lease; False if it went back
+        meanwhile (this worker frozen, or slow to read it, past the hand-off's deadline)."""
         lost = self.broker.heartbeat(self.worker_id, {}, {handed.job_id: handed.owner})
         if lost:
             logger.info(
