@@ -85,7 +85,7 @@ NEWEST_SUITES = [
 OLDEST_REST = ["tests/test_protocol_model.py", "tests/test_periodic_model.py", BROWSER]
 
 # On the oldest pair, again on each server a package of the dev extra ships
-# (REDISQUEUE_TEST_SERVER, tests/servers.py): Redis 6.2, which has no Functions (the
+# (REDISQUEUE_TEST_SERVER, tests/support/servers.py): Redis 6.2, which has no Functions (the
 # scripts by EVALSHA) and words its errors its own way, and Valkey 8.1. What the server
 # decides: how the scripts are called, every script (the broker's suite), enqueue, the
 # workers' and the scheduler's blocking waits, the hand-off, the slots' own claims, and
@@ -181,7 +181,7 @@ def tests(session: nox.Session) -> None:
         # The long runs (minutes each), wherever they are.
         session.run("pytest", "--numprocesses=auto", "-m", "long")
         # The core, scheduler and admin tests again, on a Redis Cluster of 3 masters and
-        # 3 replicas (tests/topology.py).
+        # 3 replicas (tests/support/topology.py).
         session.run(
             "pytest",
             "--numprocesses=auto",

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.servers import RedisServer
+from tests.support.servers import RedisServer
 
 CHUNK = 1000  # jobs per enqueue_many() call while filling
 

@@ -45,7 +45,7 @@ import redis
 from bench.backlog import percentile
 from bench.systems.base import python
 from django_redisqueue.store.keys import KeySchema
-from tests.servers import RedisServer, wait_for
+from tests.support.servers import RedisServer, wait_for
 
 RUNS = "bench:chaos:runs"  # chaos_job's ledger: "<number> <ms>" per run
 SLOTS = "bench:chaos:slots"  # chaos_slot_job's: "start|end <number> <pid>" per run

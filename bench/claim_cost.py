@@ -33,7 +33,7 @@ from typing import Any
 import redis
 
 from bench import redisstats
-from tests.servers import RedisServer
+from tests.support.servers import RedisServer
 
 STREAM, GROUP = "bench:stream", "workers"
 BATCH = 100  # messages per XREADGROUP in the batched row (taskiq's default)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-from tests.servers import RedisServer
+from tests.support.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.servers import RedisServer  # noqa: E402
+from tests.support.servers import RedisServer  # noqa: E402
 
 
 def fill(backend, count: int, queue: str, due_from: int = 0) -> None:
@@ -44,7 +44,7 @@ def main() -> None:
 
     with RedisServer() as server:
         os.environ["BENCH_REDIS_URL"] = server.url
-        os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+        os.environ["DJANGO_SETTINGS_MODULE"] = "tests.support.settings"
         os.environ["REDISQUEUE_TEST_URL"] = server.url
         import django
 

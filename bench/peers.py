@@ -38,7 +38,7 @@ from bench.procs import ROOT
 from bench.systems import NAMES, load
 from bench.systems.base import System
 from bench.workloads import WORKLOADS, Bench
-from tests.servers import RedisServer
+from tests.support.servers import RedisServer
 
 SHARED = ("redis", "hiredis", "psutil", "matplotlib")
 

@@ -40,7 +40,7 @@ from django_redisqueue.core.jobs import SUCCESSFUL  # noqa: E402
 from django_redisqueue.store.broker import Broker  # noqa: E402
 from django_redisqueue.store.keys import KeySchema  # noqa: E402
 from django_redisqueue.store.wire import NewJob, Outcome  # noqa: E402
-from tests.servers import free_port  # noqa: E402
+from tests.support.servers import free_port  # noqa: E402
 
 PAYLOAD = '{"v":1,"task":"bench.tasks.job","args":[1]}'
 IDLE_MS = 6000

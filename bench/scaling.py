@@ -52,8 +52,8 @@ from redis.cluster import RedisCluster
 
 from bench import redisstats
 from bench.systems import stamps
-from tests.servers import HOST, RedisServer
-from tests.topologies import RedisClusterGroup
+from tests.support.servers import HOST, RedisServer
+from tests.support.topologies import RedisClusterGroup
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "default"  # bench/settings.py's one queue

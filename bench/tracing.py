@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.servers import RedisServer  # noqa: E402
+from tests.support.servers import RedisServer  # noqa: E402
 
 WAYS = {
     "off (no opentelemetry)": "off",

@@ -16,9 +16,9 @@ import redis
 from django.test import override_settings
 
 from django_redisqueue.store.gateway import Gateway
-from tests.servers import RedisServer, server_program
-from tests.topologies import RedisClusterGroup
-from tests.topology import (
+from tests.support.servers import RedisServer, server_program
+from tests.support.topologies import RedisClusterGroup
+from tests.support.topology import (
     CLUSTER_ENV,
     ON_CLUSTER,
     keys_server,
@@ -148,7 +148,7 @@ not_on_cluster = pytest.mark.skipif(ON_CLUSTER, reason="needs a single redis-ser
 
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings() -> None:
-    """Keep the test database's name as tests/settings.py gives it: already one file per
+    """Keep the test database's name as tests/support/settings.py gives it: already one file per
     pytest-xdist worker, and the workers the tests start must find it by that name
     (pytest-django would add a ``_gw0`` suffix)."""
 
@@ -181,7 +181,7 @@ def r(request: pytest.FixtureRequest) -> redis.Redis | None:
 @pytest.fixture
 def raw(redis_server) -> redis.Redis:
     """A client of the private server that reads and writes bytes, as hostile data
-    (tests/fuzzing.py) may be any."""
+    (tests/support/fuzzing.py) may be any."""
     return redis.Redis.from_url(redis_server.url)
 
 
@@ -189,7 +189,7 @@ def raw(redis_server) -> redis.Redis:
 def registered() -> frozenset[str]:
     """The task paths registered, the fuzzing's safe tasks among them."""
     from django_redisqueue.core.registry import registry
-    from tests.fuzzing import SAFE_TASKS
+    from tests.support.fuzzing import SAFE_TASKS
 
     for path in SAFE_TASKS:
         assert registry.get(path) is not None, path
@@ -328,7 +328,7 @@ def child_env() -> dict[str, str]:
     SQLite database only unless the test set REDISQUEUE_TEST_SQLITE_ONLY to ''."""
     return {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings",
         "PYTHONPATH": str(ROOT),
         "REDISQUEUE_TEST_SQLITE_ONLY": os.environ.get("REDISQUEUE_TEST_SQLITE_ONLY", "1"),
     }
@@ -336,14 +336,15 @@ def child_env() -> dict[str, str]:
 
 @pytest.fixture
 def every_database_in_children(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The processes this test starts have PostgreSQL and MariaDB too (tests/settings.py)."""
+    """The processes this test starts have PostgreSQL and MariaDB too
+    (tests/support/settings.py)."""
     monkeypatch.setenv("REDISQUEUE_TEST_SQLITE_ONLY", "")
 
 
 @pytest.fixture
 def outbox_backends(settings) -> None:
     """An outbox backend for every database, "outbox-<alias>", as "outbox-default" is
-    (tests/settings.py)."""
+    (tests/support/settings.py)."""
     base = settings.TASKS["outbox-default"]
     settings.TASKS = {
         **settings.TASKS,

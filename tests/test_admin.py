@@ -16,9 +16,9 @@ from django_redisqueue.backends.redis import RedisQueueBackend, our_backends
 from django_redisqueue.compat import TaskResultStatus
 from django_redisqueue.runtime.worker import Worker
 from django_redisqueue.store.gateway import now_ms
-from tests import tasks
 from tests.conftest import run_worker_here, user
-from tests.keys import DEFAULT_KEYS
+from tests.support import tasks
+from tests.support.keys import DEFAULT_KEYS
 
 pytestmark = pytest.mark.django_db
 
@@ -272,7 +272,7 @@ def test_running_jobs_and_workers_alive(manager, backend, r):
     page = manager.get(BASE + "running/").text
     assert job.id[:10] in page and worker.worker_id in page
     overview = manager.get(BASE).text
-    assert worker.worker_id in overview and "tests.tasks.add" in overview
+    assert worker.worker_id in overview and "tests.support.tasks.add" in overview
     assert "Workers (1)" in overview
 
 

@@ -11,8 +11,8 @@ from django.test import Client
 from django_redisqueue import broadcast, chain, group
 from django_redisqueue.compat import TaskResultStatus
 from django_redisqueue.store.gateway import now_ms
-from tests import tasks
 from tests.conftest import clock_at, run_worker_here, user
+from tests.support import tasks
 from tests.test_admin import BASE
 
 pytestmark = pytest.mark.django_db
@@ -92,10 +92,10 @@ def test_the_group_page_counts_members_by_status_and_pages_them(viewer, backend)
     assert "0 of 60 members, 0 failed" in unescape(re.sub(r"<[^>]+>", "", page))
     assert rows(page, "drq-member-statuses") == ["READY 59", "RUNNING 1"]
     assert f'href="{BASE}job/{result.callback_id}/"' in page
-    assert "tests.tasks.collect, READY (waiting)" in page
+    assert "tests.support.tasks.collect, READY (waiting)" in page
     members = rows(page, "drq-jobs")
     assert len(members) == 50 and members[0].startswith("1 ")
-    assert members[1] == f"2 {result.member_ids[1][:13]}… tests.tasks.add READY"
+    assert members[1] == f"2 {result.member_ids[1][:13]}… tests.support.tasks.add READY"
     second = rows(viewer.get(url, {"page": 2}).text, "drq-jobs")
     assert len(second) == 10 and second[-1].startswith(f"60 {result.member_ids[-1][:13]}")
     assert "Cancel the group" not in page  # a viewer may not act
@@ -181,8 +181,11 @@ def test_the_broadcasts_page_lists_messages_and_what_each_worker_did(viewer, bac
     listed = listed_at(ran_at("worker-a") + 400)
     assert [row.split()[0] for row in listed] == [str(broken), str(only_low), str(reload)]
     assert "? payload is not valid JSON" in listed[0] and "worker-a: FAILED, just now" in listed[0]
-    assert 'tests.tasks.record "low" low no worker yet' in listed[1]
-    assert 'tests.tasks.record "reload" every queue worker-a: SUCCESSFUL, just now' in listed[2]
+    assert 'tests.support.tasks.record "low" low no worker yet' in listed[1]
+    assert (
+        'tests.support.tasks.record "reload" every queue worker-a: SUCCESSFUL, just now'
+        in listed[2]
+    )
     assert "worker-b: RUNNING, just now" in listed_at(ran_at("worker-b") + 400)[2]
     assert "worker-a: FAILED, 2 seconds ago" in listed_at(ran_at("worker-a") + 2_000)[0]
 

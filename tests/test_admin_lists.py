@@ -21,9 +21,9 @@ from django_redisqueue.dashboard import actions
 from django_redisqueue.dashboard import reads as dashboard
 from django_redisqueue.dashboard.rows import relative
 from django_redisqueue.templatetags.redisqueue_dashboard import moment
-from tests import tasks
 from tests.conftest import clock_at, run_worker_here
-from tests.keys import DEFAULT_KEYS
+from tests.support import tasks
+from tests.support.keys import DEFAULT_KEYS
 from tests.test_admin import BASE
 
 pytestmark = pytest.mark.django_db
@@ -204,15 +204,17 @@ def test_the_failed_list_filters_by_task_and_exception(viewer, backend):
     url = BASE + "failed/default/"
 
     page = viewer.get(url).text
-    assert '<option value="tests.tasks.fail">tests.tasks.fail (3)</option>' in page
-    assert '<option value="tests.tasks.add">tests.tasks.add (2)</option>' in page
+    assert '<option value="tests.support.tasks.fail">tests.support.tasks.fail (3)</option>' in page
+    assert '<option value="tests.support.tasks.add">tests.support.tasks.add (2)</option>' in page
     assert '<option value="builtins.ValueError">builtins.ValueError (3)</option>' in page
     assert "Among the newest 5 failed jobs." in text_of(page)
 
-    by_task = viewer.get(url, {"task": "tests.tasks.add"}).text
-    assert [cells[2] for cells in table_cells(by_task)] == ["tests.tasks.add"] * 2
-    assert '<option value="tests.tasks.add" selected>' in by_task
-    both = viewer.get(url, {"task": "tests.tasks.fail", "exception": "builtins.TypeError"}).text
+    by_task = viewer.get(url, {"task": "tests.support.tasks.add"}).text
+    assert [cells[2] for cells in table_cells(by_task)] == ["tests.support.tasks.add"] * 2
+    assert '<option value="tests.support.tasks.add" selected>' in by_task
+    both = viewer.get(
+        url, {"task": "tests.support.tasks.fail", "exception": "builtins.TypeError"}
+    ).text
     assert "No failed job matches the filters" in both
     by_class = viewer.get(url, {"exception": "builtins.ValueError", "partial": 1}).text
     assert sorted(cells[1][:-1] for cells in table_cells(by_class)) == sorted(
@@ -228,10 +230,12 @@ def test_the_failed_list_filters_by_task_and_exception(viewer, backend):
 def test_a_filtered_list_pages_with_its_filter(viewer, backend):
     failing(backend, tasks.fail, 52)
     failing(backend, tasks.add, 1, argument="one")
-    page = viewer.get(BASE + "failed/default/", {"task": "tests.tasks.fail"}).text
+    page = viewer.get(BASE + "failed/default/", {"task": "tests.support.tasks.fail"}).text
     assert "page 1 of 2" in page
-    assert 'href="?task=tests.tasks.fail&amp;page=2"' in page
-    second = viewer.get(BASE + "failed/default/", {"task": "tests.tasks.fail", "page": 2}).text
+    assert 'href="?task=tests.support.tasks.fail&amp;page=2"' in page
+    second = viewer.get(
+        BASE + "failed/default/", {"task": "tests.support.tasks.fail", "page": 2}
+    ).text
     assert len(table_rows(second)) == 2
 
 
@@ -248,18 +252,25 @@ def test_filtering_reads_only_the_newest_failed_jobs(viewer, backend, monkeypatc
         return jobs(job_ids, *fields)
 
     with patch.object(type(backend.queries), "jobs", side_effect=counted, autospec=False):
-        page = viewer.get(BASE + "failed/default/", {"task": "tests.tasks.add"}).text
+        page = viewer.get(BASE + "failed/default/", {"task": "tests.support.tasks.add"}).text
     assert max(read) <= 3 and sum(read) <= 4  # in batches, never the whole index
-    assert "0 failed jobs in default of tests.tasks.add, among the newest 4" in text_of(page)
+    assert "0 failed jobs in default of tests.support.tasks.add, among the newest 4" in text_of(
+        page
+    )
     assert "Among the newest 4 failed jobs of 8 (the filters read at most" in text_of(page)
     # Too old to be seen: offered as chosen only.
-    assert '<option value="tests.tasks.add" selected>tests.tasks.add (0)</option>' in page
-    assert "tests.tasks.fail (4)" in page
+    assert (
+        '<option value="tests.support.tasks.add" selected>tests.support.tasks.add (0)</option>'
+        in page
+    )
+    assert "tests.support.tasks.fail (4)" in page
 
 
 @fuzz(60)
 @given(
-    task=st.one_of(st.text(max_size=40), st.sampled_from([MARK, "a.<b>", "tests.tasks.fail"])),
+    task=st.one_of(
+        st.text(max_size=40), st.sampled_from([MARK, "a.<b>", "tests.support.tasks.fail"])
+    ),
     exception=st.one_of(st.text(max_size=40), st.just(f'"{MARK}')),
     page=st.one_of(st.text(max_size=5), st.integers().map(str)),
 )
@@ -301,7 +312,7 @@ def test_only_a_manager_sees_the_checkboxes_and_the_actions(viewer, manager, bac
 
 def test_retry_and_delete_the_selected_failed_jobs(manager, backend, r):
     jobs = failing(backend, tasks.fail, 3)
-    here = BASE + "failed/default/?task=tests.tasks.fail"
+    here = BASE + "failed/default/?task=tests.support.tasks.fail"
     response = manager.post(
         SELECTED,
         {
@@ -328,8 +339,8 @@ def test_retry_and_delete_the_selected_failed_jobs(manager, backend, r):
     )
     assert ask.status_code == 200 and "Yes, I'm sure" in ask.text
     listed = text_of(re.search(r'id="drq-selected">(.*?)</ul>', ask.text, re.S)[1])
-    assert f"{jobs[2].id} : tests.tasks.fail, FAILED" in listed
-    assert f"{jobs[0].id} : tests.tasks.fail, READY" in listed
+    assert f"{jobs[2].id} : tests.support.tasks.fail, FAILED" in listed
+    assert f"{jobs[0].id} : tests.support.tasks.fail, READY" in listed
     hidden = re.findall(r'<input type="hidden" name="job_id" value="([^"]*)">', ask.text)
     assert hidden == [jobs[2].id, jobs[0].id]
     assert r.zcard(FAILED_SET) == 1

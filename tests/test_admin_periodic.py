@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.test import Client
 
 from tests.conftest import clock_at, user
-from tests.keys import PERIODIC_KEYS
+from tests.support.keys import PERIODIC_KEYS
 from tests.test_periodic import BERLIN, periodic, state, stepper
 
 pytestmark = pytest.mark.django_db
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.django_db
 PAGE = "/admin/django_redisqueue/dashboard/periodic/schedules/"
 ACT = "/admin/django_redisqueue/dashboard/periodic/act/"
 SCHEDULES = {
-    "nightly": {"task": "tests.tasks.record", "cron": "0 3 * * *", "args": ["night"]},
-    "beat": {"task": "tests.tasks.noop", "every": 30, "catch_up": "all"},
+    "nightly": {"task": "tests.support.tasks.record", "cron": "0 3 * * *", "args": ["night"]},
+    "beat": {"task": "tests.support.tasks.noop", "every": 30, "catch_up": "all"},
 }
 
 
@@ -73,13 +73,16 @@ def test_the_page_shows_each_schedule(backend, viewer, r, now, said, next_run):
         registered_at(backend, r, now)
         page = viewer.get(PAGE).text
     nightly, beat = rows(page)
-    assert nightly == f"nightly tests.tasks.record 0 3 * * * At 03:00 {said} never \u2013 active"
+    assert (
+        nightly
+        == f"nightly tests.support.tasks.record 0 3 * * * At 03:00 {said} never \u2013 active"
+    )
     # The exact time in the title, in Berlin time.
     utc = due.astimezone(UTC)
     assert (
         f'<time datetime="{utc:%Y-%m-%dT%H:%M:%SZ}" title="{due:%Y-%m-%d %H:%M:%S %Z}">in ' in page
     )
-    assert beat.startswith("beat tests.tasks.noop every 30s every 30 seconds")
+    assert beat.startswith("beat tests.support.tasks.noop every 30s every 30 seconds")
     assert "catches up every missed run" in beat
     assert "Pause" not in page  # a viewer has no actions
     assert 'href="/admin/django_redisqueue/dashboard/periodic/schedules/"' in page

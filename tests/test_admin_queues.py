@@ -14,10 +14,10 @@ from django.test import Client
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.dashboard.rows import MENU_QUEUES, PAGE_SIZE
 from django_redisqueue.runtime.worker import Worker
-from tests import tasks
 from tests.conftest import run_worker_here
-from tests.keys import ANYQUEUE_KEYS
-from tests.topology import keys_server, make_client
+from tests.support import tasks
+from tests.support.keys import ANYQUEUE_KEYS
+from tests.support.topology import keys_server, make_client
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,8 @@ from django_redisqueue.dashboard.workers import IN_HAND_SHOWN
 from django_redisqueue.observe.metrics import render
 from django_redisqueue.runtime.slots import SlotWorker
 from django_redisqueue.runtime.worker import Worker
-from tests import tasks
 from tests.conftest import manage, wait_until
+from tests.support import tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -68,7 +68,7 @@ def test_the_overview_shows_each_processs_busy_slots_and_jobs_in_hand(viewer, ba
         in_hand = [job.job_id for job, _ in worker.in_hand()]
         for job_id in in_hand:
             assert f'href="{BASE}job/{job_id}/"' in html
-        assert cells[3].count("tests.tasks.block_until_released, started") == 3
+        assert cells[3].count("tests.support.tasks.block_until_released, started") == 3
         assert "more" not in cells[3]
         idle_cells, _ = worker_row(page, idle.worker_id)
         assert idle_cells[2:4] == ["0 of 1", "idle"]
@@ -110,7 +110,7 @@ def test_a_worker_that_records_no_slots_has_one(viewer, backend, r):
     backend.broker.claim(["default"], "old:1:beef")
     cells, html = worker_row(viewer.get(BASE).text, "old:1:beef")
     assert cells[2] == "1 of 1" and cells[4] == "4"
-    assert f"{BASE}job/{job.id}/" in html and "tests.tasks.add" in cells[3]
+    assert f"{BASE}job/{job.id}/" in html and "tests.support.tasks.add" in cells[3]
     assert gauge(backend, "redisqueue_worker_slots") == 1
     assert gauge(backend, "redisqueue_worker_busy_slots") == 1
 

@@ -10,8 +10,8 @@ import pytest
 
 from django_redisqueue.compat import TaskResultStatus
 from django_redisqueue.runtime import event_loop
-from tests import slot_tasks, tasks
 from tests.conftest import run_worker_here, wait_until
+from tests.support import slot_tasks, tasks
 from tests.test_slots import log, run_slots_here
 
 

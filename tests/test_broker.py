@@ -8,10 +8,10 @@ from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
 from django_redisqueue.store import scripts
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.wire import ENQUEUE_BATCH_JOBS, NewJob, Outcome
-from tests import tasks
-from tests.keys import DEFAULT_KEYS
-from tests.servers import free_port
-from tests.topology import ON_CLUSTER, keys_server, scripts_run
+from tests.support import tasks
+from tests.support.keys import DEFAULT_KEYS
+from tests.support.servers import free_port
+from tests.support.topology import ON_CLUSTER, keys_server, scripts_run
 
 QUEUES = ["high", "default", "low"]
 
@@ -336,7 +336,7 @@ def test_a_running_set_of_another_type_loses_no_limited_job(r, broker, backend):
     claim_all(broker)
     # None lost: each RUNNING, or parked. (The first's lease was in the running set
     # replaced: until its worker's heartbeat puts it back, its slot is not counted.)
-    parked = set(r.zrange(backend.keys.limit("tests.tasks.limited_two", "parked"), 0, -1))
+    parked = set(r.zrange(backend.keys.limit("tests.support.tasks.limited_two", "parked"), 0, -1))
     for job in limited:
         assert backend.get_result(job.id).status == "RUNNING" or job.id in parked
 

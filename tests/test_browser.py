@@ -15,8 +15,8 @@ import pytest
 
 from django_redisqueue import broadcast, group
 from django_redisqueue.compat import TaskResultStatus
-from tests import tasks
 from tests.conftest import account, clock_at, run_worker_here
+from tests.support import tasks
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -156,7 +156,7 @@ def test_every_page_in_light_and_dark(browser, live_server, backend, manager, sh
         ("queue", BASE + "queue/high/"),
         ("delayed", BASE + "delayed/default/"),
         ("running", BASE + "running/"),
-        ("failed", BASE + "failed/default/?task=tests.tasks.fail"),
+        ("failed", BASE + "failed/default/?task=tests.support.tasks.fail"),
         ("job", BASE + f"job/{failed.id}/"),
         ("groups", BASE + "groups/"),
         ("group", BASE + f"group/{finished.id}/"),
@@ -175,7 +175,7 @@ def test_every_page_in_light_and_dark(browser, live_server, backend, manager, sh
                     check_totals_line_up(page)
                 shoot(page, shots, name, scheme)
             # The confirmation of an action on selected jobs.
-            page.goto(live_server.url + BASE + "failed/default/?task=tests.tasks.fail")
+            page.goto(live_server.url + BASE + "failed/default/?task=tests.support.tasks.fail")
             page.check(".drq-select-all")
             page.select_option("#drq-selection select", "delete_failed")
             page.click("#drq-selection input[type=submit]")
@@ -204,7 +204,7 @@ def test_a_manager_filters_selects_and_acts_on_jobs(browser, live_server, backen
     assert "Retry all" not in page.locator("#content-main").inner_text()  # not the whole queue
 
     # Select all on the page, retry them: the filter's jobs only.
-    page.goto(live_server.url + BASE + "failed/default/?task=tests.tasks.fail")
+    page.goto(live_server.url + BASE + "failed/default/?task=tests.support.tasks.fail")
     page.check(".drq-select-all")
     assert page.locator(".drq-counter").inner_text() == "3 of 3 selected"
     kept = values[0]
@@ -221,7 +221,7 @@ def test_a_manager_filters_selects_and_acts_on_jobs(browser, live_server, backen
     )
     statuses = [backend.get_result(job.id).status for job in values]
     assert statuses == [TaskResultStatus.FAILED, TaskResultStatus.READY, TaskResultStatus.READY]
-    assert "task=tests.tasks.fail" in page.url  # back to the filtered list
+    assert "task=tests.support.tasks.fail" in page.url  # back to the filtered list
 
     # Deleting asks first, listing the jobs.
     page.check(".drq-select-all")

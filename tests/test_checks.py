@@ -15,7 +15,7 @@ from django_redisqueue.compat import TASKS_PACKAGE
 from django_redisqueue.core.conf import parse_options, validate
 from django_redisqueue.exceptions import ConfigurationError
 from tests.conftest import manage
-from tests.servers import free_port
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.pure
 
@@ -37,7 +37,7 @@ def our_messages(deploy=False):
 
 
 def test_manage_py_check_reports_every_problem_with_its_id_and_hint():
-    done = manage("check", "--settings", "tests.settings_misconfigured")
+    done = manage("check", "--settings", "tests.support.settings_misconfigured")
     assert done.returncode == 1, done.stderr
     for check_id in ("E001", "E002", "E003", "E004", "E005", "E006", "E007", "W002"):
         assert f"(django_redisqueue.{check_id})" in done.stderr
@@ -45,12 +45,18 @@ def test_manage_py_check_reports_every_problem_with_its_id_and_hint():
     assert "Traceback" not in done.stderr  # Django's own tasks check ran too, unharmed
 
     # The commands run the checks first: a scheduler does not start on such settings.
-    scheduler = manage("runscheduler", "--burst", "--settings", "tests.settings_misconfigured")
+    scheduler = manage(
+        "runscheduler", "--burst", "--settings", "tests.support.settings_misconfigured"
+    )
     assert scheduler.returncode == 1
     assert "(django_redisqueue.E004)" in scheduler.stderr
     # Without the checks, the command says the same, as a command error.
     skipped = manage(
-        "runscheduler", "--burst", "--skip-checks", "--settings", "tests.settings_misconfigured"
+        "runscheduler",
+        "--burst",
+        "--skip-checks",
+        "--settings",
+        "tests.support.settings_misconfigured",
     )
     assert skipped.returncode == 1
     assert "CommandError: TASKS['default'] cannot be used:\n" in skipped.stderr
@@ -224,16 +230,20 @@ def test_runworker_of_an_app_listed_first_is_reported():
     from django.conf import settings
 
     installed = list(settings.INSTALLED_APPS)
-    with override_settings(INSTALLED_APPS=["tests.shadow_app", *installed]):
+    with override_settings(INSTALLED_APPS=["tests.support.shadow_app", *installed]):
         messages = our_messages()
     assert [m.id for m in messages] == ["django_redisqueue.W002"]
-    assert "'manage.py runworker' runs the command of 'tests.shadow_app'" in messages[0].msg
-    assert "before 'tests.shadow_app'" in messages[0].hint
+    assert (
+        "'manage.py runworker' runs the command of 'tests.support.shadow_app'" in messages[0].msg
+    )
+    assert "before 'tests.support.shadow_app'" in messages[0].hint
 
-    with override_settings(INSTALLED_APPS=[*installed, "tests.shadow_app"]):
+    with override_settings(INSTALLED_APPS=[*installed, "tests.support.shadow_app"]):
         assert our_messages() == []
 
 
 def test_the_shadowing_runworker_is_the_one_that_runs():
-    done = manage("runworker", "--skip-checks", "--settings", "tests.settings_misconfigured")
+    done = manage(
+        "runworker", "--skip-checks", "--settings", "tests.support.settings_misconfigured"
+    )
     assert "the shadowing app's runworker ran" in done.stderr

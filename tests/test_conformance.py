@@ -39,9 +39,9 @@ from django_redisqueue.compat import (
     task_backends,
 )
 from django_redisqueue.store.gateway import now_ms
-from tests import tasks
 from tests.conftest import manage, start_manage, wait_until
-from tests.keys import DEFAULT_KEYS
+from tests.support import tasks
+from tests.support.keys import DEFAULT_KEYS
 
 
 def run_worker(*args: str) -> str:
@@ -211,7 +211,7 @@ def test_get_backend_name_and_module_path():
     assert tasks.noop_any.using(backend="leased").get_backend() is task_backends["leased"]
     assert tasks.noop_any.name == "noop_any"
     assert tasks.noop_async.name == "noop_async"
-    assert tasks.noop_any.module_path == "tests.tasks.noop_any"
+    assert tasks.noop_any.module_path == "tests.support.tasks.noop_any"
     assert import_string(tasks.noop_any.module_path) is tasks.noop_any
     assert import_string(tasks.noop_async.module_path) is tasks.noop_async
 
@@ -412,7 +412,7 @@ def test_catches_exception(made_task, exception, message):
     assert result.errors[0].exception_class is exception
     assert result.errors[0].traceback.endswith(f"{exception.__name__}: {message}\n")
     assert (result.args, result.kwargs) == ([], {})
-    assert f"Job {result.id} tests.tasks.{made_task.name} FAILED" in log
+    assert f"Job {result.id} tests.support.tasks.{made_task.name} FAILED" in log
     assert after.wait(timeout=5) == 42
 
 

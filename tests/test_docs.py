@@ -27,8 +27,8 @@ from packaging.requirements import Requirement
 from django_redisqueue.backend import RedisQueueBackend
 from django_redisqueue.core.conf import OPTION_NAMES, PERIODIC_FIELDS, validate
 from tests.conftest import ROOT, run_worker_here
-from tests.doc_samples import DOCS, README, Block, blocks, headings, pages, slug
-from tests.topology import ON_CLUSTER
+from tests.support.doc_samples import DOCS, README, Block, blocks, headings, pages, slug
+from tests.support.topology import ON_CLUSTER
 
 RUN, RUN_AFTER_WORKER, SETTINGS = "run", "run after worker", "settings"
 NOT_RUN = re.compile(r"not run: \S.*")

@@ -15,10 +15,10 @@ from django_redisqueue.compat import (
     task_backends,
 )
 from django_redisqueue.exceptions import BrokerUnavailable, ConfigurationError
-from tests import tasks
 from tests.conftest import not_on_cluster, run_worker_here
-from tests.keys import CACHED_KEYS, DEFAULT_KEYS
-from tests.topology import keys_server, scripts_run
+from tests.support import tasks
+from tests.support.keys import CACHED_KEYS, DEFAULT_KEYS
+from tests.support.topology import keys_server, scripts_run
 
 
 def queued(r, queue="default"):
@@ -54,11 +54,11 @@ def test_using_picks_queue_and_priority(r, backend):
 @pytest.mark.parametrize(
     ("args", "kwargs", "message"),
     [
-        ((object(),), {}, "Argument 0 of tests.tasks.add()"),
-        ((1,), {"b": {1, 2}}, "Argument 'b' of tests.tasks.add()"),
+        ((object(),), {}, "Argument 0 of tests.support.tasks.add()"),
+        ((1,), {"b": {1, 2}}, "Argument 'b' of tests.support.tasks.add()"),
         ((1,), {"b": {1: "x"}}, "object keys must be strings"),
         ((float("nan"),), {}, "JSON cannot represent"),
-        (([1, b"raw"],), {}, "Argument 0 of tests.tasks.add()[1]"),
+        (([1, b"raw"],), {}, "Argument 0 of tests.support.tasks.add()[1]"),
     ],
 )
 def test_arguments_that_do_not_survive_json_are_refused(r, args, kwargs, message):

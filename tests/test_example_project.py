@@ -19,8 +19,8 @@ from contextlib import closing, contextmanager
 import redis
 
 from tests.conftest import ROOT, blocked_clients, wait_until
-from tests.keys import DEFAULT_KEYS
-from tests.servers import RedisServer, free_port
+from tests.support.keys import DEFAULT_KEYS
+from tests.support.servers import RedisServer, free_port
 
 
 class Browser:

@@ -28,9 +28,9 @@ from django.test import override_settings
 
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.exceptions import BrokerUnavailable
-from tests import tasks
 from tests.conftest import not_on_cluster, wait_until
-from tests.topologies import RedisClusterGroup, RedisSentinelGroup
+from tests.support import tasks
+from tests.support.topologies import RedisClusterGroup, RedisSentinelGroup
 
 pytestmark = [pytest.mark.failover, not_on_cluster]
 
@@ -42,7 +42,7 @@ FAILOVER_AT = 2.0  # seconds into the run
 
 @contextlib.contextmanager
 def failover_backend(options):
-    """The ``failover`` backend (tests/settings.py) with ``options``, here and in the
+    """The ``failover`` backend (tests/support/settings.py) with ``options``, here and in the
     processes the test starts."""
     os.environ["REDISQUEUE_TEST_FAILOVER"] = json.dumps(options)
     tasks_setting = {
@@ -332,7 +332,7 @@ def test_a_master_demoted_in_place_answers_readonly_and_the_worker_moves_on(r):
 
 
 def test_before_any_cluster_node_answers_workers_wait_and_enqueue_raises(procs):
-    from tests.servers import free_port
+    from tests.support.servers import free_port
 
     options = {"CLUSTER_NODES": [("127.0.0.1", free_port())]}  # nothing listens there
     with failover_backend(options):

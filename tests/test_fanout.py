@@ -15,9 +15,9 @@ from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, t
 from django_redisqueue.core.fanout import Progress, broadcast
 from django_redisqueue.dashboard.reads import Dashboard
 from django_redisqueue.store.wire import MissingJob, NewJob
-from tests import tasks
 from tests.conftest import run_worker_here, wait_until
-from tests.topology import keys_server, scripts_run
+from tests.support import tasks
+from tests.support.topology import keys_server, scripts_run
 
 FAILED, SUCCESSFUL, READY = (
     TaskResultStatus.FAILED,
@@ -522,9 +522,9 @@ def test_a_group_cancelled_between_its_enqueue_calls_never_runs_its_callback(r, 
     them, before the callback is stored (the last call holds it)."""
     from django_redisqueue.store.wire import AFTER_GROUP
 
-    broker, gid, noop = backend.broker, "g" * 26, '{"v":1,"task":"tests.tasks.noop"}'
+    broker, gid, noop = backend.broker, "g" * 26, '{"v":1,"task":"tests.support.tasks.noop"}'
     first, late = (NewJob(f"{i}" * 26, "default", 0, noop) for i in range(2))
-    callback = NewJob("c" * 26, "default", 0, '{"v":1,"task":"tests.tasks.collect"}', 0,
+    callback = NewJob("c" * 26, "default", 0, '{"v":1,"task":"tests.support.tasks.collect"}', 0,
                       AFTER_GROUP)  # fmt: skip
     broker._run("enqueue_linked", 0, gid, 0, 60, 0, 0, *first.as_linked_args())
     broker.cancel_group(gid, "{}")

@@ -3,7 +3,7 @@ SIGKILLed workers, two schedulers, retries, operator retries and cancellation.
 
 Each test runs its own redis-server and real ``runworker`` / ``runscheduler``
 processes, as tests/test_faults.py does. What ran is read from append-only ledgers
-(tests/tasks.py, "Fan-out"); what Redis holds, from the job and group hashes.
+(tests/support/tasks.py, "Fan-out"); what Redis holds, from the job and group hashes.
 """
 
 import itertools
@@ -19,8 +19,8 @@ from django_redisqueue import chain, group
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.core.fanout import broadcast
 from django_redisqueue.runtime.scheduler import IDLE_WAIT
-from tests import tasks
 from tests.conftest import private_redis, wait_until
+from tests.support import tasks
 
 LEASED = ("--backend", "leased")
 SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED

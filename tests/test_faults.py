@@ -19,8 +19,8 @@ from redis.exceptions import RedisClusterException
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.exceptions import BrokerUnavailable
 from django_redisqueue.store.gateway import Reconnector, answered, reply_lost
-from tests import tasks
 from tests.conftest import private_redis, wait_until
+from tests.support import tasks
 
 LEASED = ("--backend", "leased")
 
@@ -211,16 +211,18 @@ def test_hostile_payloads_fail_with_a_reason_and_the_worker_lives_on(rr, procs, 
     raw = redis.Redis.from_url(os.environ["REDISQUEUE_TEST_URL"])
     raw.zadd(keys.queue("default"), dict.fromkeys(garbage, 0))
 
-    good = json.dumps({"v": 1, "task": "tests.tasks.add", "args": [1, 2], "kwargs": {}})
+    good = json.dumps({"v": 1, "task": "tests.support.tasks.add", "args": [1, 2], "kwargs": {}})
     bad_payloads = {
         "truncated": good[:25],
         "not-an-object": "[1, 2, 3]",
         "version-2": good.replace('"v": 1', '"v": 2'),
         "no-version": good.replace('"v": 1, ', ""),
-        "unknown-task": good.replace("tests.tasks.add", "tests.tasks.nope"),
-        "not-a-task": good.replace("tests.tasks.add", "tests.tasks.client"),
-        "os-system": good.replace("tests.tasks.add", "os.system").replace("[1, 2]", '["id"]'),
-        "importable": good.replace("tests.tasks.add", "tests.canary.boom"),
+        "unknown-task": good.replace("tests.support.tasks.add", "tests.support.tasks.nope"),
+        "not-a-task": good.replace("tests.support.tasks.add", "tests.support.tasks.client"),
+        "os-system": good.replace("tests.support.tasks.add", "os.system").replace(
+            "[1, 2]", '["id"]'
+        ),
+        "importable": good.replace("tests.support.tasks.add", "tests.support.canary.boom"),
         "bad-types": good.replace('"args": [1, 2]', '"args": "1, 2"'),
         "wrong-arguments": good.replace("[1, 2]", "[1, 2, 3, 4]"),
         "deep": "[" * 100_000,
@@ -261,11 +263,16 @@ def test_hostile_payloads_fail_with_a_reason_and_the_worker_lives_on(rr, procs, 
     assert all(backend.get_result(n).status == TaskResultStatus.FAILED for n in bad_payloads)
     assert "not valid JSON" in reasons["truncated"]
     assert "version 2 is not supported" in reasons["version-2"]
-    for path in ("tests.tasks.nope", "tests.tasks.client", "os.system", "tests.canary.boom"):
+    for path in (
+        "tests.support.tasks.nope",
+        "tests.support.tasks.client",
+        "os.system",
+        "tests.support.canary.boom",
+    ):
         assert f"{path!r} is not registered in worker" in worker.output
     assert "over the 524288-byte limit" in reasons["oversized"]
     assert "TypeError" in reasons["wrong-arguments"]
-    assert rr.get("test:canary") is None  # tests.canary was never imported
+    assert rr.get("test:canary") is None  # tests.support.canary was never imported
     assert len(failed) >= len(garbage) + len(bad_payloads)
 
 

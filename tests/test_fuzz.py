@@ -4,7 +4,7 @@ Whatever a payload, a job hash or a queue member holds: the worker fails the job
 a reason and goes on, imports nothing it was not given as a task, no Lua script raises
 (they promise never to fail half-way), and the result API raises only its documented
 errors. The records besides jobs and the dashboard's pages:
-tests/test_fuzz_dashboard.py; the hostile values and the checks: tests/fuzzing.py.
+tests/test_fuzz_dashboard.py; the hostile values and the checks: tests/support/fuzzing.py.
 
 Real Redis (the suite's private server, emptied before each example); the worker and
 the scheduler run in this process, in burst mode. A Redis error raised by a script is
@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from django_redisqueue.compat import TaskResultDoesNotExist
 from django_redisqueue.core.jobs import JOB_ID_RE
 from django_redisqueue.exceptions import NotCancellable
-from tests import tasks
 from tests.conftest import run_worker_here
-from tests.fuzzing import (
+from tests.support import tasks
+from tests.support.fuzzing import (
     FINAL,
     ID_CHARS,
     JOB_FIELDS,
@@ -172,8 +172,8 @@ scores = st.fixed_dictionaries(
 
 def base_fields(state: str, now: int) -> dict[str, object]:
     payload = json.dumps(
-        {"v": 1, "task": "tests.tasks.add", "args": [1, 2], "kwargs": {}, "queue": "default",
-         "priority": 0, "backend": "default", "run_after": None}
+        {"v": 1, "task": "tests.support.tasks.add", "args": [1, 2], "kwargs": {},
+         "queue": "default", "priority": 0, "backend": "default", "run_after": None}
     )  # fmt: skip
     fields: dict[str, object] = {
         "payload": payload,

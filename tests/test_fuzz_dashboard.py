@@ -2,7 +2,7 @@
 and stats records, and what every dashboard page shows. Whatever they hold, the
 overview and every page answer without a server error, escaping what they show, the
 metrics count no more busy slots than slots, and a job still finishes. The hostile
-values and the checks: tests/fuzzing.py."""
+values and the checks: tests/support/fuzzing.py."""
 
 import itertools
 import json
@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from django_redisqueue.compat import TaskResultStatus
 from django_redisqueue.observe.metrics import render
-from tests import tasks
-from tests.fuzzing import (
+from tests.support import tasks
+from tests.support.fuzzing import (
     JOB_FIELDS,
     MARK,
     OTHER_TYPES,
@@ -224,8 +224,9 @@ PLACES = ("queue", "delayed", "running", "failed")
 MARKED = json.dumps(MARK)
 MARKED_PAYLOADS = [
     f'{{"v": 1, "task": {MARKED}, "args": [{MARKED}], "kwargs": {{{MARKED}: {MARKED}}}}}',
-    f'{{"v": 1, "task": "tests.tasks.add", "args": [[{MARKED}]], "kwargs": {{}}}}',
-    f'{{"v": 1, "task": "tests.tasks.add", "args": [], "kwargs": {{"a": {{{MARKED}: 1}}}}}}',
+    f'{{"v": 1, "task": "tests.support.tasks.add", "args": [[{MARKED}]], "kwargs": {{}}}}',
+    f'{{"v": 1, "task": "tests.support.tasks.add", "args": [], '
+    f'"kwargs": {{"a": {{{MARKED}: 1}}}}}}',
 ]
 marked_fields = st.dictionaries(
     st.sampled_from(JOB_FIELDS[:-1]),

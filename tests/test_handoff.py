@@ -20,10 +20,10 @@ from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.core.jobs import SUCCESSFUL
 from django_redisqueue.runtime.worker import IDLE_MS
 from django_redisqueue.store.wire import Claimed, NewJob, Outcome
-from tests import tasks
 from tests.conftest import blocked_clients, private_redis, wait_until
-from tests.keys import DEFAULT_KEYS as K
-from tests.topology import keys_server
+from tests.support import tasks
+from tests.support.keys import DEFAULT_KEYS as K
+from tests.support.topology import keys_server
 
 QUEUES = ["high", "default", "low"]
 
@@ -83,7 +83,7 @@ def test_a_job_for_an_idle_worker_reaches_it_running_with_the_wake_up(r, broker,
     assert (woken.job_id, woken.owner) == (job.id, "w1/1")
     assert woken.fields["status"] == "RUNNING" and woken.fields["attempts"] == "1"
     assert woken.fields["workers"] == "w1" and woken.fields["queue"] == "default"
-    assert json.loads(woken.payload)["task"] == "tests.tasks.noop"
+    assert json.loads(woken.payload)["task"] == "tests.support.tasks.noop"
     assert r.exists(K.handoff("w1")) == 0
 
     # Taken: RUNNING under w1's lease from now on.

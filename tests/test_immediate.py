@@ -14,7 +14,7 @@ from django_redisqueue.compat import (
     task_backends,
 )
 from django_redisqueue.exceptions import NotCancellable
-from tests import tasks
+from tests.support import tasks
 
 IMMEDIATE = {
     "default": {

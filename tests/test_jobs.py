@@ -17,7 +17,13 @@ from django_redisqueue.exceptions import InvalidPayload, TaskFailed
 
 pytestmark = pytest.mark.pure
 
-GOOD = {"v": 1, "task": "tests.tasks.add", "args": [1, 2], "kwargs": {}, "queue": "default"}
+GOOD = {
+    "v": 1,
+    "task": "tests.support.tasks.add",
+    "args": [1, 2],
+    "kwargs": {},
+    "queue": "default",
+}
 
 
 def payload(**changes):
@@ -51,7 +57,9 @@ def test_every_envelope_field_is_checked(text, reason):
 
 
 def test_a_legacy_enqueued_at_of_any_value_is_ignored():
-    assert Envelope.loads(payload(enqueued_at=1e20), 1_000_000).task_path == "tests.tasks.add"
+    assert (
+        Envelope.loads(payload(enqueued_at=1e20), 1_000_000).task_path == "tests.support.tasks.add"
+    )
 
 
 def test_a_job_record_reads_any_fields_without_raising():
@@ -100,10 +108,10 @@ def test_long_tracebacks_keep_their_head_and_tail():
 def test_task_failed_says_why_whatever_error_is_stored(errors, reason):
     result = SimpleNamespace(
         errors=[SimpleNamespace(**error) for error in errors],
-        task=SimpleNamespace(module_path="tests.tasks.fail"),
+        task=SimpleNamespace(module_path="tests.support.tasks.fail"),
         id="j1",
     )
-    assert str(TaskFailed(result)) == f"Task tests.tasks.fail (j1) failed: {reason}"
+    assert str(TaskFailed(result)) == f"Task tests.support.tasks.fail (j1) failed: {reason}"
 
 
 # Arguments as callers pass them: JSON values, with tuples where JSON has lists.
@@ -134,8 +142,8 @@ def test_a_result_built_field_by_field_is_what_djangos_dataclass_makes(args, kwa
     """make_result sets a result's fields one by one, skipping the dataclass's __init__
     and its copy of the arguments where none is a container: the result must be the
     one that __init__ makes, field for field, JSON's lists for the caller's tuples."""
-    task = registry.get("tests.tasks.noop_any")
-    envelope = Envelope("tests.tasks.noop_any", list(args), dict(kwargs), "default")
+    task = registry.get("tests.support.tasks.noop_any")
+    envelope = Envelope("tests.support.tasks.noop_any", list(args), dict(kwargs), "default")
     record = JobRecord("j", fields, envelope)
     made = make_result("default", task, record)
     expected = RedisTaskResult(

@@ -13,12 +13,12 @@ from django_redisqueue import task
 from django_redisqueue.core.fanout import group
 from django_redisqueue.core.tasks import parse_rate_limit
 from django_redisqueue.store.wire import Outcome
-from tests import tasks
 from tests.conftest import run_worker_here, wait_until
-from tests.keys import DEFAULT_KEYS
+from tests.support import tasks
+from tests.support.keys import DEFAULT_KEYS
 
 QUEUES = ["high", "default", "low"]
-KEY = "tests.tasks.limited_two"
+KEY = "tests.support.tasks.limited_two"
 
 
 @pytest.fixture
@@ -120,7 +120,7 @@ def test_a_rate_limit_parks_until_its_window_frees_a_start(r, broker, backend):
     started = [claim(broker, "w1") for _ in range(10)]
     assert [c.job_id for c in started] == ids[:10]
     assert claim(broker, "w1") is None  # 10 starts in this second: the rest park
-    key = "tests.tasks.rate_limited"
+    key = "tests.support.tasks.rate_limited"
     assert parked(r, key) == ids[10:]
     look = r.zscore(DEFAULT_KEYS.limits, key)
     first_start = int(r.hget(DEFAULT_KEYS.job(ids[0]), "last_attempted_at"))
@@ -147,7 +147,7 @@ def test_spoilt_limit_keys_never_stop_a_claim(r, broker):
     tasks.rate_limited.enqueue("R0")
     for part in ("running", "parked"):
         r.set(DEFAULT_KEYS.limit(KEY, part), "garbage")
-    r.set(DEFAULT_KEYS.limit("tests.tasks.rate_limited", "starts"), "garbage")
+    r.set(DEFAULT_KEYS.limit("tests.support.tasks.rate_limited", "starts"), "garbage")
     r.set(DEFAULT_KEYS.limits, "garbage")
     assert claim(broker).job_id and claim(broker).job_id
     tasks.limited_two.enqueue("L1", 0)

@@ -4,7 +4,7 @@ format of a claim's owner token. Each is checked here against the other side.
 
 Then the scripts as the loader (``store/scripts.py``) assembles them, with the shared
 files of ``lua/lib/`` they include: it refuses an include it cannot resolve, and every
-script loads in Redis. Read statically (``tests/lua_source.py``), each file includes
+script loads in Redis. Read statically (``tests/support/lua_source.py``), each file includes
 the shared files it uses and only those; every name it uses is defined before the use;
 every shared definition serves a script; and a script's ``-- Keys:`` header lists the
 keys it touches."""
@@ -21,9 +21,9 @@ from django_redisqueue.core.jobs import JOB_ID_RE, QUEUE_NAME_RE, error_info
 from django_redisqueue.dashboard.rows import JobRow
 from django_redisqueue.store import scripts
 from django_redisqueue.store.scripts import IncludeError
-from tests import lua_source, tasks
-from tests.keys import DEFAULT_KEYS
-from tests.topology import WITHOUT_FUNCTIONS, keys_server
+from tests.support import lua_source, tasks
+from tests.support.keys import DEFAULT_KEYS
+from tests.support.topology import WITHOUT_FUNCTIONS, keys_server
 
 LIBRARY = scripts.read_library()
 # Every file as written: the scripts of lua/ by file name, the shared files of lua/lib/

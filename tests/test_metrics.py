@@ -35,8 +35,8 @@ from django_redisqueue.observe.metrics import (
     serve,
 )
 from django_redisqueue.store.wire import RETRY
-from tests import tasks
 from tests.conftest import manage, private_redis, run_worker_here, wait_until
+from tests.support import tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -57,7 +57,11 @@ def value(found, name, **labels):
 
 def jobs_total(found, queue, task, status):
     return value(
-        found, "redisqueue_jobs_total", queue=queue, task=f"tests.tasks.{task}", status=status
+        found,
+        "redisqueue_jobs_total",
+        queue=queue,
+        task=f"tests.support.tasks.{task}",
+        status=status,
     )
 
 
@@ -88,7 +92,7 @@ def test_the_gauges_are_what_redis_holds_and_the_counters_count_each_outcome(bac
     assert value(found, "redisqueue_queue_wait_seconds", queue="high") == 0  # empty
     assert value(found, "redisqueue_queue_wait_seconds", queue="low") >= 0
 
-    add = {"queue": "default", "task": "tests.tasks.add"}
+    add = {"queue": "default", "task": "tests.support.tasks.add"}
     assert jobs_total(found, "default", "add", "SUCCESSFUL") == 3
     assert jobs_total(found, "default", "fail", "FAILED") == 1
     assert jobs_total(found, "high", "urgent", "SUCCESSFUL") == 1
@@ -99,7 +103,7 @@ def test_the_gauges_are_what_redis_holds_and_the_counters_count_each_outcome(bac
         (float(dict(labels)["le"]), v)
         for (name, labels), v in found.items()
         if name == "redisqueue_job_duration_seconds_bucket"
-        and dict(labels)["task"] == "tests.tasks.add"
+        and dict(labels)["task"] == "tests.support.tasks.add"
     )
     assert [v for _, v in buckets] == sorted(v for _, v in buckets)  # cumulative
     # Job ids are never labels.
@@ -110,7 +114,7 @@ def test_a_worker_counts_only_what_redis_stored_and_sends_it_on_stop(backend, r)
     tasks.fails_once.enqueue("x")  # a retry, then a success
     run_worker_here(backend)
     found = samples(render([backend]))
-    labels = {"queue": "default", "task": "tests.tasks.fails_once"}
+    labels = {"queue": "default", "task": "tests.support.tasks.fails_once"}
     assert value(found, "redisqueue_jobs_total", status=RETRY, **labels) == 1
     # Waits are counted for first attempts only: a retry waits by design.
     assert value(found, "redisqueue_job_wait_seconds_count", **labels) == 1
@@ -244,15 +248,19 @@ def test_label_values_and_numbers_survive_the_parser(label, number):
 
 def test_the_counts_a_worker_holds_survive_redis_refusing_them(backend, r):
     metrics = JobMetrics()
-    metrics.record(JobEvent("j1", "tests.tasks.add", "default", "SUCCESSFUL", 0.2, 1, 0.1), True)
+    metrics.record(
+        JobEvent("j1", "tests.support.tasks.add", "default", "SUCCESSFUL", 0.2, 1, 0.1), True
+    )
     r.set(backend.keys.metrics, "not a hash")
     with pytest.raises(MetricsRefused):
         metrics.send(backend)
     r.delete(backend.keys.metrics)
-    metrics.record(JobEvent("j2", "tests.tasks.add", "default", "SUCCESSFUL", 0.3, 1, None), True)
+    metrics.record(
+        JobEvent("j2", "tests.support.tasks.add", "default", "SUCCESSFUL", 0.3, 1, None), True
+    )
     metrics.send(backend)
     found = samples(render([backend]))
-    labels = {"queue": "default", "task": "tests.tasks.add"}
+    labels = {"queue": "default", "task": "tests.support.tasks.add"}
     assert value(found, "redisqueue_jobs_total", status="SUCCESSFUL", **labels) == 2
     assert value(found, "redisqueue_job_duration_seconds_sum", **labels) == pytest.approx(0.5)
     assert value(found, "redisqueue_job_wait_seconds_count", **labels) == 1
@@ -285,12 +293,12 @@ def test_an_outcome_redis_refused_is_not_counted(backend):
     from django_redisqueue.store.wire import Outcome
 
     worker = Worker(backend)
-    event = JobEvent("j1", "tests.tasks.add", "default", SUCCESSFUL, 0.1, 1, 0.0)
+    event = JobEvent("j1", "tests.support.tasks.add", "default", SUCCESSFUL, 0.1, 1, 0.0)
     finished = Finished(Outcome("j1", "w/1", SUCCESSFUL, result="2"), event=event)
     worker._report(finished, stored=False)  # fenced out: the job's new owner decides it
     assert not worker.metrics.counts
     worker._report(finished, stored=True)
-    assert worker.metrics.counts["jobs|default|tests.tasks.add|SUCCESSFUL"] == 1
+    assert worker.metrics.counts["jobs|default|tests.support.tasks.add|SUCCESSFUL"] == 1
 
 
 @pytest.mark.parametrize(
@@ -416,15 +424,17 @@ def test_runworker_refuses_a_port_in_use_or_malformed():
 def test_a_whole_sum_after_a_fraction_is_added_once(backend):
     metrics = JobMetrics()
     metrics.record(
-        JobEvent("j1", "tests.tasks.add", "default", "SUCCESSFUL", 0.25, 1, 0.043), True
+        JobEvent("j1", "tests.support.tasks.add", "default", "SUCCESSFUL", 0.25, 1, 0.043), True
     )
     metrics.send(backend)
-    metrics.record(JobEvent("j2", "tests.tasks.add", "default", "SUCCESSFUL", 1.0, 1, 0.0), True)
+    metrics.record(
+        JobEvent("j2", "tests.support.tasks.add", "default", "SUCCESSFUL", 1.0, 1, 0.0), True
+    )
     metrics.send(backend)
     for _ in range(3):  # idle heartbeats send nothing more
         metrics.send(backend)
     found = samples(render([backend]))
-    labels = {"queue": "default", "task": "tests.tasks.add"}
+    labels = {"queue": "default", "task": "tests.support.tasks.add"}
     assert value(found, "redisqueue_jobs_total", status="SUCCESSFUL", **labels) == 2
     assert value(found, "redisqueue_job_wait_seconds_sum", **labels) == pytest.approx(0.043)
     assert value(found, "redisqueue_job_duration_seconds_sum", **labels) == pytest.approx(1.25)
@@ -432,7 +442,9 @@ def test_a_whole_sum_after_a_fraction_is_added_once(backend):
 
 def test_counts_whose_reply_was_lost_are_not_sent_again(backend, monkeypatch):
     metrics = JobMetrics()
-    metrics.record(JobEvent("j1", "tests.tasks.add", "default", "SUCCESSFUL", 0.1, 1, None), True)
+    metrics.record(
+        JobEvent("j1", "tests.support.tasks.add", "default", "SUCCESSFUL", 0.1, 1, None), True
+    )
     add = backend.broker.add_metrics
 
     def added_then_reply_lost(counts, sums):
@@ -445,7 +457,7 @@ def test_counts_whose_reply_was_lost_are_not_sent_again(backend, monkeypatch):
     monkeypatch.undo()
     metrics.send(backend)
     found = samples(render([backend]))
-    labels = {"queue": "default", "task": "tests.tasks.add"}
+    labels = {"queue": "default", "task": "tests.support.tasks.add"}
     assert value(found, "redisqueue_jobs_total", status="SUCCESSFUL", **labels) == 1
 
 

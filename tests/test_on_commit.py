@@ -10,12 +10,12 @@ from django_redisqueue import RedisTaskResult
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_enqueued
 from django_redisqueue.exceptions import BrokerUnavailable
 from django_redisqueue.store.gateway import now_ms
-from tests import tasks
 from tests.conftest import manage, wait_until
-from tests.keys import DEFAULT_KEYS
-from tests.models import Report
-from tests.servers import free_port
-from tests.topology import keys_server, scripts_run
+from tests.support import tasks
+from tests.support.keys import DEFAULT_KEYS
+from tests.support.models import Report
+from tests.support.servers import free_port
+from tests.support.topology import keys_server, scripts_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -81,7 +81,7 @@ def test_outside_a_transaction_the_job_is_queued_at_once(r, enqueued):
 
 def test_bad_arguments_raise_at_the_call_site_and_queue_nothing(r):
     with transaction.atomic():
-        with pytest.raises(TypeError, match=r"Argument 0 of tests\.tasks\.add"):
+        with pytest.raises(TypeError, match=r"Argument 0 of tests\.support\.tasks\.add"):
             tasks.add.enqueue_on_commit(object(), 2)
         with pytest.raises(ValueError, match="MAX_PAYLOAD_BYTES"):
             tasks.record.enqueue_on_commit("x" * (600 * 1024))

@@ -25,9 +25,9 @@ from django_redisqueue.exceptions import ConfigurationError, NotCancellable
 from django_redisqueue.models import OutboxJob
 from django_redisqueue.observe import metrics
 from django_redisqueue.observe.health import OUTBOX_STUCK
-from tests import tasks
 from tests.conftest import not_on_cluster, private_redis, run_worker_here, wait_until
-from tests.outboxes import two_relays_at_once, waiting
+from tests.support import tasks
+from tests.support.outboxes import two_relays_at_once, waiting
 
 DATABASES = ["default", "postgresql", "mariadb"]
 

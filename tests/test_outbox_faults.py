@@ -1,5 +1,5 @@
 """The outbox's promise under faults, on SQLite, PostgreSQL and MariaDB: a producer
-(``tests/management/commands/outbox_produce.py``, a view's work in a process of its
+(``tests/support/management/commands/outbox_produce.py``, a view's work in a process of its
 own) commits 1,000 jobs, a tenth of them in transactions that roll back, while Redis
 is stopped, out of memory and read-only (a master demoted in a failover), and while
 the producer and runscheduler, the two relays, are SIGKILLed. Every committed job
@@ -19,8 +19,8 @@ from django.db.models import Max
 
 from django_redisqueue.models import OutboxJob
 from tests.conftest import ROOT, child_env, not_on_cluster, private_redis, wait_until
-from tests.models import Committed
-from tests.servers import free_port
+from tests.support.models import Committed
+from tests.support.servers import free_port
 
 DATABASES = ["default", "postgresql", "mariadb"]
 PHASE = 200  # jobs each fault sees

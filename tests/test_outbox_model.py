@@ -32,9 +32,9 @@ from django_redisqueue.backends import outbox
 from django_redisqueue.backends.outbox import OutboxRelay
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
 from django_redisqueue.models import OutboxJob
-from tests import tasks
 from tests.conftest import not_on_cluster
-from tests.outboxes import two_relays_at_once
+from tests.support import tasks
+from tests.support.outboxes import two_relays_at_once
 
 DATABASES = ["default", "postgresql"]
 EXAMPLES = int(os.environ.get("REDISQUEUE_OUTBOX_EXAMPLES", "60"))

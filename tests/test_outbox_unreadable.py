@@ -18,9 +18,9 @@ from django_redisqueue.models import OutboxJob
 from django_redisqueue.runtime import outbox_watch
 from django_redisqueue.runtime.outbox_watch import OTHER_WORK as OTHER
 from django_redisqueue.runtime.outbox_watch import OutboxWatch
-from tests import tasks
 from tests.conftest import manage, not_on_cluster, wait_until
-from tests.outboxes import outbox_table_gone
+from tests.support import tasks
+from tests.support.outboxes import outbox_table_gone
 from tests.test_metrics import samples
 
 DATABASES = ["default", "postgresql", "mariadb"]
@@ -176,7 +176,7 @@ def test_an_outbox_database_django_cannot_load_is_said_and_the_scheduler_goes_on
 def test_an_outbox_that_cannot_be_read_leaves_the_others_relayed():
     """OUTBOX names two databases; one loses its table: the other's rows still reach
     Redis, and the error is raised after them, for the scheduler to say."""
-    from tests.outboxes import waiting
+    from tests.support.outboxes import waiting
 
     backend = task_backends["outbox-default"]
     config = dataclasses.replace(backend.config, outbox=("postgresql", "default"))

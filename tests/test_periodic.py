@@ -4,7 +4,7 @@ from settings, and spoilt Redis state.
 
 The tests in this process build a backend with ``override_settings``; those that run
 real ``runscheduler`` processes pass the schedules in REDISQUEUE_TEST_PERIODIC (read
-by tests/settings.py for the ``periodic`` backend).
+by tests/support/settings.py for the ``periodic`` backend).
 """
 
 import json
@@ -27,15 +27,15 @@ from django_redisqueue.core.schedules import BATCH, MAX_BACKLOG, Schedule
 from django_redisqueue.dashboard.reads import Dashboard
 from django_redisqueue.runtime.periodic import PeriodicStep, job_id, run_now, schedules_of
 from django_redisqueue.runtime.scheduler import Scheduler
-from tests import tasks
 from tests.conftest import manage, wait_until
-from tests.fuzzing import TRIED, counted, fuzz
-from tests.keys import PERIODIC_KEYS
+from tests.support import tasks
+from tests.support.fuzzing import TRIED, counted, fuzz
+from tests.support.keys import PERIODIC_KEYS
 
 QUEUE = PERIODIC_KEYS.queue("default")
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")
-EVERY_SECOND = {"task": "tests.tasks.noop", "every": 1}
+EVERY_SECOND = {"task": "tests.support.tasks.noop", "every": 1}
 
 
 def state(name: str) -> str:
@@ -235,13 +235,13 @@ def test_a_new_schedule_starts_now_and_replays_nothing(r):
         assert step.step(clock) > 0
     assert r.zcard(QUEUE) == 0
     assert r.smembers(PERIODIC_KEYS.periodic) == {"beat"}
-    assert json.loads(r.hget(state("beat"), "spec"))["task"] == "tests.tasks.noop"
+    assert json.loads(r.hget(state("beat"), "spec"))["task"] == "tests.support.tasks.noop"
 
 
 def test_dst_through_redis(r):
     """A daily 02:30 in Berlin across both changes of 2024, stepped every 10 minutes."""
     with periodic(
-        {"night": {"task": "tests.tasks.noop", "cron": "30 2 * * *"}}, "Europe/Berlin"
+        {"night": {"task": "tests.support.tasks.noop", "cron": "30 2 * * *"}}, "Europe/Berlin"
     ) as backend:
         for day in (datetime(2024, 3, 29, 12), datetime(2024, 10, 25, 12)):
             start = ms(day.replace(tzinfo=BERLIN))
@@ -268,8 +268,8 @@ def test_catch_up_after_the_scheduler_was_stopped(r, monkeypatch):
         "REDISQUEUE_TEST_PERIODIC",
         json.dumps(
             {
-                "latest": {"task": "tests.tasks.noop", "every": 1},
-                "all": {"task": "tests.tasks.noop", "every": 1, "catch_up": "all"},
+                "latest": {"task": "tests.support.tasks.noop", "every": 1},
+                "all": {"task": "tests.support.tasks.noop", "every": 1, "catch_up": "all"},
             }
         ),
     )
@@ -314,7 +314,7 @@ def test_a_paused_schedule_enqueues_nothing_and_resumes_without_replay(r):
 
 def test_run_now_enqueues_a_job_and_records_it_without_moving_last(r):
     with periodic(
-        {"beat": {"task": "tests.tasks.record", "every": 3600, "args": ["x"]}}
+        {"beat": {"task": "tests.support.tasks.record", "every": 3600, "args": ["x"]}}
     ) as backend:
         stepper(backend)
         last = r.hget(state("beat"), "last")
@@ -343,7 +343,9 @@ def test_removed_schedules_stop_and_their_state_is_deleted(r, caplog):
     assert not r.exists(PERIODIC_KEYS.periodic) and not r.exists(state("kept"))
 
 
-@pytest.mark.parametrize("path", ["tests.tasks.nope", "tests.module_that_raises.f"])
+@pytest.mark.parametrize(
+    "path", ["tests.support.tasks.nope", "tests.support.module_that_raises.f"]
+)
 def test_a_task_that_cannot_be_imported_is_logged_and_others_run(r, caplog, path):
     schedules = {"broken": {"task": path, "every": 1}, "fine": EVERY_SECOND}
     with periodic(schedules) as backend, caplog.at_level(logging.ERROR):
@@ -385,7 +387,7 @@ def test_an_edited_schedule_replays_nothing_from_before_the_edit(r, monkeypatch)
     the schedulers restarted: no job for an instant before the sync that brought the
     edit; the first is the new timetable's first occurrence after it, then each one."""
     burst = ("runscheduler", "--burst", "--backend", "periodic")
-    every_30 = {"beat": {"task": "tests.tasks.noop", "every": 30}}
+    every_30 = {"beat": {"task": "tests.support.tasks.noop", "every": 30}}
     monkeypatch.setenv("REDISQUEUE_TEST_PERIODIC", json.dumps(every_30))
     assert manage(*burst).returncode == 0
     r.hset(state("beat"), "last", clock_ms(r) // 1000 * 1000 - 10_000)  # its run 10 s ago
@@ -411,7 +413,7 @@ def test_schedulers_with_old_and_new_settings_take_turns_and_replay_nothing(r, c
     """A rolling deploy: one scheduler with the old timetable, one with the new, both
     syncing and stepping. The timetable of the latest sync is in force from that
     sync; the other scheduler enqueues nothing (and says so) until its own sync."""
-    old = {"beat": {"task": "tests.tasks.noop", "every": 30}}
+    old = {"beat": {"task": "tests.support.tasks.noop", "every": 30}}
     new = {"beat": {**EVERY_SECOND, "catch_up": "all"}}
     with periodic(old) as old_backend:
         old_step = stepper(old_backend)
@@ -452,7 +454,7 @@ def test_an_edit_while_other_schedulers_enqueue_replays_nothing(r):
     ``enqueued_at``) are all of the new timetable and after the edit, each of its
     runs once; those stored before it are runs from before it."""
     old = {"beat": {**EVERY_SECOND, "catch_up": "all"}}
-    new = {"beat": {"task": "tests.tasks.noop", "every": 2, "catch_up": "all"}}
+    new = {"beat": {"task": "tests.support.tasks.noop", "every": 2, "catch_up": "all"}}
     stop = threading.Event()
 
     def run(step):
@@ -505,11 +507,11 @@ def test_a_cron_edited_across_a_dst_change_starts_after_the_edit(r, edited_at, f
     moment set by hand, as the sync stamps Redis's clock): the first job is the first
     run after the edit, by Debian cron's rules."""
     with periodic(
-        {"night": {"task": "tests.tasks.noop", "cron": "0 12 * * *"}}, "Europe/Berlin"
+        {"night": {"task": "tests.support.tasks.noop", "cron": "0 12 * * *"}}, "Europe/Berlin"
     ) as backend:
         stepper(backend)
     with periodic(
-        {"night": {"task": "tests.tasks.noop", "cron": "30 2 * * *"}}, "Europe/Berlin"
+        {"night": {"task": "tests.support.tasks.noop", "cron": "30 2 * * *"}}, "Europe/Berlin"
     ) as backend:
         step = stepper(backend)  # the edit
         edit = ms(edited_at)
@@ -544,7 +546,7 @@ def test_a_state_of_an_older_version_keeps_its_runs_due_if_its_settings_are_the_
         for name in schedules:
             r.hdel(state(name), "timetable")
             r.hset(state(name), "last", int(r.hget(state(name), "last")) // 1000 * 1000 - 3000)
-        r.hset(state("other"), "spec", '{"task":"tests.tasks.noop","every":2.0}')
+        r.hset(state("other"), "spec", '{"task":"tests.support.tasks.noop","every":2.0}')
         missed = int(r.hget(state("same"), "last"))
         step = stepper(backend)
         assert int(r.hget(state("same"), "last")) == missed
@@ -570,7 +572,7 @@ def test_the_timetable_is_when_a_schedule_runs():
 
 def test_the_scheduler_loop_enqueues_each_occurrence(r):
     with periodic(
-        {"fast": {"task": "tests.tasks.noop", "every": 1, "catch_up": "all"}}
+        {"fast": {"task": "tests.support.tasks.noop", "every": 1, "catch_up": "all"}}
     ) as backend:
         scheduler = Scheduler(backend)
         thread = threading.Thread(target=scheduler.run)
@@ -697,7 +699,7 @@ def test_three_schedulers_for_a_minute_enqueue_each_occurrence_once(r, procs, re
     twice, and consecutive occurrences that none was missed."""
     monkeypatch.setenv(
         "REDISQUEUE_TEST_PERIODIC",
-        json.dumps({"beat": {"task": "tests.tasks.noop", "every": 1, "catch_up": "all"}}),
+        json.dumps({"beat": {"task": "tests.support.tasks.noop", "every": 1, "catch_up": "all"}}),
     )
     command = ("runscheduler", "--backend", "periodic")
     schedulers = [procs.start(*command) for _ in range(3)]
@@ -742,15 +744,18 @@ def test_system_checks_report_wrong_schedules_and_tasks_that_cannot_be_used():
     assert "invalid schedule name 'a b'" in errors[0].msg
     assert "exactly one of 'cron' and 'every'" in errors[1].msg
     odd = {
-        "never": {"task": "tests.tasks.noop", "cron": "0 0 */29 2 5#5"},  # no run in 50 years
-        "seconds": {"task": "tests.tasks.noop", "cron": "0 30 2 * * *"},  # six fields
-        "huge": {"task": "tests.tasks.noop", "every": 1e308},
-        "tiny": {"task": "tests.tasks.noop", "every": 0.001},
+        "never": {
+            "task": "tests.support.tasks.noop",
+            "cron": "0 0 */29 2 5#5",
+        },  # no run in 50 years
+        "seconds": {"task": "tests.support.tasks.noop", "cron": "0 30 2 * * *"},  # six fields
+        "huge": {"task": "tests.support.tasks.noop", "every": 1e308},
+        "tiny": {"task": "tests.support.tasks.noop", "every": 0.001},
     }
     with periodic(odd):
         errors = [e.msg for e in check_settings() if e.id == "django_redisqueue.E009"]
     assert len(errors) == 4 and "never matches" in errors[0] and "6 fields" in errors[1]
-    with periodic({"gone": {"task": "tests.tasks.nope", "every": 1}, "ok": EVERY_SECOND}):
+    with periodic({"gone": {"task": "tests.support.tasks.nope", "every": 1}, "ok": EVERY_SECOND}):
         warnings = check_periodic_tasks()
     assert [w.id for w in warnings] == ["django_redisqueue.W003"]
-    assert "'tests.tasks.nope' cannot be imported" in warnings[0].msg
+    assert "'tests.support.tasks.nope' cannot be imported" in warnings[0].msg

@@ -11,11 +11,11 @@ import os
 from unittest import mock
 
 from django_redisqueue.core import schedules
-from tests import tasks
 from tests.model.harness import RESULT_TTL, RUN, STATES, FaultyRedis, model_env, run_model
 from tests.model.periodic.calls import ModelBroker
 from tests.model.periodic.machine import PeriodicMachine
 from tests.model.periodic.schedules import BATCH, MAX_BACKLOG
+from tests.support import tasks
 
 # About a minute on two cores; REDISQUEUE_PERIODIC_EXAMPLES=2000 for a long local run.
 EXAMPLES = int(os.environ.get("REDISQUEUE_PERIODIC_EXAMPLES", "250"))

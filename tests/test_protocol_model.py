@@ -13,10 +13,10 @@ import pytest
 
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.queries import Queries
-from tests import tasks
 from tests.model.harness import RESULT_TTL, RUN, STATES, FaultyRedis, model_env, run_model
 from tests.model.protocol.machine import ProtocolMachine
 from tests.model.protocol.records import BATCH, LEASE
+from tests.support import tasks
 
 # About 13,000 steps in 80 s on two cores; REDISQUEUE_MODEL_EXAMPLES=3000 for a long
 # local run.

@@ -6,7 +6,7 @@ import pytest
 import redis
 
 from django_redisqueue.store.queries import Queries, QueueCounts
-from tests import tasks
+from tests.support import tasks
 
 pytestmark = pytest.mark.django_db
 

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from django_redisqueue.compat import task_backends
 from django_redisqueue.management.commands import queuehealth
 from django_redisqueue.store.queries import SCHEDULER_ALIVE_MS, WORKER_ALIVE_MS, Queries
-from tests import tasks
 from tests.conftest import clock_at, manage, not_on_cluster, private_redis, wait_until
-from tests.fuzzing import FRAGMENTS, TIMES, TRIED, counted, envelopes, fuzz
-from tests.servers import free_port
+from tests.support import tasks
+from tests.support.fuzzing import FRAGMENTS, TIMES, TRIED, counted, envelopes, fuzz
+from tests.support.servers import free_port
 
 QUEUES = ("high", "default", "low")
 PAUSE_MS = 1000  # a stall: longer than twice the --timeout the probe is given

@@ -18,8 +18,8 @@ from pathlib import Path
 import django
 import pytest
 
-from tests.doc_samples import DOCS, README, Block, blocks
-from tests.topology import ON_CLUSTER
+from tests.support.doc_samples import DOCS, README, Block, blocks
+from tests.support.topology import ON_CLUSTER
 
 pytestmark = pytest.mark.skipif(ON_CLUSTER, reason="the pages' settings name one server")
 

@@ -29,10 +29,10 @@ import redis
 
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
 from django_redisqueue.exceptions import BrokerUnavailable
-from tests import tasks
 from tests.conftest import Processes, private_redis, wait_until
 from tests.model.harness import forget_scripts
-from tests.servers import free_port
+from tests.support import tasks
+from tests.support.servers import free_port
 
 LEASED = ("--backend", "leased")
 WORKERS = 2

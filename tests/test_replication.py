@@ -1,6 +1,6 @@
 """REPLICA_ACKS: enqueue and every job move wait for replicas (WAIT) on the connection
 that wrote. Each test runs a private master and a replica that replicates through a
-proxy (tests/proxy.py). A replica frozen with SIGSTOP confirms nothing, so a write that
+proxy (tests/support/proxy.py). A replica frozen with SIGSTOP confirms nothing, so a write that
 really waits for it can be told from one that does not; a replication stream held by
 the proxy when the master dies is lost with it, as across a real failover.
 """
@@ -22,10 +22,10 @@ from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.exceptions import BrokerUnavailable
 from django_redisqueue.models import OutboxJob
 from django_redisqueue.store.calls import NotReplicated
-from tests import tasks
 from tests.conftest import not_on_cluster, run_worker_here, use_redis, wait_until
-from tests.proxy import LinkProxy
-from tests.servers import RedisServer
+from tests.support import tasks
+from tests.support.proxy import LinkProxy
+from tests.support.servers import RedisServer
 
 pytestmark = not_on_cluster  # a pair of servers of its own
 

@@ -19,9 +19,9 @@ from django_redisqueue.exceptions import NotCancellable
 from django_redisqueue.runtime.heartbeat import HEARTBEAT_RETRY
 from django_redisqueue.runtime.scheduler import Scheduler, recovery_grace
 from django_redisqueue.store.gateway import now_ms
-from tests import tasks
 from tests.conftest import blocked_clients, manage, start_manage, wait_until
-from tests.keys import DEFAULT_KEYS, LEASED_KEYS
+from tests.support import tasks
+from tests.support.keys import DEFAULT_KEYS, LEASED_KEYS
 
 DELAYED = DEFAULT_KEYS.delayed("default")
 

@@ -17,10 +17,10 @@ from django_redisqueue.store.calls import has_no_functions, is_missing, library_
 from django_redisqueue.store.keys import KeySchema
 from django_redisqueue.store.wire import NewJob, Outcome
 from tests.conftest import not_on_cluster
-from tests.servers import RedisServer, server_program
-from tests.topology import NO_FUNCTIONS, WITHOUT_FUNCTIONS
+from tests.support.servers import RedisServer, server_program
+from tests.support.topology import NO_FUNCTIONS, WITHOUT_FUNCTIONS
 
-PAYLOAD = '{"v":1,"task":"tests.tasks.noop"}'
+PAYLOAD = '{"v":1,"task":"tests.support.tasks.noop"}'
 
 
 def script_stats(client: redis.Redis) -> dict[str, int]:
@@ -234,7 +234,7 @@ def test_a_redis_without_functions_has_no_library_to_prune(own_server):
 @pytest.mark.skipif(WITHOUT_FUNCTIONS, reason="this server has no Functions")
 def test_the_scheduler_deletes_the_libraries_of_other_versions(r, backend, tmp_path):
     from django_redisqueue.runtime.scheduler import Scheduler
-    from tests.topology import keys_server
+    from tests.support.topology import keys_server
 
     older = an_older_version(tmp_path, backend.broker)
     round_trip(older, "a")

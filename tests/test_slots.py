@@ -19,8 +19,8 @@ from django_redisqueue.runtime.slots import SlotWorker, _Slot
 from django_redisqueue.runtime.stopping import StopToken
 from django_redisqueue.runtime.worker import Worker
 from django_redisqueue.store.wire import Outcome
-from tests import slot_tasks, tasks
 from tests.conftest import wait_until
+from tests.support import slot_tasks, tasks
 
 
 def run_slots_here(backend, threads=2, **options):
@@ -181,7 +181,7 @@ def test_a_job_whose_thread_never_lets_go_is_given_up_and_the_process_recycled(r
         "the stuck job's outcome",
     )
     assert "ran past its timeout of 0.5 s" in stored.errors[0].traceback
-    procs.expect(worker, f"Job {stuck.id} tests.slot_tasks.blocks_in_c FAILED")
+    procs.expect(worker, f"Job {stuck.id} tests.support.slot_tasks.blocks_in_c FAILED")
     retried_path = slot_tasks.blocks_in_c_retried.module_path
     procs.expect(worker, f"Job {retried.id} {retried_path} raised JobTimeout")
     again = wait_until(

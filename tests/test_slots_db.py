@@ -10,8 +10,8 @@ import pytest
 from django.db import connections
 
 from django_redisqueue.runtime.slots import SlotWorker
-from tests import slot_tasks
 from tests.conftest import wait_until
+from tests.support import slot_tasks
 
 THREADS = 32
 # Beside the 32 slots' connections: this test's own.

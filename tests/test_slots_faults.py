@@ -6,8 +6,8 @@ import pytest
 import redis
 
 from django_redisqueue.compat import TaskResultStatus, task_backends
-from tests import slot_tasks
 from tests.conftest import private_redis, wait_until
+from tests.support import slot_tasks
 
 LEASED = ("--backend", "leased")  # 1 s leases, MAX_RECOVERIES 2: two kills are safe
 THREADS = ("--threads", "8")

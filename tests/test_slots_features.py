@@ -3,7 +3,7 @@ limits per key, retries, unique jobs, groups and chains, and sync and ``async de
 tasks side by side in one process; a slot's own claim meeting a parked job, an
 operator acting on a job a slot has just claimed, broadcasts while every slot is
 busy. Each job that must not overlap another counts itself in and out in Redis
-(tests/slot_tasks.py), or is held until the test releases it, so an overlap is seen,
+(tests/support/slot_tasks.py), or is held until the test releases it, so an overlap is seen,
 not timed."""
 
 import contextlib
@@ -15,9 +15,9 @@ from unittest.mock import patch
 from django_redisqueue import broadcast, chain, group, task
 from django_redisqueue.compat import TaskResultStatus
 from django_redisqueue.runtime.slots import SlotWorker
-from tests import slot_tasks, tasks
 from tests.conftest import wait_until
-from tests.keys import DEFAULT_KEYS
+from tests.support import slot_tasks, tasks
+from tests.support.keys import DEFAULT_KEYS
 from tests.test_slots import run_patched, run_slots_here
 
 THREADS = ("--threads", "4")

@@ -11,8 +11,8 @@ from django_redisqueue.exceptions import JobTimeout, LeaseLost, WorkerShutdown
 from django_redisqueue.runtime import alarms
 from django_redisqueue.runtime.alarms import time_limit
 from django_redisqueue.runtime.stopping import STOP_SIGNAL, StopToken
-from tests import tasks
 from tests.conftest import run_worker_here, wait_until
+from tests.support import tasks
 
 
 @pytest.fixture

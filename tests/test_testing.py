@@ -15,8 +15,8 @@ from django.test import TestCase, override_settings
 from django_redisqueue import chain, group, task
 from django_redisqueue.compat import TaskResultStatus
 from django_redisqueue.testing import JobsStillDue, LiveWorkersWarning, RunJobsMixin, run_jobs
-from tests.models import Report
-from tests.topology import ON_CLUSTER
+from tests.support.models import Report
+from tests.support.topology import ON_CLUSTER
 
 pytest_plugins = ["pytester"]
 
@@ -206,7 +206,7 @@ def test_the_howto_examples_run_and_report_their_time(report):
     import types
     import unittest
 
-    from tests.doc_samples import DOCS, blocks
+    from tests.support.doc_samples import DOCS, blocks
     from tests.test_docs import RUN, source_for_this_django
 
     name = "docs_sample_howto_testing_timed"

@@ -1,4 +1,4 @@
-"""The throw-away Sentinel and Cluster topologies of ``tests.topologies`` work:
+"""The throw-away Sentinel and Cluster topologies of ``tests.support.topologies`` work:
 they start, fail over when a master dies, take the old master back, and leave nothing
 behind."""
 
@@ -7,8 +7,8 @@ import os
 from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel
 
-from tests.servers import RedisServer
-from tests.topologies import RedisClusterGroup, RedisSentinelGroup
+from tests.support.servers import RedisServer
+from tests.support.topologies import RedisClusterGroup, RedisSentinelGroup
 
 
 def assert_gone(servers: list[RedisServer]) -> None:

@@ -2,7 +2,7 @@
 a real worker process through Redis; every attempt continues the enqueue's trace, linked
 to the attempt before it (a retry, a recovery after SIGKILL, an operator's retry); a
 group's callback links to its members. Spans are recorded by the SDK: in memory in
-this process, and by the processes a test starts into a file (tests/traces.py)."""
+this process, and by the processes a test starts into a file (tests/support/traces.py)."""
 
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ from django_redisqueue.core import tracing
 from django_redisqueue.core.fanout import broadcast
 from django_redisqueue.core.jobs import Envelope, JobRecord
 from django_redisqueue.exceptions import LeaseLost
-from tests import tasks
 from tests.conftest import ROOT, child_env, run_worker_here, wait_until
-from tests.traces import read_spans, span_dict
+from tests.support import tasks
+from tests.support.traces import read_spans, span_dict
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -154,7 +154,7 @@ def test_a_views_trace_goes_on_in_a_worker_process_through_retries_and_a_group(
     assert attributes["messaging.system"] == "django_redisqueue"
     assert attributes["messaging.operation.type"] == "process"
     assert attributes["messaging.destination.name"] == "default"
-    assert attributes["redisqueue.task"] == "tests.tasks.add"
+    assert attributes["redisqueue.task"] == "tests.support.tasks.add"
     assert attributes["redisqueue.job.attempt"] == 1
     assert attributes["redisqueue.job.outcome"] == "SUCCESSFUL"
     assert attributes["redisqueue.job.wait_ms"] >= 0
@@ -367,7 +367,7 @@ def test_an_exception_that_cannot_be_printed_fails_its_job_not_the_worker(spans,
     assert backend.get_result(job.id).status == TaskResultStatus.FAILED
     (ran,) = attempts_of(spans.all(), job.id)
     assert ran["status"]["status_code"] == "ERROR"
-    assert ran["attributes"]["error.type"] == "tests.tasks.Unprintable"
+    assert ran["attributes"]["error.type"] == "tests.support.tasks.Unprintable"
     assert [event["name"] for event in ran["events"]] == ["exception"]
 
 
@@ -444,7 +444,7 @@ import django
 django.setup()
 from django_redisqueue.core import tracing
 from django_redisqueue.compat import task_backends
-from tests import tasks
+from tests.support import tasks
 from tests.conftest import run_worker_here
 assert tracing.ON is False
 backend = task_backends["default"]
@@ -478,7 +478,9 @@ JSON = st.recursive(
 @settings(max_examples=200, deadline=None)
 @given(trace=JSON | HEADERS)
 def test_an_envelopes_trace_is_read_leniently(trace):
-    payload = json.dumps({"v": 1, "task": "tests.tasks.add", "args": [1, 2], "trace": trace})
+    payload = json.dumps(
+        {"v": 1, "task": "tests.support.tasks.add", "args": [1, 2], "trace": trace}
+    )
     envelope = Envelope.loads(payload, 10_000, "default")  # never refused for its trace
     assert envelope.args == [1, 2]
     if envelope.trace is not None:
@@ -505,7 +507,7 @@ RECORD = st.builds(
 def test_an_attempt_traces_whatever_its_hash_holds(record, headers, attempts):
     recorded = Spans()
     payload = json.dumps(
-        {"v": 1, "task": "tests.tasks.add", **({"trace": headers} if headers else {})}
+        {"v": 1, "task": "tests.support.tasks.add", **({"trace": headers} if headers else {})}
     )
     fields = {"payload": payload, "queue": "default", "trace": record, "attempts": attempts}
     job = JobRecord.parse("job", fields, 10_000)

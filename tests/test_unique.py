@@ -11,9 +11,9 @@ from django.db import transaction
 from django_redisqueue import chain, group, task
 from django_redisqueue.core.fanout import broadcast
 from django_redisqueue.store.wire import Outcome
-from tests import tasks
 from tests.conftest import ROOT, child_env, run_worker_here
-from tests.keys import DEFAULT_KEYS, PERIODIC_KEYS
+from tests.support import tasks
+from tests.support.keys import DEFAULT_KEYS, PERIODIC_KEYS
 
 
 def holder(r, key: str) -> str | None:
@@ -167,7 +167,8 @@ def test_eight_processes_enqueueing_one_key_at_once_make_one_job(r, report):
     """Eight processes wait at a barrier (a list in Redis), then enqueue the same
     unique job at once; all eight get the one job."""
     code = (
-        "import redis, os; from tests import tasks; from tests.topology import make_client;"
+        "import redis, os; from tests.support import tasks;"
+        "from tests.support.topology import make_client;"
         "c = make_client(os.environ['REDISQUEUE_TEST_URL'], decode_responses=True);"
         "c.rpush('test:ready', 1); c.blpop('test:go', 30);"
         "print(tasks.unique_report.enqueue('race').id)"
@@ -234,7 +235,7 @@ def test_a_unique_periodic_task_never_overlaps_itself(r):
     from django_redisqueue.runtime.periodic import PeriodicTaskError, run_now, schedules_of
     from tests.test_periodic import periodic, stepper
 
-    schedule = {"report": {"task": "tests.tasks.unique_report", "every": 1, "args": ["p"]}}
+    schedule = {"report": {"task": "tests.support.tasks.unique_report", "every": 1, "args": ["p"]}}
     with periodic(schedule) as backend:
         step = stepper(backend)
         holder = tasks.unique_report.using(backend="periodic").enqueue("p")

@@ -15,18 +15,18 @@ from django_redisqueue.runtime.unknown_tasks import (
     UNKNOWN_TASK_WAIT_MS,
     waited_ms,
 )
-from tests import tasks
 from tests.conftest import run_worker_here
-from tests.keys import DEFAULT_KEYS as K
+from tests.support import tasks
+from tests.support.keys import DEFAULT_KEYS as K
 
 
 def an_older_worker_runs(backend, caplog):
-    """A burst worker to which tests.tasks.add is unknown, as to one that started
+    """A burst worker to which tests.support.tasks.add is unknown, as to one that started
     before the task was added; returns what it logged."""
     known = registry.get
 
     def get(path):
-        return None if path == "tests.tasks.add" else known(path)
+        return None if path == "tests.support.tasks.add" else known(path)
 
     caplog.clear()
     with mock.patch.object(registry, "get", get), caplog.at_level(logging.WARNING):
@@ -44,7 +44,7 @@ def test_a_worker_that_does_not_know_the_task_gives_the_job_back_for_one_that_do
 ):
     job = tasks.add.enqueue(2, 3)
     said = an_older_worker_runs(backend, caplog)
-    assert "'tests.tasks.add' is not registered in worker" in said
+    assert "'tests.support.tasks.add' is not registered in worker" in said
     assert "runworker --reload" in said and "restart the workers" in said
     stored = backend.get_result(job.id)
     assert stored.status == TaskResultStatus.READY and stored.attempts == 0

@@ -13,7 +13,6 @@ from django_redisqueue.compat import TaskResultStatus, task_backends, task_finis
 from django_redisqueue.runtime import WORKER_LOGGER
 from django_redisqueue.runtime.scheduler_watch import NO_SCHEDULER_NOTE
 from django_redisqueue.store.queries import Queries
-from tests import tasks
 from tests.conftest import (
     manage,
     not_on_cluster,
@@ -22,7 +21,8 @@ from tests.conftest import (
     start_manage,
     wait_until,
 )
-from tests.keys import DEFAULT_KEYS
+from tests.support import tasks
+from tests.support.keys import DEFAULT_KEYS
 
 
 def test_burst_drains_every_queue_in_priority_order_and_exits_0(r):
@@ -38,7 +38,7 @@ def test_burst_drains_every_queue_in_priority_order_and_exits_0(r):
     assert done.returncode == 0, done.stderr
     expected = [f"{q}{i}" for q in ("high", "default", "low") for i in range(5)]
     assert r.lrange(tasks.LOG, 0, -1) == expected
-    assert "tests.tasks.record" in done.stdout  # the banner lists the registered tasks
+    assert "tests.support.tasks.record" in done.stdout  # the banner lists the registered tasks
     assert done.stderr.count("SUCCESSFUL") == 15  # one log line per job
 
 
@@ -82,7 +82,11 @@ def test_wait_times_out(r):
 def test_bad_jobs_fail_with_a_reason_and_the_worker_goes_on(r, backend):
     unknown = tasks.add.enqueue(1, 2)
     job_key = DEFAULT_KEYS.job(unknown.id)
-    r.hset(job_key, "payload", r.hget(job_key, "payload").replace("tests.tasks.add", "os.system"))
+    r.hset(
+        job_key,
+        "payload",
+        r.hget(job_key, "payload").replace("tests.support.tasks.add", "os.system"),
+    )
     garbage = tasks.add.enqueue(1, 2)
     r.hset(DEFAULT_KEYS.job(garbage.id), "payload", "\x00{not json")
     future = tasks.add.enqueue(1, 2)

@@ -20,14 +20,14 @@ from django_redisqueue.observe.events import JobEvent
 from django_redisqueue.observe.logformat import JsonFormatter, job_fields
 from django_redisqueue.runtime import memory
 from django_redisqueue.runtime.reloading import RELOAD_EXIT_CODE, ReloadWatcher
-from tests import tasks
 from tests.conftest import ROOT, ManagedProcess, child_env, manage, run_worker_here, wait_until
+from tests.support import tasks
 
 # An app of the test's own, in a directory on sys.path, so that a test may edit its
 # code while a worker runs it.
 APP = "opsapp"
 SETTINGS = f"""
-from tests.settings import *  # noqa: F403
+from tests.support.settings import *  # noqa: F403
 
 INSTALLED_APPS = [*INSTALLED_APPS, {APP!r}]  # noqa: F405
 """
@@ -36,7 +36,7 @@ import os
 import time
 
 from django_redisqueue import task
-from tests.tasks import LOG, client
+from tests.support.tasks import LOG, client
 
 from .edited import version  # noqa: F401
 
@@ -301,7 +301,7 @@ def test_json_log_has_one_object_per_line_and_a_start_and_an_end_line_per_job(r,
         (failed.id, "FAILED"),
         (unreadable.id, "FAILED"),  # never started
     ]
-    assert by_job[ok.id]["task"] == "tests.tasks.add"
+    assert by_job[ok.id]["task"] == "tests.support.tasks.add"
     assert by_job[ok.id]["queue"] == "default"
     assert by_job[ok.id]["status"] == "SUCCESSFUL"
     assert by_job[ok.id]["attempt"] == 1
@@ -319,10 +319,10 @@ def burst_with_logging(
     project_logging: str, log_format: str, *options: str
 ) -> subprocess.CompletedProcess:
     """``runworker --burst --log-format LOG_FORMAT OPTIONS`` under the project LOGGING
-    named by ``project_logging`` (tests/settings_logging.py)."""
+    named by ``project_logging`` (tests/support/settings_logging.py)."""
     env = {
         **child_env(),
-        "DJANGO_SETTINGS_MODULE": "tests.settings_logging",
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings_logging",
         "REDISQUEUE_TEST_LOGGING": project_logging,
     }
     return subprocess.run(

@@ -8,7 +8,7 @@
    to move it). Those tests import nothing else from Django's ``tests/``. On Django 5.2
    there is no ``tests/tasks/`` and the ``django-tasks`` backport's sdist ships no tests:
    it says so and runs nothing (and stops if a later backport sdist does ship tests);
-2. starts a private ``redis-server`` (``tests.servers.RedisServer``) and
+2. starts a private ``redis-server`` (``tests.support.servers.RedisServer``) and
    sets up Django with ``settings.py``: Django's own test settings, this app installed;
 3. routes every ``TASKS`` alias that names Django's immediate or dummy backend to this
    app's, by a hook on Django's task backend handler (``backends.py``), so that the

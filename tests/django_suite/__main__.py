@@ -135,7 +135,7 @@ def run(labels: list[str], verbosity: int) -> int:
     tests = django_tests(version)
     sys.path.insert(0, str(tests))  # Django's tests import their package as "tasks"
 
-    from tests.servers import RedisServer
+    from tests.support.servers import RedisServer
 
     with RedisServer() as server:
         os.environ["DJANGO_SUITE_REDIS_URL"] = server.url

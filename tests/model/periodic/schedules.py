@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from django_redisqueue.core.schedules import Schedule
 
-TASK = "tests.tasks.noop_any"
+TASK = "tests.support.tasks.noop_any"
 # The settings a sync may declare: per name, its variants (None: not in settings).
 POOL: dict[str, tuple[Schedule, ...]] = {
     "beat": (
@@ -20,7 +20,9 @@ POOL: dict[str, tuple[Schedule, ...]] = {
         Schedule("beat", TASK, every_ms=1000, catch_up="latest"),
         Schedule("beat", TASK, every_ms=2000, args=(1,), catch_up="all"),
         # A unique task (its key by its arguments): its runs never overlap.
-        Schedule("beat", "tests.tasks.unique_report", every_ms=1000, args=("x",), catch_up="all"),
+        Schedule(
+            "beat", "tests.support.tasks.unique_report", every_ms=1000, args=("x",), catch_up="all"
+        ),
         # The same name by cron: another timetable.
         Schedule("beat", TASK, cron="* * * * *", catch_up="all"),
     ),
@@ -29,7 +31,7 @@ POOL: dict[str, tuple[Schedule, ...]] = {
         Schedule("minutely", TASK, cron="* * * * *", catch_up="all"),
         Schedule("minutely", TASK, cron="*/2 * * * *", catch_up="all"),
         # unique="rebuild", unique_for=3600: a window from each enqueue.
-        Schedule("minutely", "tests.tasks.rebuild_once_an_hour", cron="* * * * *"),
+        Schedule("minutely", "tests.support.tasks.rebuild_once_an_hour", cron="* * * * *"),
         # The same instants as "*/2 * * * *" by interval: another timetable all the same.
         Schedule("minutely", TASK, every_ms=120_000, catch_up="all"),
     ),

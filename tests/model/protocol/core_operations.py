@@ -10,7 +10,6 @@ from django_redisqueue.compat import TaskResultDoesNotExist
 from django_redisqueue.core.jobs import FAILED
 from django_redisqueue.exceptions import NotCancellable
 from django_redisqueue.store.wire import Claimed, NewJob, Outcome
-from tests import tasks
 from tests.model.harness import RUN
 from tests.model.protocol.records import (
     BATCH,
@@ -31,6 +30,7 @@ from tests.model.protocol.records import (
     Job,
     run_after,
 )
+from tests.support import tasks
 
 
 class CoreOperations:

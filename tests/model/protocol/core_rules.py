@@ -10,7 +10,6 @@ from hypothesis.stateful import initialize, rule
 
 from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
 from django_redisqueue.store.wire import RETRY, NewJob, Outcome
-from tests import tasks
 from tests.model.harness import snapshot
 from tests.model.protocol.records import (
     DELAYED,
@@ -37,6 +36,7 @@ from tests.model.protocol.strategies import (
     WORKER,
     WRONG,
 )
+from tests.support import tasks
 
 
 class CoreRules:

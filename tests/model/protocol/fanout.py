@@ -17,7 +17,6 @@ from django_redisqueue import Job as WorkflowJob
 from django_redisqueue.compat import TaskResultDoesNotExist
 from django_redisqueue.core.jobs import FAILED, JOB_ID_RE
 from django_redisqueue.store.wire import AFTER_GROUP, MissingJob, NewJob
-from tests import tasks
 from tests.model.harness import RUN, snapshot
 from tests.model.protocol.records import (
     BATCH,
@@ -38,6 +37,7 @@ from tests.model.protocol.records import (
     run_after,
 )
 from tests.model.protocol.strategies import JOB_QUEUE, LINKED, LINKED_DELAY, MEMBER, PICK, PRIORITY
+from tests.support import tasks
 
 
 class FanOutModel:

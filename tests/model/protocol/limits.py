@@ -41,7 +41,6 @@ from hypothesis.stateful import rule
 
 from django_redisqueue.core.jobs import FAILED
 from django_redisqueue.store.wire import NewJob
-from tests import tasks
 from tests.model.harness import RUN
 from tests.model.protocol.records import (
     AGES,
@@ -64,6 +63,7 @@ from tests.model.protocol.records import (
     options_json,
 )
 from tests.model.protocol.strategies import LIMITED_STEP, OPTION_QUEUE, OPTIONED, PICK
+from tests.support import tasks
 
 
 def task_with(unique: tuple[str, bool] | None, limit: str | None):

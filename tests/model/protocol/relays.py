@@ -13,10 +13,10 @@ from hypothesis.stateful import invariant, rule
 
 from django_redisqueue.core.jobs import SUCCESSFUL
 from django_redisqueue.store.wire import MissingJob, NewJob
-from tests import tasks
 from tests.model.harness import RUN, snapshot
 from tests.model.protocol.records import DELAYS, DELETED, FINISHED, QUEUES, UNKNOWN_ID, Spec
 from tests.model.protocol.strategies import JOB_QUEUE, PICK, PRIORITY, WORKER
+from tests.support import tasks
 
 
 class RelayModel:

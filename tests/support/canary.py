@@ -8,4 +8,4 @@ redis.Redis.from_url(os.environ["REDISQUEUE_TEST_URL"]).set("test:canary", "impo
 
 
 def boom():
-    raise AssertionError("tests.canary.boom ran")
+    raise AssertionError("tests.support.canary.boom ran")

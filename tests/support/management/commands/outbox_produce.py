@@ -1,6 +1,6 @@
 """``python -m django outbox_produce BACKEND FIRST COUNT LEDGER_URL``: what a view does
 with the outbox, COUNT times: in one transaction of the backend's outbox database, a
-row of ``tests.models.Committed`` and a job that appends the same number to the
+row of ``tests.support.models.Committed`` and a job that appends the same number to the
 ledger; every tenth transaction rolls back. For tests/test_outbox_faults.py, which
 kills it at any moment."""
 
@@ -8,8 +8,8 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from django_redisqueue.compat import task_backends
-from tests import tasks
-from tests.models import Committed
+from tests.support import tasks
+from tests.support.models import Committed
 
 ROLLED_BACK_EVERY = 10
 

@@ -21,7 +21,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_redisqueue",
-    "tests",
+    "tests.support",
 ]
 if django.VERSION < (6, 0):
     INSTALLED_APPS.append("django_tasks")
@@ -79,7 +79,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
-ROOT_URLCONF = "tests.urls"
+ROOT_URLCONF = "tests.support.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
@@ -167,6 +167,6 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # The traces' tests (tests/test_tracing.py): the processes they start write their
 # spans to this file.
 if os.environ.get("REDISQUEUE_TEST_SPANS"):
-    from tests.traces import export_spans_to
+    from tests.support.traces import export_spans_to
 
     export_spans_to(os.environ["REDISQUEUE_TEST_SPANS"])

@@ -23,8 +23,8 @@ from django_redisqueue.compat import (
     task_started,
 )
 from django_redisqueue.exceptions import WorkerShutdown
-from tests import slot_tasks  # noqa: F401  (the tasks of tests/test_slots*.py, registered)
-from tests.topology import make_client
+from tests.support import slot_tasks  # noqa: F401  (the tasks of tests/test_slots*.py, registered)
+from tests.support.topology import make_client
 
 LOG = "test:log"
 
@@ -357,7 +357,7 @@ if DJANGO_TASK_TAKES_OPTIONS:
 
 @task
 def report_title(report_id):
-    from tests.models import Report
+    from tests.support.models import Report
 
     return Report.objects.get(pk=report_id).title
 

@@ -15,7 +15,7 @@ import redis
 from redis.cluster import ClusterNode
 from redis.crc import key_slot
 
-from tests.servers import (
+from tests.support.servers import (
     HOST,
     RedisServer,
     StartStop,

@@ -16,8 +16,8 @@ from django_redisqueue.store.wire import NewJob
 
 
 def waiting(job_id: str, n: int, after: str = "") -> NewJob:
-    """A job of tests.tasks.add(n, n) as the outbox keeps it."""
-    payload = f'{{"v":1,"task":"tests.tasks.add","args":[{n},{n}]}}'
+    """A job of tests.support.tasks.add(n, n) as the outbox keeps it."""
+    payload = f'{{"v":1,"task":"tests.support.tasks.add","args":[{n},{n}]}}'
     return NewJob(job_id, "default", 0, payload, 0, after)
 
 

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus
 from django_redisqueue.exceptions import ResultTimeout, TaskFailed
 from django_redisqueue.runtime.scheduler import Scheduler
-from tests import tasks
 from tests.conftest import run_worker_here
+from tests.support import tasks
 
 TRIED: Counter[str] = Counter()
 
@@ -76,8 +76,9 @@ STRINGS = [
         json.dumps(s)
         for s in [
             "", "default", "high", "low", "nope", "a b", "a/b", "{x}", "é€😀", MARK,
-            "tests.canary.boom", "tests.canary", "os.system", "tests.tasks",
-            "tests.tasks.client", "tests.tasks.add ", "x" * 200, "\x00", "default\n",
+            "tests.support.canary.boom", "tests.support.canary", "os.system",
+            "tests.support.tasks", "tests.support.tasks.client", "tests.support.tasks.add ",
+            "x" * 200, "\x00", "default\n",
         ]
     ),
     json.dumps("é€😀" + MARK, ensure_ascii=False),
@@ -94,9 +95,11 @@ FRAGMENTS = NUMBERS + STRINGS + STRUCTURES
 
 # Tasks a fuzzed job may name: registered, quick, harmless whatever their arguments.
 SAFE_TASKS = [
-    "tests.tasks.add", "tests.tasks.noop", "tests.tasks.noop_any", "tests.tasks.fail",
-    "tests.tasks.meaning_of_life", "tests.tasks.returns_tuple", "tests.tasks.returns_object",
-    "tests.tasks.noop_async", "tests.tasks.get_task_id", "tests.tasks.raises_value_error",
+    f"tests.support.tasks.{name}"
+    for name in (
+        "add", "noop", "noop_any", "fail", "meaning_of_life", "returns_tuple",
+        "returns_object", "noop_async", "get_task_id", "raises_value_error",
+    )
 ]  # fmt: skip
 
 characters = st.one_of(st.characters(), st.characters(categories=["Cs"]))
@@ -116,7 +119,7 @@ fragments = st.one_of(st.sampled_from(FRAGMENTS), json_values.map(json.dumps))
 
 GOOD_ENVELOPE = {
     "v": "1",
-    "task": '"tests.tasks.add"',
+    "task": '"tests.support.tasks.add"',
     "args": "[1, 2]",
     "kwargs": "{}",
     "queue": '"default"',
@@ -354,7 +357,7 @@ def a_good_job_runs(backend) -> None:
 
 
 def never_imported_canary(raw) -> None:
-    assert "tests.canary" not in sys.modules
+    assert "tests.support.canary" not in sys.modules
     assert raw.get("test:canary") is None
 
 

@@ -2,14 +2,14 @@
 a Redis Cluster of 3 masters and 3 replicas, on which each backend's keys live on one
 slot. Which server program (``REDISQUEUE_TEST_SERVER``: Redis 6.2, without Redis
 Functions, on which the scripts are called by EVALSHA; Valkey 8.1) is
-``tests/servers.py``'s choice. Shared by the test process and the workers it starts."""
+``tests/support/servers.py``'s choice. Shared by the test process and the workers it starts."""
 
 import os
 
 import redis
 from redis.cluster import RedisCluster
 
-from tests.servers import SERVER_ENV
+from tests.support.servers import SERVER_ENV
 
 ON_CLUSTER = os.environ.get("REDISQUEUE_TEST_TOPOLOGY") == "cluster"
 WITHOUT_FUNCTIONS = os.environ.get(SERVER_ENV) == "redis-6.2"
@@ -34,7 +34,7 @@ def keys_server(client: redis.Redis | RedisCluster, key: str = "") -> redis.Redi
     server (INFO, CLIENT LIST)."""
     if isinstance(client, RedisCluster):
         if not key:
-            from tests.keys import DEFAULT_KEYS  # Django's settings are read by now
+            from tests.support.keys import DEFAULT_KEYS  # Django's settings are read by now
 
             key = DEFAULT_KEYS.prefix
         node = client.get_node_from_key(key)

@@ -1,6 +1,6 @@
 """Tasks of the tests of many jobs at once (tests/test_slots*.py, test_async_tasks.py):
 each leaves in Redis which process and thread ran it, and what it overlapped.
-Registered by tests/tasks.py, which imports this module."""
+Registered by tests/support/tasks.py, which imports this module."""
 
 import asyncio
 import json
@@ -12,11 +12,11 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from django_redisqueue import task
-from tests import tasks
+from tests.support import tasks
 
 
 def client():
-    """tests.tasks.client, read when called: this module is imported by that one."""
+    """tests.support.tasks.client, read when called: this module is imported by that one."""
     return tasks.client()
 
 
@@ -97,7 +97,7 @@ def fails_twice_counted(context, label, hold):
 
 @task
 async def rendezvous_async(me, peer, timeout):
-    """tests.tasks.rendezvous as a coroutine, which waits on the loop, not in Redis."""
+    """tests.support.tasks.rendezvous as a coroutine, which waits on the loop, not in Redis."""
     r = client()
     r.rpush(f"test:arrived:{me}", 1)
     deadline = time.monotonic() + timeout
@@ -110,7 +110,7 @@ async def rendezvous_async(me, peer, timeout):
 
 @task
 async def steps_until_released_async(label, timeout):
-    """tests.tasks.steps_until_released as a coroutine: waits on its loop."""
+    """tests.support.tasks.steps_until_released as a coroutine: waits on its loop."""
     r = client()
     r.rpush(tasks.LOG, f"started:{label}")
     deadline = time.monotonic() + timeout

@@ -1,9 +1,9 @@
 """The test settings with everything ``manage.py check`` should catch."""
 
-from tests.settings import *  # noqa: F403
-from tests.settings import INSTALLED_APPS
+from tests.support.settings import *  # noqa: F403
+from tests.support.settings import INSTALLED_APPS
 
-INSTALLED_APPS = ["tests.shadow_app", *INSTALLED_APPS]
+INSTALLED_APPS = ["tests.support.shadow_app", *INSTALLED_APPS]
 
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},

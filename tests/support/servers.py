@@ -4,7 +4,7 @@
         client = redis.Redis.from_url(server.url)
 
 Fault tests can ``kill()`` it and ``start()`` it again on the same port and directory.
-Groups of servers (Sentinel, Cluster) are in ``tests/topologies.py``. Which server
+Groups of servers (Sentinel, Cluster) are in ``tests/support/topologies.py``. Which server
 program runs: ``REDISQUEUE_TEST_SERVER`` (see ``server_program``).
 """
 

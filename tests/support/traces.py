@@ -1,6 +1,6 @@
 """Spans for the traces' tests (tests/test_tracing.py): recorded in memory in this
 process, and by the processes a test starts into a file, one JSON object per line
-(tests/settings.py sets that up when REDISQUEUE_TEST_SPANS names the file)."""
+(tests/support/settings.py sets that up when REDISQUEUE_TEST_SPANS names the file)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""tests/settings.py with the project LOGGING named by REDISQUEUE_TEST_LOGGING, for the
+"""tests/support/settings.py with the project LOGGING named by REDISQUEUE_TEST_LOGGING, for the
 tests of ``runworker``'s log lines, in text and JSON (tests/test_worker_ops.py)."""
 
 import os
 
 from django.core import checks
 
-from tests.settings import *  # noqa: F403
+from tests.support.settings import *  # noqa: F403
 
 
 @checks.register
