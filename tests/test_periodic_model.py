@@ -1,7 +1,7 @@
 """The model-based test of periodic jobs: ``lua/periodic.lua`` driven through
 ``Broker`` and ``PeriodicStep`` against the suite's real redis-server, step by step,
 while a Python model says what every schedule's hash, every job and every queue must
-hold. The model is the package tests/model/periodic/ (its docstring says which steps it
+hold. The model is the package tests/support/model/periodic/ (its docstring says which steps it
 takes, what it checks, how it controls time, and which module holds what); here, how
 many sequences run, and the test."""
 
@@ -11,11 +11,11 @@ import os
 from unittest import mock
 
 from django_redisqueue.core import schedules
-from tests.model.harness import RESULT_TTL, RUN, STATES, FaultyRedis, model_env, run_model
-from tests.model.periodic.calls import ModelBroker
-from tests.model.periodic.machine import PeriodicMachine
-from tests.model.periodic.schedules import BATCH, MAX_BACKLOG
 from tests.support import tasks
+from tests.support.model.harness import RESULT_TTL, RUN, STATES, FaultyRedis, model_env, run_model
+from tests.support.model.periodic.calls import ModelBroker
+from tests.support.model.periodic.machine import PeriodicMachine
+from tests.support.model.periodic.schedules import BATCH, MAX_BACKLOG
 
 # About a minute on two cores; REDISQUEUE_PERIODIC_EXAMPLES=2000 for a long local run.
 EXAMPLES = int(os.environ.get("REDISQUEUE_PERIODIC_EXAMPLES", "250"))

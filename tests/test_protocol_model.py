@@ -1,6 +1,6 @@
 """The model-based test of the delivery protocol: the Lua scripts, driven through
 ``Broker`` against the suite's real redis-server, step by step, while a Python model
-says where every job must be. The model is the package tests/model/protocol/ (its
+says where every job must be. The model is the package tests/support/model/protocol/ (its
 docstring says which steps it takes, what it checks after each, how it controls time,
 and which module holds what); here, how many sequences run, and the test."""
 
@@ -13,10 +13,10 @@ import pytest
 
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.queries import Queries
-from tests.model.harness import RESULT_TTL, RUN, STATES, FaultyRedis, model_env, run_model
-from tests.model.protocol.machine import ProtocolMachine
-from tests.model.protocol.records import BATCH, LEASE
 from tests.support import tasks
+from tests.support.model.harness import RESULT_TTL, RUN, STATES, FaultyRedis, model_env, run_model
+from tests.support.model.protocol.machine import ProtocolMachine
+from tests.support.model.protocol.records import BATCH, LEASE
 
 # About 13,000 steps in 80 s on two cores; REDISQUEUE_MODEL_EXAMPLES=3000 for a long
 # local run.

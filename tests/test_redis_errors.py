@@ -30,8 +30,8 @@ import redis
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
 from django_redisqueue.exceptions import BrokerUnavailable
 from tests.conftest import Processes, private_redis, wait_until
-from tests.model.harness import forget_scripts
 from tests.support import tasks
+from tests.support.model.harness import forget_scripts
 from tests.support.servers import free_port
 
 LEASED = ("--backend", "leased")

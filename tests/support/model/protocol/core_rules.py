@@ -10,8 +10,9 @@ from hypothesis.stateful import initialize, rule
 
 from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
 from django_redisqueue.store.wire import RETRY, NewJob, Outcome
-from tests.model.harness import snapshot
-from tests.model.protocol.records import (
+from tests.support import tasks
+from tests.support.model.harness import snapshot
+from tests.support.model.protocol.records import (
     DELAYED,
     DELAYS,
     ERROR,
@@ -25,7 +26,7 @@ from tests.model.protocol.records import (
     WORKERS,
     Job,
 )
-from tests.model.protocol.strategies import (
+from tests.support.model.protocol.strategies import (
     JOB_QUEUE,
     ORDER,
     PICK,
@@ -36,7 +37,6 @@ from tests.model.protocol.strategies import (
     WORKER,
     WRONG,
 )
-from tests.support import tasks
 
 
 class CoreRules:

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
 from django_redisqueue.store.wire import RELEASE, RETRY
-from tests.model.harness import FAR
+from tests.support.model.harness import FAR
 
 QUEUES = ("high", "default", "low")
 # Orders in which a worker (or a scheduler) serves queues.

@@ -7,13 +7,13 @@ from typing import Any
 
 from django_redisqueue.core.schedules import Schedule
 from django_redisqueue.runtime.periodic import PeriodicStep
-from tests.model.harness import ModelMachine
-from tests.model.periodic.calls import CheckedCalls, ModelBroker
-from tests.model.periodic.invariants import InvariantChecks
-from tests.model.periodic.model import PeriodicModel
-from tests.model.periodic.schedules import SCHEDULERS
-from tests.model.periodic.steps import PeriodicSteps
-from tests.model.periodic.trouble import RedisTrouble
+from tests.support.model.harness import ModelMachine
+from tests.support.model.periodic.calls import CheckedCalls, ModelBroker
+from tests.support.model.periodic.invariants import InvariantChecks
+from tests.support.model.periodic.model import PeriodicModel
+from tests.support.model.periodic.schedules import SCHEDULERS
+from tests.support.model.periodic.steps import PeriodicSteps
+from tests.support.model.periodic.trouble import RedisTrouble
 
 
 class PeriodicMachine(

@@ -12,8 +12,8 @@ import redis
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
-from tests.model.harness import INJECTED, RUN, forget_scripts
-from tests.model.periodic.schedules import POOL, SCHEDULERS, variants
+from tests.support.model.harness import INJECTED, RUN, forget_scripts
+from tests.support.model.periodic.schedules import POOL, SCHEDULERS, variants
 
 
 class RedisTrouble:

@@ -7,18 +7,18 @@ from collections import Counter
 
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.queries import Queries
-from tests.model.harness import RESULT_TTL, ModelMachine
-from tests.model.protocol.broadcasts import BroadcastModel
-from tests.model.protocol.core_model import CoreModel
-from tests.model.protocol.core_operations import CoreOperations
-from tests.model.protocol.core_rules import CoreRules
-from tests.model.protocol.fanout import FanOutModel
-from tests.model.protocol.invariants import InvariantChecks
-from tests.model.protocol.limits import LimitsModel
-from tests.model.protocol.records import WORKERS, Group, Job, Message
-from tests.model.protocol.relays import RelayModel
-from tests.model.protocol.slots import SlotModel
-from tests.model.protocol.trouble import RedisTrouble
+from tests.support.model.harness import RESULT_TTL, ModelMachine
+from tests.support.model.protocol.broadcasts import BroadcastModel
+from tests.support.model.protocol.core_model import CoreModel
+from tests.support.model.protocol.core_operations import CoreOperations
+from tests.support.model.protocol.core_rules import CoreRules
+from tests.support.model.protocol.fanout import FanOutModel
+from tests.support.model.protocol.invariants import InvariantChecks
+from tests.support.model.protocol.limits import LimitsModel
+from tests.support.model.protocol.records import WORKERS, Group, Job, Message
+from tests.support.model.protocol.relays import RelayModel
+from tests.support.model.protocol.slots import SlotModel
+from tests.support.model.protocol.trouble import RedisTrouble
 
 
 class ProtocolMachine(

@@ -9,8 +9,8 @@ from typing import Any
 
 from django_redisqueue.core.schedules import Schedule
 from django_redisqueue.store.wire import NewJob
-from tests.model.harness import RUN
-from tests.model.periodic.schedules import (
+from tests.support.model.harness import RUN
+from tests.support.model.periodic.schedules import (
     BY_SPEC,
     POOL,
     TASK,

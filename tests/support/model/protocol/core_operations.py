@@ -10,8 +10,9 @@ from django_redisqueue.compat import TaskResultDoesNotExist
 from django_redisqueue.core.jobs import FAILED
 from django_redisqueue.exceptions import NotCancellable
 from django_redisqueue.store.wire import Claimed, NewJob, Outcome
-from tests.model.harness import RUN
-from tests.model.protocol.records import (
+from tests.support import tasks
+from tests.support.model.harness import RUN
+from tests.support.model.protocol.records import (
     BATCH,
     CANCEL_ERROR,
     CANCELLED,
@@ -30,7 +31,6 @@ from tests.model.protocol.records import (
     Job,
     run_after,
 )
-from tests.support import tasks
 
 
 class CoreOperations:

@@ -13,10 +13,17 @@ from hypothesis.stateful import invariant, rule
 
 from django_redisqueue.core.jobs import SUCCESSFUL
 from django_redisqueue.store.wire import MissingJob, NewJob
-from tests.model.harness import RUN, snapshot
-from tests.model.protocol.records import DELAYS, DELETED, FINISHED, QUEUES, UNKNOWN_ID, Spec
-from tests.model.protocol.strategies import JOB_QUEUE, PICK, PRIORITY, WORKER
 from tests.support import tasks
+from tests.support.model.harness import RUN, snapshot
+from tests.support.model.protocol.records import (
+    DELAYS,
+    DELETED,
+    FINISHED,
+    QUEUES,
+    UNKNOWN_ID,
+    Spec,
+)
+from tests.support.model.protocol.strategies import JOB_QUEUE, PICK, PRIORITY, WORKER
 
 
 class RelayModel:

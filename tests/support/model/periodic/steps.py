@@ -11,8 +11,8 @@ from hypothesis.stateful import initialize, rule
 from django_redisqueue.core.schedules import Due
 from django_redisqueue.runtime.periodic import PeriodicTaskError, run_now
 from django_redisqueue.store.wire import NewJob
-from tests.model.harness import FAR, RESULT_TTL, RUN
-from tests.model.periodic.schedules import (
+from tests.support.model.harness import FAR, RESULT_TTL, RUN
+from tests.support.model.periodic.schedules import (
     CALL_QUEUE,
     INVALID,
     NAME,

@@ -12,8 +12,8 @@ import redis
 
 from django_redisqueue.core.schedules import COUNT_LIMIT
 from django_redisqueue.store.broker import Broker
-from tests.model.harness import RUN, snapshot
-from tests.model.periodic.schedules import (
+from tests.support.model.harness import RUN, snapshot
+from tests.support.model.periodic.schedules import (
     BATCH,
     MAX_BACKLOG,
     POOL,
@@ -27,7 +27,7 @@ from tests.model.periodic.schedules import (
 )
 
 if TYPE_CHECKING:
-    from tests.model.periodic.machine import PeriodicMachine
+    from tests.support.model.periodic.machine import PeriodicMachine
 
 
 class ModelBroker(Broker):

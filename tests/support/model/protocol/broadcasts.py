@@ -14,10 +14,10 @@ from hypothesis.stateful import rule
 from django_redisqueue import Job as WorkflowJob
 from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
 from django_redisqueue.store.wire import Received
-from tests.model.harness import RUN, snapshot
-from tests.model.protocol.records import Message
-from tests.model.protocol.strategies import BROADCAST_QUEUE, ORDER, WORKER
 from tests.support import tasks
+from tests.support.model.harness import RUN, snapshot
+from tests.support.model.protocol.records import Message
+from tests.support.model.protocol.strategies import BROADCAST_QUEUE, ORDER, WORKER
 
 
 class BroadcastModel:

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
 from django_redisqueue.store.wire import RELEASE, Outcome
-from tests.model.harness import RUN
-from tests.model.protocol.records import QUEUES, RUNNING, WORKERS
-from tests.model.protocol.strategies import ORDER, PICK, STATUS, WORKER
+from tests.support.model.harness import RUN
+from tests.support.model.protocol.records import QUEUES, RUNNING, WORKERS
+from tests.support.model.protocol.strategies import ORDER, PICK, STATUS, WORKER
 
 
 class SlotModel:

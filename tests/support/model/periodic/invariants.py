@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from hypothesis.stateful import invariant
 
-from tests.model.harness import RUN, STATES, snapshot
-from tests.model.periodic.schedules import POOL, grid, occurrence_id, period
+from tests.support.model.harness import RUN, STATES, snapshot
+from tests.support.model.periodic.schedules import POOL, grid, occurrence_id, period
 
 
 class InvariantChecks:

@@ -12,8 +12,8 @@ from hypothesis.stateful import invariant
 
 from django_redisqueue.core.jobs import FAILED
 from django_redisqueue.store.queries import QueueCounts
-from tests.model.harness import RESULT_TTL, RUN, STATES
-from tests.model.protocol.records import (
+from tests.support.model.harness import RESULT_TTL, RUN, STATES
+from tests.support.model.protocol.records import (
     DELAYED,
     DELETED,
     DEPENDENCY,

@@ -41,8 +41,9 @@ from hypothesis.stateful import rule
 
 from django_redisqueue.core.jobs import FAILED
 from django_redisqueue.store.wire import NewJob
-from tests.model.harness import RUN
-from tests.model.protocol.records import (
+from tests.support import tasks
+from tests.support.model.harness import RUN
+from tests.support.model.protocol.records import (
     AGES,
     BATCH,
     DELAY_MS,
@@ -62,8 +63,7 @@ from tests.model.protocol.records import (
     Start,
     options_json,
 )
-from tests.model.protocol.strategies import LIMITED_STEP, OPTION_QUEUE, OPTIONED, PICK
-from tests.support import tasks
+from tests.support.model.protocol.strategies import LIMITED_STEP, OPTION_QUEUE, OPTIONED, PICK
 
 
 def task_with(unique: tuple[str, bool] | None, limit: str | None):

@@ -9,8 +9,8 @@ import time
 
 from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
 from django_redisqueue.store.wire import RELEASE, RETRY, Outcome
-from tests.model.harness import FAR, RUN, snapshot
-from tests.model.protocol.records import (
+from tests.support.model.harness import FAR, RUN, snapshot
+from tests.support.model.protocol.records import (
     DELAYED,
     DEPENDENCY,
     FINISHED,

@@ -17,8 +17,9 @@ from django_redisqueue import Job as WorkflowJob
 from django_redisqueue.compat import TaskResultDoesNotExist
 from django_redisqueue.core.jobs import FAILED, JOB_ID_RE
 from django_redisqueue.store.wire import AFTER_GROUP, MissingJob, NewJob
-from tests.model.harness import RUN, snapshot
-from tests.model.protocol.records import (
+from tests.support import tasks
+from tests.support.model.harness import RUN, snapshot
+from tests.support.model.protocol.records import (
     BATCH,
     CANCEL_ERROR,
     CANCELLED,
@@ -36,8 +37,14 @@ from tests.model.protocol.records import (
     options_json,
     run_after,
 )
-from tests.model.protocol.strategies import JOB_QUEUE, LINKED, LINKED_DELAY, MEMBER, PICK, PRIORITY
-from tests.support import tasks
+from tests.support.model.protocol.strategies import (
+    JOB_QUEUE,
+    LINKED,
+    LINKED_DELAY,
+    MEMBER,
+    PICK,
+    PRIORITY,
+)
 
 
 class FanOutModel:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from tests.model.protocol.records import (
+from tests.support.model.protocol.records import (
     LIMITS,
     ORDERS,
     PRIORITIES,

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
 from django_redisqueue.core.jobs import SUCCESSFUL
-from tests.model.harness import INJECTED, RUN, forget_scripts, snapshot
-from tests.model.protocol.records import (
+from tests.support.model.harness import INJECTED, RUN, forget_scripts, snapshot
+from tests.support.model.protocol.records import (
     DELAYS,
     LIMITS,
     QUEUES,
@@ -21,7 +21,7 @@ from tests.model.protocol.records import (
     UNKNOWN_ID,
     WORKERS,
 )
-from tests.model.protocol.strategies import (
+from tests.support.model.protocol.strategies import (
     MEMBER,
     OPTIONED,
     ORDER,
