@@ -1,3 +1,5 @@
-"""What the tests share and are not tests themselves: the task modules the suites
-enqueue, the private Redis servers and topologies, the key names, the fuzzing values,
-the docs' samples, and the like."""
+"""Whatever the suites use that is not a test: the tests' Django app (labelled "tests":
+its settings, URLs, models, command and the task modules the suites enqueue) and the
+helpers (private servers and topologies, keys, fuzzing values, the pages' code blocks,
+the model-based tests' state machines...). docs/development.md, "The layout of the
+tests", lists them."""

@@ -2,7 +2,8 @@
 a Redis Cluster of 3 masters and 3 replicas, on which each backend's keys live on one
 slot. Which server program (``REDISQUEUE_TEST_SERVER``: Redis 6.2, without Redis
 Functions, on which the scripts are called by EVALSHA; Valkey 8.1) is
-``tests/support/servers.py``'s choice. Shared by the test process and the workers it starts."""
+``tests/support/servers.py``'s choice. Shared by the test process and the workers it
+starts."""
 
 import os
 
