@@ -79,6 +79,26 @@ def test_a_job_commits_with_the_transaction_and_reaches_redis_after_it(backend, 
     assert backend.get_result(result.id).args == [1, 2]
 
 
+def test_a_transactions_jobs_leave_its_outbox_together_right_after_the_commit(backend, database):
+    """Jobs written to one outbox in one transaction are relayed in one batch, as jobs
+    queued on commit are pushed in one: one relay, one round trip."""
+    relayed = []
+    relay = OutboxRelay.relay_committed
+
+    def counted(self, results, database):
+        relayed.append([result.id for result in results])
+        relay(self, results, database)
+
+    with (
+        mock.patch.object(OutboxRelay, "relay_committed", counted),
+        transaction.atomic(using=database),
+    ):
+        ids = [enqueue(backend, i, 1).id for i in range(3)]
+    assert relayed == [ids]
+    assert rows(database) == []
+    assert all(job_exists(backend, job_id) for job_id in ids)
+
+
 def test_a_rolled_back_transaction_or_savepoint_leaves_no_job(backend, database):
     class Undo(Exception):
         pass

@@ -144,12 +144,16 @@ class JobPreparation(BaseTaskBackend):
         return self.enqueue_many(task, [(args, kwargs)], on_commit=True, using=using)[0]
 
     def push_on_commit(
-        self, results: list[RedisTaskResult], using: str | None, *, relay: Relay | None = None
+        self,
+        results: list[RedisTaskResult],
+        using: str | None,
+        *,
+        relay: tuple[Relay, str] | None = None,
     ) -> None:
         """Push ``results`` when the transaction commits, together with the jobs
         queued just before them in the same transaction and savepoint: a view that
         queues ten jobs sends them in one round trip at the commit. ``relay``: they are
-        in the outbox of ``using``, and ``relay(results, using)`` pushes them."""
+        in the outbox of a database, ``(relay, database)``, and move from it instead."""
         connection = transaction.get_connection(using)
         if connection.in_atomic_block and connection.run_on_commit:
             # Django keeps (savepoint ids, callback, robust) per callback. Joining the
@@ -160,12 +164,12 @@ class JobPreparation(BaseTaskBackend):
             if (
                 isinstance(last, _CommitBatch)
                 and last.backend is self
-                and last.relay_from == (using if relay else None)
+                and last.relay == relay
                 and savepoints == set(connection.savepoint_ids)
             ):
                 last.results += results
                 return
-        batch = _CommitBatch(self, results, using if relay else None, relay)
+        batch = _CommitBatch(self, results, relay)
         transaction.on_commit(batch, using=using)
 
     def prepare(
@@ -235,19 +239,18 @@ class _CommitBatch:
         self,
         backend: JobPreparation,
         results: list[RedisTaskResult],
-        relay_from: str | None,
-        relay: Relay | None,
+        relay: tuple[Relay, str] | None,
     ) -> None:
         self.backend = backend
         self.results = results
-        self.relay_from = relay_from  # the database whose outbox holds them, if one does
-        self.relay = relay
+        self.relay = relay  # (how, database) when an outbox holds them
 
     def __call__(self) -> None:
-        if self.relay is None or self.relay_from is None:
+        if self.relay is None:
             self.backend.push(self.results)
         else:
-            self.relay(self.results, self.relay_from)
+            relay, database = self.relay
+            relay(self.results, database)
 
 
 def new_job(result: RedisTaskResult, after: str = "") -> NewJob:

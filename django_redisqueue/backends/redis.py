@@ -162,7 +162,7 @@ class RedisQueueBackend(JobPreparation):
         """Write ``results`` to the outbox in the transaction on ``database``; once it
         commits, relay them."""
         self.outbox.write(results, database)
-        self.push_on_commit(results, database, relay=self.outbox.relay_committed)
+        self.push_on_commit(results, database, relay=(self.outbox.relay_committed, database))
 
     def outboxed(self, job_id: str) -> dict[str, str] | None:
         """The fields of a job still in an outbox (``OutboxRelay.fields``)."""
