@@ -44,6 +44,17 @@ class Check:
         where = f"[{self.queue}]" if self.queue is not None else ""
         return f"{'OK  ' if self.ok else 'FAIL'} {self.name}{where}: {self.message}"
 
+    @classmethod
+    def raised(cls, name: str, what: str, exc: BaseException, code: int) -> Check:
+        """The check failed on ``exc``: said after ``what``, named in the figures."""
+        return cls(
+            name,
+            False,
+            f"{what}: {type(exc).__name__}: {exc}",
+            figures={"error": type(exc).__name__, "detail": str(exc)},
+            code=code,
+        )
+
 
 class ProbeTimeout(Exception):
     """The probe took longer than twice --timeout. Not a Redis error, so that redis-py
@@ -78,13 +89,7 @@ class Probe:
         try:
             backlog = outbox.backlog(self.backend.config.outbox, self.backend.alias)
         except outbox.OUTBOX_ERRORS as exc:
-            return Check(
-                "outbox",
-                False,
-                f"cannot be read: {type(exc).__name__}: {exc}",
-                figures={"error": type(exc).__name__, "detail": str(exc)},
-                code=OUTBOX_STUCK,
-            )
+            return Check.raised("outbox", "cannot be read", exc, OUTBOX_STUCK)
         age = backlog.age()
         late = age > self.max_outbox_age
         message = f"{backlog.jobs} committed job(s) waiting for the relay"
@@ -130,13 +135,7 @@ class Probe:
         )
 
     def redis_failed(self, exc: BaseException) -> Check:
-        return Check(
-            "redis",
-            False,
-            f"unhealthy: {type(exc).__name__}: {exc}",
-            figures={"error": type(exc).__name__, "detail": str(exc)},
-            code=REDIS_UNHEALTHY,
-        )
+        return Check.raised("redis", "unhealthy", exc, REDIS_UNHEALTHY)
 
     def checks(self, queries: Queries, queues: list[str]) -> list[Check]:
         queues = queues or self.backend.served_queues()
