@@ -498,3 +498,20 @@ def test_a_fork_waits_for_the_scrape_in_hand_and_the_next_scrape_waits_for_the_f
     finally:
         server.shutdown()
         server.server_close()
+
+
+@given(
+    st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.sampled_from(metrics.DURATION_BUCKETS),
+        st.sampled_from([b + d for b in metrics.DURATION_BUCKETS for d in (-1e-9, 1e-9)]),
+    )
+)
+def test_a_value_falls_in_the_first_bucket_that_holds_it(value: float) -> None:
+    # The bucket a le= line counts: the smallest bound at least the value ("+Inf" past
+    # the last, and for what compares with no bound).
+    holding = [bound for bound in metrics.DURATION_BUCKETS if value <= bound]
+    expected = (
+        metrics.BUCKET_NAMES[metrics.DURATION_BUCKETS.index(holding[0])] if holding else "+Inf"
+    )
+    assert metrics._bucket(value) == expected

@@ -8,6 +8,7 @@ format (version 0.0.4) is written here, without a dependency.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import io
 import logging
@@ -35,9 +36,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# Upper bounds (s) of the histograms' buckets: 5 ms to 10 minutes, as jobs run.
+# Upper bounds (s) of the histograms' buckets, of a job's run and of its wait alike:
+# 5 ms to 10 minutes, as jobs run.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
-WAIT_BUCKETS = DURATION_BUCKETS
 # The label of a task that is not registered in the worker that ran the job.
 UNREGISTERED = "(unregistered)"
 # Bounds of one scrape's reads: live workers and schedulers read, and queues exposed
@@ -52,11 +53,11 @@ REQUEST_TIMEOUT = 5.0
 MAX_REQUEST_THREADS = 4
 
 
-def _bucket(bounds: Sequence[float], value: float) -> str:
-    for bound in bounds:
-        if value <= bound:
-            return _number(bound)
-    return "+Inf"
+def _bucket(value: float) -> str:
+    """The name of the first bucket (``le``) that holds ``value``."""
+    if not value <= DURATION_BUCKETS[-1]:  # (NaN too)
+        return "+Inf"
+    return BUCKET_NAMES[bisect.bisect_left(DURATION_BUCKETS, value)]
 
 
 @dataclass
@@ -72,12 +73,12 @@ class JobMetrics:
         labels = f"{event.queue}{SEPARATOR}{task}{SEPARATOR}"
         with self.lock:
             self.counts[f"jobs{SEPARATOR}{labels}{event.status}"] += 1
-            self._observe("duration", labels, DURATION_BUCKETS, event.duration)
+            self._observe("duration", labels, event.duration)
             if event.wait is not None:
-                self._observe("wait", labels, WAIT_BUCKETS, event.wait)
+                self._observe("wait", labels, event.wait)
 
-    def _observe(self, name: str, labels: str, bounds: Sequence[float], value: float) -> None:
-        self.counts[f"{name}{SEPARATOR}{labels}{_bucket(bounds, value)}"] += 1
+    def _observe(self, name: str, labels: str, value: float) -> None:
+        self.counts[f"{name}{SEPARATOR}{labels}{_bucket(value)}"] += 1
         self.sums[f"{name}_sum{SEPARATOR}{labels}"] += value
 
     def send(self, backend: RedisQueueBackend) -> None:
@@ -140,6 +141,10 @@ def _number(value: float) -> str:
     if math.isnan(value):
         return "NaN"
     return str(int(value)) if float(value).is_integer() and abs(value) < 2**53 else repr(value)
+
+
+# The buckets' names, as the exposition writes them: made once, not at every job.
+BUCKET_NAMES = (*(_number(bound) for bound in DURATION_BUCKETS), "+Inf")
 
 
 class Exposition:
@@ -300,7 +305,7 @@ class Exposition:
             family = self.duration if kind == "duration" else self.wait
             at = {**labels, "queue": queue, "task": task}
             total = 0.0
-            for bound in [*(_number(b) for b in DURATION_BUCKETS), "+Inf"]:
+            for bound in BUCKET_NAMES:
                 total += buckets.get(bound, 0.0)
                 family.add({**at, "le": bound}, total, "_bucket")
             family.add(at, sums.get((kind, queue, task), 0.0), "_sum")

@@ -82,9 +82,10 @@ class Hook:
     def started(self, attempt: Attempt) -> None:
         """The task is about to be called."""
 
-    def around(self, attempt: Attempt) -> Context:
-        """A context around the task's call: what the task raises passes through it."""
-        return contextlib.nullcontext()
+    def around(self, attempt: Attempt) -> Context | None:
+        """A context around the task's call (what the task raises passes through it),
+        or None for none: a job without a timeout enters no time limit."""
+        return None
 
     def ended(self, attempt: Attempt) -> None:
         """The attempt ended: ``attempt.outcome`` (and ``raised``, ``event``) are set."""
@@ -147,9 +148,9 @@ class Signals(Hook):
 class TimeLimit(Hook):
     """A task that runs past its ``timeout`` stopped through its token (JobTimeout)."""
 
-    def around(self, attempt: Attempt) -> Context:
+    def around(self, attempt: Attempt) -> Context | None:
         timeout = getattr(attempt.task, "timeout", None)
-        return time_limit(timeout, attempt.envelope.task_path, attempt.token)
+        return time_limit(timeout, attempt.envelope.task_path, attempt.token) if timeout else None
 
 
 class Around(Hook):
@@ -221,7 +222,9 @@ def run(
             args = [TaskContext(task_result=result), *args]
         with contextlib.ExitStack() as contexts:
             for hook in hooks:
-                contexts.enter_context(hook.around(attempt))
+                context = hook.around(attempt)
+                if context is not None:
+                    contexts.enter_context(context)
             value = call(attempt.task, args, envelope.kwargs, attempt.token)
         encoded = _encoded(value, envelope.task_path, max_bytes)
         outcome = Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result=encoded)
