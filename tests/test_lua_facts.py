@@ -86,6 +86,23 @@ def test_the_job_id_rule_is_the_same_in_lua_and_python(r, job_id):
     assert in_lua == bool(JOB_ID_RE.fullmatch(job_id)), repr(job_id)
 
 
+# The fixture's client is only read through: no state carries from one input to the next.
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    n=st.integers(0, 2**53)
+    | st.sampled_from([0, 1, 10**13, 10**14, 10**15, 2**44 * 200 + 2**44 - 1, 2**53])
+)
+def test_a_whole_number_is_written_with_every_digit_as_python_reads_it(r, n):
+    # Times in ms, counts and queue scores (up to 201 * 2^44) are whole numbers the
+    # scripts write as text for Python to read back: every digit, no exponent.
+    rule = r.register_script(
+        scripts.assemble("rule", "-- include: values\nreturn whole(tonumber(ARGV[1]))", LIBRARY)
+    )
+    assert rule(keys=DEFAULT_KEYS.script_keys, args=[str(n)]) == str(n)
+
+
 def test_an_owner_token_names_its_worker_as_python_reads_it(r, backend):
     job = tasks.noop.enqueue()
     worker_id = "host.example:4242:0a1b2c"  # as workers make them: host:pid:random

@@ -40,10 +40,11 @@ local function start_job(id, fields, score, worker, lease, now, leases)
   local attempts = math.floor(math.max(number(fields[3], 0), 0)) + 1
   local owner = worker .. '/' .. attempts
   local workers = fields[4] and (fields[4] .. ',' .. worker) or worker
-  local started = fields[7] or now
-  zadd(leases or RUNNING, now + lease, id)
-  local written = {'status', 'RUNNING', 'owner', owner, 'attempts', attempts,
-                   'workers', workers, 'last_attempted_at', now, 'started_at', started,
+  local stamp = whole(now)
+  local started = fields[7] or stamp
+  zadd(leases or RUNNING, whole(now + lease), id)
+  local written = {'status', 'RUNNING', 'owner', owner, 'attempts', whole(attempts),
+                   'workers', workers, 'last_attempted_at', stamp, 'started_at', started,
                    'score', score}
   redis.call('HSET', job, unpack(written))
   local reply = {id, owner, 'status', 'RUNNING', 'attempts', attempts, 'workers', workers,
@@ -64,7 +65,7 @@ local IDLE_QUEUES = 16
 -- A worker whose claim found nothing in `queues` (in the order it tried them) stands
 -- idle for `ttl` ms: past it, a worker that died idle is handed nothing more.
 local function register_idle(worker, queues, now, ttl)
-  local stamp = string.format('%.0f', now)
+  local stamp = whole(now)
   queues = {unpack(queues, 1, math.min(#queues, IDLE_QUEUES))}
   redis.call('SET', IDLE_WORKER .. worker, stamp .. '|' .. table.concat(queues, ','),
              'PX', ttl)
@@ -72,7 +73,7 @@ local function register_idle(worker, queues, now, ttl)
     local idle = typed(IDLE .. queue, 'zset')
     -- Entries registered over a ttl ago stand no more (their worker's key is gone):
     -- dropped here, as the enqueue meets the latest entries only.
-    redis.call('ZREMRANGEBYSCORE', idle, '-inf', '(' .. string.format('%.0f', now - ttl))
+    redis.call('ZREMRANGEBYSCORE', idle, '-inf', '(' .. whole(now - ttl))
     redis.call('ZADD', idle, stamp, worker)
     redis.call('PEXPIRE', idle, ttl)
   end

@@ -27,7 +27,7 @@ end
 -- where a give-back finds it). Waiting jobs are the many: each field left out is bytes
 -- a job.
 local function new_job_fields(payload, queue, priority, now)
-  local fields = {'payload', payload, 'queue', queue, 'enqueued_at', now}
+  local fields = {'payload', payload, 'queue', queue, 'enqueued_at', whole(now)}
   if number(priority, 0) ~= 0 then
     fields[#fields + 1] = 'priority'
     fields[#fields + 1] = priority

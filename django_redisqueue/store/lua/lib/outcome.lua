@@ -23,9 +23,9 @@ local function store_outcome(id, status, now, result, error, ttl, pending, root,
   fields = fields or redis.call('HMGET', job, unpack(OUTCOME_FIELDS))
   local queue = fields[1] or ''
   if result ~= '' then
-    redis.call('HSET', job, 'status', status, 'finished_at', now, 'result', result)
+    redis.call('HSET', job, 'status', status, 'finished_at', whole(now), 'result', result)
   else
-    redis.call('HSET', job, 'status', status, 'finished_at', now)
+    redis.call('HSET', job, 'status', status, 'finished_at', whole(now))
   end
   if fields[6] then
     redis.call('HDEL', job, 'waiting')
@@ -44,7 +44,7 @@ local function store_outcome(id, status, now, result, error, ttl, pending, root,
   -- not one per job.
   local stats = STATS .. math.floor(now / 60000)
   local count = redis.pcall('HINCRBY', stats,
-                            (status == 'FAILED' and 'failed:' or 'ok:') .. queue, 1)
+                            (status == 'FAILED' and 'failed:' or 'ok:') .. queue, '1')
   if count == 1 then
     redis.call('EXPIRE', stats, STATS_TTL)
   end
@@ -60,7 +60,7 @@ local function store_outcome(id, status, now, result, error, ttl, pending, root,
   if error ~= '' then
     append_error(job, error)
   end
-  redis.call('EXPIRE', job, ttl)
+  redis.call('EXPIRE', job, whole(ttl))
   if fields[3] then
     local done = job .. ':done'
     redis.pcall('RPUSH', done, status)

@@ -7,7 +7,7 @@
 -- in a double. Formatted by hand because Lua prints large numbers with 14 digits.
 local function queue_score(priority, seq)
   local p = math.floor(math.min(math.max(number(priority, 0), -100), 100))
-  return string.format('%.0f', (100 - p) * 17592186044416 + seq)
+  return whole((100 - p) * 17592186044416 + seq)
 end
 
 -- True when `queue` is paused (a paused set of another type pauses nothing).

@@ -9,6 +9,13 @@ local function clock_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- A whole number (a time in ms, a count, a score) as the text a command is given:
+-- Lua's own conversion of a number argument (%.14g) goes through the slow path of
+-- float printing, which cost a claim a tenth of its instructions.
+local function whole(n)
+  return string.format('%d', n)
+end
+
 -- A number read from Redis, or the default when it is not a finite number.
 local function number(value, default)
   local n = tonumber(value)
