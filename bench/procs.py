@@ -103,8 +103,11 @@ def sample(root: psutil.Process) -> tuple[float, float, int]:
 def wait_for_rest(
     processes: Processes, *, timeout: float = 90.0, quiet: float = 2.0, at_least: float = 3.0
 ) -> Memory:
-    """Wait until the worker tree has settled (same processes, almost no CPU, steady RSS
-    for ``quiet`` seconds), then measure its memory."""
+    """Wait until the worker tree has settled (same processes, steady RSS and little CPU
+    for ``quiet`` seconds), then measure its memory. Little CPU: under 2% of a core, or
+    under 10% and no less than over the ``quiet`` seconds before (a worker whose idle
+    threads poll, as Huey's do, settles on a floor of its own: hundreds of threads
+    backing off take over a minute to reach it)."""
     started = time.monotonic()
     root = processes.worker
     history: list[tuple[float, float, float, int]] = []
@@ -116,8 +119,11 @@ def wait_for_rest(
         history.append((now, *sample(root)))
         if now - started >= at_least and len(history) > window:
             then, now_ = history[-window - 1], history[-1]
+            used = now_[1] - then[1]
+            earlier = len(history) > 2 * window
+            before = then[1] - history[-2 * window - 1][1] if earlier else float("inf")
             if (
-                now_[1] - then[1] < 0.02 * quiet  # under 2% of a core
+                (used < 0.02 * quiet or (used < 0.10 * quiet and used >= before))
                 and abs(now_[2] - then[2]) < 0.01 * now_[2]
                 and all(h[3] == now_[3] for h in history[-window - 1 :])
             ):
