@@ -162,6 +162,8 @@ def test_redis_loading_its_data_is_a_refusal_that_workers_wait_out(server, rr, p
     """A Redis restarted on its data answers LOADING until it has read it: nothing
     ran, so the enqueue says Redis refused it, and a worker waits with backoff, saying
     so, then runs the jobs queued once the data is in."""
+    if int(rr.info("server")["redis_version"].split(".")[0]) < 7:
+        pytest.skip("Redis 6.2 answers clients only every 2 MB it loads: mostly silence")
     rr.eval("for i = 1, 10000 do redis.call('SET', 'padding:' .. i, i) end", 0)
     worker = procs.start("runworker", *LEASED)
     first = tasks.ledger.using(backend="leased").enqueue("first", 0)
