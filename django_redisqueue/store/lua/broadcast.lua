@@ -13,7 +13,7 @@
 -- unread message holds, whatever the counter holds (garbage, or deleted).
 local now, ttl = clock_ms(), tonumber(ARGV[3])
 local cursors, unread, sent = typed(CURSORS, 'zset'), typed(UNREAD, 'zset'), typed(SENT, 'zset')
-local n = string.format('%.0f', last_broadcast() + 1)
+local n = whole(last_broadcast() + 1)
 redis.call('SET', BROADCAST_SEQ, n)
 local message = BROADCAST .. 'msg:' .. n
 redis.call('DEL', message)

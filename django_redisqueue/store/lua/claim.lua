@@ -123,6 +123,6 @@ end
 -- The number as a whole number, whatever the key holds (a worker compares it).
 local broadcast = ''
 if read_broadcast then
-  broadcast = string.format('%.0f', math.max(number(redis.pcall('GET', BROADCAST_SEQ), 0), 0))
+  broadcast = whole(math.max(number(redis.pcall('GET', BROADCAST_SEQ), 0), 0))
 end
 return {stored, claimed, broadcast}

@@ -62,11 +62,6 @@ local function read_last(key, clock)
   return math.floor(last)
 end
 
--- Ms as an exact decimal text (Lua prints large numbers with 14 digits).
-local function ms(value)
-  return string.format('%.0f', value)
-end
-
 local mode = ARGV[1]
 local clock = clock_ms()
 
@@ -95,7 +90,7 @@ if mode == 'sync' then
       if last == nil then
         last = clock
       end
-      redis.call('HSET', key, 'last', ms(last), 'spec', spec, 'timetable', timetable,
+      redis.call('HSET', key, 'last', whole(last), 'spec', spec, 'timetable', timetable,
                  'next', next_at)
       redis.call('SADD', names, name)
       given[name] = true
@@ -130,7 +125,7 @@ elseif mode == 'resume' then
   -- must not move `last` past occurrences due but not yet enqueued.
   if redis.call('HGET', key, 'paused') then
     redis.call('HDEL', key, 'paused')
-    redis.call('HSET', key, 'last', ms(clock))
+    redis.call('HSET', key, 'last', whole(clock))
   end
   return 1
 elseif mode == 'run_now' then
@@ -177,7 +172,7 @@ if last == nil then
   if expected and expected >= 0 and expected <= clock then
     last = math.floor(expected)
   end
-  redis.call('HSET', key, 'last', ms(last), 'next', next_at, 'timetable', timetable)
+  redis.call('HSET', key, 'last', whole(last), 'next', next_at, 'timetable', timetable)
   return {'new', last, 0, ''}
 end
 if expected == nil or math.floor(expected) ~= last then
@@ -185,7 +180,7 @@ if expected == nil or math.floor(expected) ~= last then
 end
 if redis.call('HGET', key, 'paused') then
   last = math.max(last, math.min(math.floor(now), clock))
-  redis.call('HSET', key, 'last', ms(last), 'next', next_at)
+  redis.call('HSET', key, 'last', whole(last), 'next', next_at)
   return {'paused', last, 0, ''}
 end
 local options = job_options(ARGV[12])
@@ -210,7 +205,7 @@ for i = 13, #ARGV - 1, 2 do
     last = math.floor(at)
   end
 end
-redis.call('HSET', key, 'last', ms(last), 'next', next_at)
+redis.call('HSET', key, 'last', whole(last), 'next', next_at)
 if stored > 0 then
   leave_wake_token(WAKE .. queue)
   if ARGV[11] == '1' then
@@ -221,6 +216,6 @@ end
 if skipped > 0 then
   -- Read as a number and written back: a field spoilt by hand must not stop the step.
   local total = number(redis.call('HGET', key, 'skipped'), 0) + skipped
-  redis.call('HSET', key, 'skipped', ms(total))
+  redis.call('HSET', key, 'skipped', whole(total))
 end
 return {'ok', last, stored, last_job}

@@ -44,7 +44,7 @@ local taken = {0}
 local last = cursor
 -- The cursor as an exact decimal: Lua writes large numbers with 14 digits, which
 -- would read back below it (and the messages past it be taken again).
-local since = '(' .. string.format('%.0f', cursor)
+local since = '(' .. whole(cursor)
 for _, n in ipairs(redis.call('ZRANGEBYSCORE', unread, since, '+inf', 'LIMIT', 0, most)) do
   -- The cursor moves by the scores, which are the numbers: a member written by hand
   -- that is not a number cannot stop it.
@@ -61,7 +61,7 @@ if last > cursor then
   redis.call('ZADD', cursors, last, worker)
   trim_broadcasts(now, window)
 end
-if redis.call('ZRANGEBYSCORE', unread, '(' .. string.format('%.0f', last), '+inf', 'LIMIT', 0,
+if redis.call('ZRANGEBYSCORE', unread, '(' .. whole(last), '+inf', 'LIMIT', 0,
               1)[1] then
   taken[1] = 1
 end

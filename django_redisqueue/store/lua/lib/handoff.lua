@@ -162,7 +162,7 @@ local function hand_over(id, fields, score, worker, queue, lease, now)
   local reply = start_job(id, fields, score, worker, lease, now, typed(HANDED, 'zset'))
   for i, value in ipairs(reply) do
     if type(value) == 'number' then
-      reply[i] = string.format('%.0f', value) -- cjson would print 14 digits
+      reply[i] = whole(value) -- cjson would print 14 digits
     end
   end
   local handoff = typed(HANDOFF .. worker, 'list')

@@ -75,7 +75,7 @@ local function store_limits(job, options)
       redis.call('HSET', job, 'max_running', options.max_running)
     end
     if options.rate and options.per then
-      local rate = string.format('%.0f/%.0f', options.rate, options.per)
+      local rate = whole(options.rate) .. '/' .. whole(options.per)
       redis.call('HSET', job, 'rate', rate)
       rate_window(limits_of(options.limit, nil, rate))
     end

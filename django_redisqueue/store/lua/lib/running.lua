@@ -14,7 +14,7 @@ local function requeue(id, now, ttl)
   end
   local score = number(fields[3], nil)
   if score then
-    put_on_queue(id, fields[1], string.format('%.0f', score))
+    put_on_queue(id, fields[1], whole(score))
   else
     push_ready(id, fields[1], fields[2])
   end

@@ -28,6 +28,6 @@ local function hold_unique(id, options, now)
   redis.call('HSET', JOB .. id, 'unique', options.unique)
   local ms = number(options.unique_ms, 0)
   if ms > 0 then
-    redis.call('HSET', JOB .. id, 'unique_until', string.format('%.0f', now + ms))
+    redis.call('HSET', JOB .. id, 'unique_until', whole(now + ms))
   end
 end
