@@ -150,6 +150,12 @@ def lint(session: nox.Session) -> None:
     session.run("mypy")
 
 
+def long_tests(session: nox.Session) -> list[str]:
+    """The ids of the tests marked long, in any file."""
+    listed = session.run("pytest", "--collect-only", "-q", "-m", "long", silent=True)
+    return [line for line in str(listed).splitlines() if "::" in line]
+
+
 @nox.session(python=[python for python, _, _ in MATRIX])
 def tests(session: nox.Session) -> None:
     """On one (Python, Django) pair: the test suite, then Django's own tests/tasks/
@@ -165,22 +171,24 @@ def tests(session: nox.Session) -> None:
         chosen: list[str] = []
     else:
         chosen = OLDEST_REST if oldest else NEWEST_SUITES if newest else DJANGO_SUITES
+    if newest and not session.posargs:
+        # The long runs (a minute or more each), wherever they are, first among the rest:
+        # a run of their own would leave a core idle while its one test waits.
+        chosen = [*long_tests(session), *chosen]
     session.run(
         "pytest",
         *chosen,
         # One process per core (pytest-xdist), each with a redis-server of its own.
         "--numprocesses=auto",
-        # The failover tests (Sentinel and Cluster chaos) take minutes: newest pair only.
-        "-m",
-        "not long" if newest else "not failover and not long",
+        # The failover tests (Sentinel and Cluster chaos) and the long runs take minutes:
+        # newest pair only.
+        *(() if newest else ("-m", "not failover and not long")),
         *(() if oldest else (f"--ignore={path}" for path in REDIS_SUITES)),
         *session.posargs,
         # The browser tests' screenshots of every page, light and dark, per Django.
         env={"REDISQUEUE_SCREENSHOTS": "test-artifacts/screenshots"},
     )
     if newest and not session.posargs:
-        # The long runs (minutes each), wherever they are.
-        session.run("pytest", "--numprocesses=auto", "-m", "long")
         # The core, scheduler and admin tests again, on a Redis Cluster of 3 masters and
         # 3 replicas (tests/support/topology.py).
         session.run(

@@ -34,7 +34,7 @@ from typing import Any
 import redis
 
 from bench import report, workloads
-from bench.procs import ROOT
+from bench.procs import ROOT, compile_bytecode
 from bench.systems import NAMES, load
 from bench.systems.base import System
 from bench.workloads import WORKLOADS, Bench
@@ -113,6 +113,7 @@ def main() -> None:
     if "redisqueue" not in names:
         names.insert(0, "redisqueue")  # every ratio needs it
 
+    compile_bytecode()
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="bench-peers-"))
     with RedisServer() as server:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import os
 import signal
 import subprocess
+import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,15 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 
 MiB = 1024 * 1024
+
+
+def compile_bytecode() -> None:
+    """Compile what the workers import, as pip does when it installs: a worker that starts
+    from source instead (uv installs no bytecode, and PYTHONDONTWRITEBYTECODE keeps Python
+    from writing it) keeps its compiler's leftovers, 6 MiB of PSS for a Django worker."""
+    found = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    for path in [*sorted(found), str(ROOT / "django_redisqueue"), str(ROOT / "bench")]:
+        compileall.compile_dir(path, quiet=1, workers=0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from bench import redisstats
+from bench.procs import compile_bytecode
 from bench.systems import stamps
 from tests.support.servers import HOST, RedisServer
 from tests.support.topologies import RedisClusterGroup
@@ -445,6 +446,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.enqueue_child:
         enqueue_child(args.enqueue_child.split(","), args.jobs)
         return
+    compile_bytecode()
     shape = WorkerShape(args.concurrency, args.threads)
     names = set(args.configs.split(","))
     if names - set(CONFIGS):
