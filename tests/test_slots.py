@@ -39,6 +39,12 @@ def run_patched(worker, *patches):
         worker.run()
 
 
+def slots_on(broker):
+    """The slots call Redis through ``broker`` (the backend's, whose calls the test
+    replaces) instead of on connections of their own."""
+    return patch.object(SlotWorker, "_own_broker", lambda self: broker)
+
+
 def log(r):
     return r.lrange(tasks.LOG, 0, -1)
 
@@ -92,6 +98,31 @@ def test_a_lost_lease_stops_its_job_and_no_other(r, task):
         assert "cancelled:lost" in log(r)
     assert backend.get_result(lost.id).status == TaskResultStatus.RUNNING  # not ours now
     assert kept.wait(timeout=5) is True
+
+
+def test_each_slot_calls_redis_on_a_connection_of_its_own_given_back_at_the_end(r, backend):
+    """Not through the backend's pool, whose hand-over of a connection on every call
+    costs the slots' threads the GIL; the connections go back to the pool as the worker
+    ends."""
+    a = tasks.rendezvous.enqueue("a", "b", 20)  # both slots busy at once
+    b = tasks.rendezvous.enqueue("b", "a", 20)
+    jobs = [tasks.add.enqueue(i, 1) for i in range(20)]
+    pooled = []
+    claim = backend.broker.claim
+
+    def counted(*args, **kwargs):
+        pooled.append(1)
+        return claim(*args, **kwargs)
+
+    with patch.object(backend.broker, "claim", counted):
+        worker = run_slots_here(backend, threads=2)
+    assert a.wait(timeout=5) is True and b.wait(timeout=5) is True
+    assert [job.wait(timeout=5) for job in jobs] == [i + 1 for i in range(20)]
+    assert pooled == []
+    assert len(worker._brokers) == 2
+    assert len({id(broker.client) for broker in worker._brokers}) == 2
+    assert all(broker.client.connection is None for broker in worker._brokers)
+    assert backend.broker.client.connection_pool._in_use_connections == set()
 
 
 def test_a_lost_reply_keeps_the_jobs_of_slots_not_running_them(r, backend):
@@ -234,6 +265,7 @@ def test_a_lost_reply_gives_back_no_job_whose_outcome_a_slot_is_still_storing(r,
         worker,
         patch.object(worker.broker, "claim", claim_losing_the_second_reply),
         patch.object(worker.broker, "abandon", abandon_then_say),
+        slots_on(backend.broker),
         patch.object(backend.broker, "finish", finish_once_recovered),
     )
     assert recovered.is_set()
@@ -252,7 +284,7 @@ def test_a_busy_slot_stores_each_outcome_and_claims_its_next_job_in_one_call(r, 
         calls.append(bool(args[0]))  # whether it claimed, or only stored
         return claim(*args, **kwargs)
 
-    with patch.object(backend.broker, "claim", counted):
+    with slots_on(backend.broker), patch.object(backend.broker, "claim", counted):
         worker = run_slots_here(backend, threads=2)
     assert [job.wait(timeout=5) for job in jobs] == [i + 1 for i in range(40)]
     assert worker.jobs_done == 40
@@ -290,6 +322,7 @@ def test_a_lost_reply_waits_for_a_slot_claim_in_flight_and_keeps_its_job(r, back
 
     run_patched(
         worker,
+        slots_on(backend.broker),
         patch.object(backend.broker, "claim", slot_claim_slow_to_take_its_job),
         patch.object(worker.broker, "claim", loop_claim_losing_a_reply),
         patch.object(worker.broker, "abandon", abandon_said),
@@ -385,6 +418,7 @@ def test_a_slot_claim_whose_reply_is_lost_as_the_worker_stops_gives_its_job_back
     run_patched(
         worker,
         patch("django_redisqueue.runtime.slots.BROADCASTS_READ_EVERY", 3600),
+        slots_on(backend.broker),
         patch.object(backend.broker, "claim", slot_claim_losing_its_reply_as_the_worker_stops),
     )
     assert log(r) == ["first"]
@@ -453,6 +487,7 @@ def test_a_refusal_to_the_loop_does_not_forget_a_slot_claims_lost_reply(r, backe
     run_patched(
         worker,
         patch("django_redisqueue.runtime.slots.BROADCASTS_READ_EVERY", 3600),
+        slots_on(backend.broker),
         patch.object(backend.broker, "claim", slot_claim_losing_its_reply),
         patch.object(worker.broker, "claim", loop_claim_refused_once),
         patch.object(slots, "reply_lost", reply_lost_as_the_slot_loses_its_own),

@@ -18,7 +18,7 @@ from django_redisqueue.runtime.slots import SlotWorker
 from tests.conftest import wait_until
 from tests.support import slot_tasks, tasks
 from tests.support.keys import DEFAULT_KEYS
-from tests.test_slots import run_patched, run_slots_here
+from tests.test_slots import run_patched, run_slots_here, slots_on
 
 THREADS = ("--threads", "4")
 
@@ -149,6 +149,7 @@ def test_a_slots_own_claim_parks_a_limited_job_and_the_store_that_frees_its_limi
         worker,
         # The slots claim their next jobs whatever the time (no broadcasts' number due).
         patch("django_redisqueue.runtime.slots.BROADCASTS_READ_EVERY", 3600),
+        slots_on(backend.broker),
         patch.object(backend.broker, "claim", slot_claim_seen),
     )
     assert ([f.id], h.id, [l2.id]) in calls  # B's call parked L2, took H
@@ -204,6 +205,7 @@ def test_an_operators_stale_actions_on_a_job_a_slot_has_just_claimed_change_noth
     run_patched(
         worker,
         patch("django_redisqueue.runtime.slots.BROADCASTS_READ_EVERY", 3600),
+        slots_on(backend.broker),
         patch.object(backend.broker, "claim", slot_claim_then_the_operator),
     )
     assert len(told) == 7, told  # the operator acted on the job the slot had claimed

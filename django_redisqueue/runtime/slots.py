@@ -31,6 +31,7 @@ from django_redisqueue.runtime.worker import (
     WAIT_TIMEOUT,
     Worker,
 )
+from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector, reply_lost
 from django_redisqueue.store.wire import Claimed
 
@@ -128,6 +129,8 @@ class SlotWorker(Worker):
         self._unstored: set[tuple[str, str]] = set()
         # Each slot thread's database connections, by thread, to close as the slots end.
         self._databases: dict[int, Sequence[BaseDatabaseWrapper]] = {}
+        # Each slot thread's broker, on a Redis connection of its own (_own_broker).
+        self._brokers: list[Broker] = []
         super().__init__(backend, queues, weights=weights, **options)
         self.threads = threads
         self._free = threading.Semaphore(threads)
@@ -137,6 +140,17 @@ class SlotWorker(Worker):
         if slot is None:
             slot = self._local.slot = _Slot()
         return slot
+
+    def _own_broker(self) -> Broker:
+        """This slot thread's broker, on a connection of its own (``Broker.pinned``):
+        through the pool, each call takes its lock and checks the connection, system
+        calls that each hand the GIL over to another slot (docs/architecture.md)."""
+        broker: Broker | None = getattr(self._local, "broker", None)
+        if broker is None:
+            broker = self._local.broker = self.backend.broker.pinned()
+            with self._changed:
+                self._brokers.append(broker)
+        return broker
 
     current: _OfTheThread[Claimed | None] = _OfTheThread()
     token: _OfTheThread[StopToken | None] = _OfTheThread()
@@ -226,6 +240,8 @@ class SlotWorker(Worker):
                     self._changed.wait(WAIT_TIMEOUT)
             pool.shutdown(wait=not self.stuck)
             self._close_databases()
+            for broker in self._brokers:  # a stuck thread's, if it calls again: the pool's
+                broker.close()
             # A slot's claim lost its reply as the worker stopped: no free slot's claim
             # came after it to give back what it may have given.
             self._recover_before_the_end()
@@ -299,7 +315,7 @@ class SlotWorker(Worker):
         failed: Exception | None = None
         with self._claims.passing():  # not while the loop gives back what a lost reply gave
             try:
-                stored, job = self.backend.broker.claim(
+                stored, job = self._own_broker().claim(
                     queues, self.worker_id, finished.outcome, broadcasts=False
                 )
             except REDIS_ERRORS as exc:  # the loop recovers a job the call may have given
@@ -343,12 +359,11 @@ class SlotWorker(Worker):
         """Store the outcome, trying again while Redis fails (a repeat after a lost
         reply is fenced), up to a few tries once the worker stops. ``repeated``: a
         call that may have stored it lost its reply."""
-        backoff = Reconnector(
-            logger, f"Worker {self.worker_id}", where=self.backend.broker.describe
-        )
+        broker = self._own_broker()
+        backoff = Reconnector(logger, f"Worker {self.worker_id}", where=broker.describe)
         while True:
             try:
-                stored = self.backend.broker.finish(finished.outcome)
+                stored = broker.finish(finished.outcome)
                 break
             except REDIS_ERRORS as exc:
                 repeated = repeated or reply_lost(exc)
