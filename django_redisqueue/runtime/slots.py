@@ -129,8 +129,10 @@ class SlotWorker(Worker):
         self._unstored: set[tuple[str, str]] = set()
         # Each slot thread's database connections, by thread, to close as the slots end.
         self._databases: dict[int, Sequence[BaseDatabaseWrapper]] = {}
-        # Each slot thread's broker, on a Redis connection of its own (_own_broker).
+        # The slots' brokers, each on a Redis connection of its own (_spare_broker):
+        # all of them, and those no slot is calling on.
         self._brokers: list[Broker] = []
+        self._spare: list[Broker] = []
         super().__init__(backend, queues, weights=weights, **options)
         self.threads = threads
         self._free = threading.Semaphore(threads)
@@ -141,16 +143,25 @@ class SlotWorker(Worker):
             slot = self._local.slot = _Slot()
         return slot
 
-    def _own_broker(self) -> Broker:
-        """This slot thread's broker, on a connection of its own (``Broker.pinned``):
-        through the pool, each call takes its lock and checks the connection, system
-        calls that each hand the GIL over to another slot (docs/architecture.md)."""
-        broker: Broker | None = getattr(self._local, "broker", None)
-        if broker is None:
-            broker = self._local.broker = self.backend.broker.pinned()
-            with self._changed:
-                self._brokers.append(broker)
-        return broker
+    @contextlib.contextmanager
+    def _spare_broker(self) -> Iterator[Broker]:
+        """A broker on a connection of its own (``Broker.pinned``) for a slot's call:
+        one no other slot is calling on, else a new one. Not the pool's, which takes a
+        lock and checks the connection it lends, system calls that each hand the GIL
+        to another slot; nor one a slot, which would hold as many connections as
+        slots where the calls at once are few (docs/architecture.md)."""
+        try:
+            broker = self._spare.pop()  # atomic: no lock, no system call
+        except IndexError:
+            broker = self.backend.broker.pinned()
+            if broker is not self.backend.broker:
+                with self._changed:
+                    self._brokers.append(broker)
+        try:
+            yield broker
+        finally:
+            if broker is not self.backend.broker:
+                self._spare.append(broker)
 
     current: _OfTheThread[Claimed | None] = _OfTheThread()
     token: _OfTheThread[StopToken | None] = _OfTheThread()
@@ -315,9 +326,10 @@ class SlotWorker(Worker):
         failed: Exception | None = None
         with self._claims.passing():  # not while the loop gives back what a lost reply gave
             try:
-                stored, job = self._own_broker().claim(
-                    queues, self.worker_id, finished.outcome, broadcasts=False
-                )
+                with self._spare_broker() as broker:
+                    stored, job = broker.claim(
+                        queues, self.worker_id, finished.outcome, broadcasts=False
+                    )
             except REDIS_ERRORS as exc:  # the loop recovers a job the call may have given
                 if reply_lost(exc):  # set, never read and written back: a slot may set it too
                     self.uncertain = True
@@ -359,11 +371,13 @@ class SlotWorker(Worker):
         """Store the outcome, trying again while Redis fails (a repeat after a lost
         reply is fenced), up to a few tries once the worker stops. ``repeated``: a
         call that may have stored it lost its reply."""
-        broker = self._own_broker()
-        backoff = Reconnector(logger, f"Worker {self.worker_id}", where=broker.describe)
+        backoff = Reconnector(
+            logger, f"Worker {self.worker_id}", where=self.backend.broker.describe
+        )
         while True:
             try:
-                stored = broker.finish(finished.outcome)
+                with self._spare_broker() as broker:
+                    stored = broker.finish(finished.outcome)
                 break
             except REDIS_ERRORS as exc:
                 repeated = repeated or reply_lost(exc)
