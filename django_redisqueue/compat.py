@@ -41,6 +41,7 @@ if TYPE_CHECKING or HAS_DJANGO_TASKS:
         TaskResultMismatch,
     )
     from django.tasks.signals import (
+        log_task_enqueued,
         log_task_finished,
         log_task_started,
         task_enqueued,
@@ -79,6 +80,7 @@ else:  # Django 5.2
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
     from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
     from django_tasks.signals import (
+        log_task_enqueued,
         log_task_finished,
         log_task_started,
         task_enqueued,

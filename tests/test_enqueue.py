@@ -1,6 +1,9 @@
 """Enqueueing from application code: the handle, validation, both decorators."""
 
+import logging
+import os
 import re
+from unittest.mock import patch
 
 import pytest
 from django.conf import settings
@@ -8,11 +11,15 @@ from django.core.cache import caches
 from django.test import override_settings
 
 from django_redisqueue import RedisTask, RedisTaskResult, task
+from django_redisqueue.backend import RedisQueueBackend
+from django_redisqueue.backends.base import new_job_id
 from django_redisqueue.compat import (
+    TASKS_PACKAGE,
     InvalidTask,
     TaskResultDoesNotExist,
     TaskResultStatus,
     task_backends,
+    task_enqueued,
 )
 from django_redisqueue.exceptions import BrokerUnavailable, ConfigurationError
 from tests.conftest import not_on_cluster, run_worker_here
@@ -207,3 +214,59 @@ def test_a_refusal_is_told_from_no_answer(r):
             tasks.add.enqueue(1, 2)
     finally:
         r.config_set("maxmemory", 0)
+
+
+@pytest.fixture
+def only_the_frameworks_receiver():
+    """task_enqueued with only the framework's DEBUG line listening: the test tasks'
+    own receiver, for the signal tests, is disconnected meanwhile."""
+    task_enqueued.disconnect(tasks.record_signal)
+    yield
+    task_enqueued.connect(tasks.record_signal)
+
+
+def test_task_enqueued_reaches_every_receiver_and_the_frameworks_debug_line(
+    r, caplog, only_the_frameworks_receiver
+):
+    """task_enqueued is not sent while only the framework's DEBUG line would hear it
+    and nobody logs it; a receiver connected later, for any sender or this backend's,
+    hears it, as does that line once DEBUG is on."""
+    heard = []
+
+    def receiver(sender, task_result, **kwargs):
+        heard.append(task_result.id)
+
+    with patch.object(task_enqueued, "send", side_effect=AssertionError("sent")):
+        tasks.add.enqueue(1, 1)
+    for sender in (None, RedisQueueBackend):
+        task_enqueued.connect(receiver, sender=sender)
+        try:
+            result = tasks.add.enqueue(2, 2)
+        finally:
+            task_enqueued.disconnect(receiver, sender=sender)
+        assert heard[-1:] == [result.id]
+    tasks.add.enqueue(3, 3)
+    assert len(heard) == 2
+    with caplog.at_level(logging.DEBUG, logger=TASKS_PACKAGE):
+        logged = tasks.add.enqueue(4, 4)
+    assert [r.name for r in caplog.records if logged.id in r.getMessage()] == [TASKS_PACKAGE]
+
+
+def test_a_child_process_draws_job_ids_of_its_own(r):
+    """Ids are drawn from the system's random source many at a time: a child forked
+    after the parent drew them must not hand out the parent's next ones."""
+    new_job_id()  # the parent holds ids drawn ahead
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write, " ".join(new_job_id() for _ in range(300)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        child = answer.read().decode().split()
+    os.waitpid(pid, 0)
+    parent = [new_job_id() for _ in range(300)]
+    assert len(child) == 300
+    assert not set(child) & set(parent)

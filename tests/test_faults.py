@@ -336,3 +336,43 @@ def test_whether_redis_answered_is_one_verdict_for_every_message_and_recovery(ex
         Reconnector(logging.getLogger("tests"), "Worker w").failed(exc)
     assert ("Redis refused a command" in caplog.text) is refused
     assert ("Redis unreachable" in caplog.text) is not refused
+
+
+def test_an_enqueue_at_once_after_a_redis_restart_is_stored(server):
+    """Its connection, lent from the spare ones, died with the server a moment ago:
+    the enqueue goes on a new one, as one through the pool would."""
+    enqueue = tasks.add.using(backend="leased").enqueue
+    first = enqueue(1, 1)
+    server.kill()
+    server.start()
+    second = enqueue(2, 2)
+    assert second.status == TaskResultStatus.READY
+    assert result(second.id).args == [2, 2]
+    assert first.id != second.id
+
+
+def test_a_worker_of_eight_threads_and_enqueues_survive_a_redis_restart(server, rr, procs, report):
+    """The slots call Redis on spare connections, which a restart leaves dead: each is
+    found out (a reply lost, recovered) or replaced, and no job is lost; an enqueue at
+    once after the restart is stored, not refused on a dead connection."""
+    ledger = tasks.ledger.using(backend="leased")
+    ids = [job.id for job in ledger.enqueue_many([((i, 5), {}) for i in range(600)])]
+    scheduler = procs.start("runscheduler", *LEASED)
+    worker = procs.start("runworker", "--threads", "8", *LEASED)
+    wait_until(lambda: rr.llen("test:ledger") >= 100, 60, "some jobs to run")
+    ids.append(ledger.enqueue(600, 0).id)  # this process holds a spare connection too
+
+    server.kill()
+    procs.expect(worker, "Redis unreachable")
+    server.start()
+    ids += [ledger.enqueue(i, 0).id for i in range(601, 611)]
+
+    wait_until(lambda: all_finished(ids), 120, "every job to finish")
+    outputs = [procs.stop(p) for p in (scheduler, worker)]
+    ran = rr.lrange("test:ledger", 0, -1)
+    report(
+        f"redis restart under --threads 8: jobs={len(ids)} lost=0 "
+        f"duplicates={len(ran) - len(set(ran))}"
+    )
+    assert "Redis reachable again" in outputs[1]
+    assert set(ran) == {str(i) for i in range(611)}

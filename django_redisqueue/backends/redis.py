@@ -14,7 +14,13 @@ from django.conf import settings
 from django.core import checks
 from django.utils.module_loading import import_string
 
-from django_redisqueue.backends.base import JobPreparation, job_after, new_job, new_job_id
+from django_redisqueue.backends.base import (
+    JobPreparation,
+    enqueued_is_heard,
+    job_after,
+    new_job,
+    new_job_id,
+)
 from django_redisqueue.backends.outbox import OutboxRelay
 from django_redisqueue.compat import (
     DEFAULT_TASK_QUEUE_NAME,
@@ -263,6 +269,7 @@ class RedisQueueBackend(JobPreparation):
             raise self._unavailable(f"enqueue {_names(results)}", exc) from exc
         taken = []
         holders: dict[str, RedisTaskResult | None] = {}
+        heard = enqueued_is_heard(type(self))
         for result, enqueued_at in zip(results, enqueued, strict=True):
             if enqueued_at is None:
                 if not relayed:
@@ -272,7 +279,8 @@ class RedisQueueBackend(JobPreparation):
                 self._adopt(result, enqueued_at, holders)
                 continue
             object.__setattr__(result, "enqueued_at", from_seconds(enqueued_at / 1000))
-            task_enqueued.send(type(self), task_result=result)
+            if heard:
+                task_enqueued.send(type(self), task_result=result)
         if taken:
             raise BrokerUnavailable(
                 f"Could not enqueue {_names(taken)}: job id "

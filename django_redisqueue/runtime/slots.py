@@ -129,10 +129,6 @@ class SlotWorker(Worker):
         self._unstored: set[tuple[str, str]] = set()
         # Each slot thread's database connections, by thread, to close as the slots end.
         self._databases: dict[int, Sequence[BaseDatabaseWrapper]] = {}
-        # The slots' brokers, each on a Redis connection of its own (_spare_broker):
-        # all of them, and those no slot is calling on.
-        self._brokers: list[Broker] = []
-        self._spare: list[Broker] = []
         super().__init__(backend, queues, weights=weights, **options)
         self.threads = threads
         self._free = threading.Semaphore(threads)
@@ -143,25 +139,12 @@ class SlotWorker(Worker):
             slot = self._local.slot = _Slot()
         return slot
 
-    @contextlib.contextmanager
-    def _spare_broker(self) -> Iterator[Broker]:
-        """A broker on a connection of its own (``Broker.pinned``) for a slot's call:
-        one no other slot is calling on, else a new one. Not the pool's, which takes a
-        lock and checks the connection it lends, system calls that each hand the GIL
-        to another slot; nor one a slot, which would hold as many connections as
-        slots where the calls at once are few (docs/architecture.md)."""
-        try:
-            broker = self._spare.pop()  # atomic: no lock, no system call
-        except IndexError:
-            broker = self.backend.broker.pinned()
-            if broker is not self.backend.broker:
-                with self._changed:
-                    self._brokers.append(broker)
-        try:
-            yield broker
-        finally:
-            if broker is not self.backend.broker:
-                self._spare.append(broker)
+    def _spare_broker(self) -> contextlib.AbstractContextManager[Broker]:
+        """A broker on a connection no other slot is calling on (``Broker.spares``):
+        not the pool's, whose hand-over takes a lock and system calls that each hand
+        the GIL to another slot; nor one a slot, which would hold as many connections
+        as slots where the calls at once are few (docs/architecture.md)."""
+        return self.backend.broker.spares.lend()
 
     current: _OfTheThread[Claimed | None] = _OfTheThread()
     token: _OfTheThread[StopToken | None] = _OfTheThread()
@@ -251,8 +234,8 @@ class SlotWorker(Worker):
                     self._changed.wait(WAIT_TIMEOUT)
             pool.shutdown(wait=not self.stuck)
             self._close_databases()
-            for broker in self._brokers:  # a stuck thread's, if it calls again: the pool's
-                broker.close()
+            # A stuck thread's call, if it calls again, goes through the pool.
+            self.backend.broker.spares.close_all()
             # A slot's claim lost its reply as the worker stopped: no free slot's claim
             # came after it to give back what it may have given.
             self._recover_before_the_end()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
 import redis
@@ -23,6 +24,7 @@ from django_redisqueue.store.calls import NotReplicated, ScriptCalls, Unreplicat
 from django_redisqueue.store.connection import Client
 from django_redisqueue.store.gateway import REDIS_ERRORS, Gateway, sync, text
 from django_redisqueue.store.keys import KeySchema
+from django_redisqueue.store.spares import Spares
 from django_redisqueue.store.wire import (
     AFTER_GROUP,
     Claimed,
@@ -107,6 +109,20 @@ class Broker(Gateway):
         pinned._held_used_at = time.monotonic()
         return pinned
 
+    @cached_property
+    def spares(self) -> Spares[Broker]:
+        """This broker on connections lent one call at a time (``Spares.lend``), for
+        calls made from many threads: the slots', and enqueues. A pinned broker lends
+        itself."""
+
+        def make() -> Broker | None:
+            if self._held_used_at is not None:
+                return None
+            made = self.pinned()
+            return None if made is self else made
+
+        return Spares(make, Broker.close, self)
+
     def _run(self, script: str, *args: Any, acked: bool = False) -> Any:
         """Call a script. ``acked``: a write that waits for REPLICA_ACKS replicas (if
         set); when too few confirm it, say so in the log and carry on (a job's move
@@ -149,7 +165,10 @@ class Broker(Gateway):
         head = [int(record_queues), self.handed_ms, int(relayed)]
         calls = [("enqueue", [*head, *args]) for args in enqueue_batches(jobs)]
         if len(calls) == 1 and not self.replica_acks:
-            replies = [self._run("enqueue", *calls[0][1])]
+            with self.spares.lend() as broker:
+                # Looked at every time: a refused enqueue fails a user's request.
+                broker.look_at_connection()
+                replies = [broker._run("enqueue", *calls[0][1])]
         else:
             replies = self._run_many(calls)
         return [enqueue_reply(reply) for replies_of_call in replies for reply in replies_of_call]

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import logging
 import random
+import select
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import redis
 from redis.client import Pipeline
@@ -158,20 +159,28 @@ class Gateway:
 
     def _look_at_held_connection(self) -> None:
         """A held connection idle for a while may have been closed by the server (its
-        ``timeout``) while a job ran: look before sending on it, as the pool does when
-        it hands one over, so that the call goes on a new one and is not taken for a
-        reply lost. Only after a pause: a busy worker pays no look."""
+        ``timeout``) while a job ran: look before sending on it, so that the call goes
+        on a new one and is not taken for a reply lost. Only after a pause: a busy
+        worker pays no look."""
         now = time.monotonic()
         if now - (self._held_used_at or now) >= HELD_CONNECTION_LOOK_AFTER:
-            connection = cast(redis.Redis, self.client).connection
-            if connection is not None:
-                try:
-                    closed = connection.can_read()  # the server's EOF, or data no one asked for
-                except REDIS_ERRORS:
-                    closed = True
-                if closed:
-                    connection.disconnect()
+            self.look_at_connection()
         self._held_used_at = now
+
+    def look_at_connection(self) -> None:
+        """Drop a held connection the server has closed (a restart, its ``timeout``),
+        or that holds data no one asked for, as the pool does before it lends one: one
+        ``select`` (about 2 µs), where the pool's look is three system calls."""
+        connection = getattr(self.client, "connection", None)  # a cluster's: none
+        sock = getattr(connection, "_sock", None)
+        if connection is None or sock is None:
+            return
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+        except (OSError, ValueError):  # closed under us
+            readable = [sock]
+        if readable:
+            connection.disconnect()
 
     def close(self) -> None:
         """Give a pinned broker's connection back to the pool (any other: nothing)."""

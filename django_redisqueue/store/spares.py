@@ -1,0 +1,84 @@
+"""Connections lent one call at a time, without the connection pool: the pool takes a
+lock and looks at the connection it lends on every call, system calls that cost an
+enqueue a tenth of its client's time and hand the GIL to other threads
+(docs/architecture.md, "Connections")."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+Held = TypeVar("Held")
+
+
+class Spares(Generic[Held]):
+    """Things that each hold a connection (pinned brokers), lent to one call at a time:
+    a spare one, else a new one from ``make``; as many as calls at once, not one a
+    thread. ``make`` returns None where nothing can be held (then ``lend`` gives
+    ``fallback``, which goes through the pool). ``close`` gives one's connection back
+    to the pool: when the owner is done (``close_all``) or garbage."""
+
+    def __init__(
+        self, make: Callable[[], Held | None], close: Callable[[Held], None], fallback: Held
+    ) -> None:
+        self._make = make
+        self._close = close
+        self._fallback = fallback
+        self._start()
+        _ALL.add(self)
+
+    def _start(self) -> None:
+        self._spare: list[Held] = []
+        self._made: list[Held] = []
+        # A thread's backend (and so its spares) goes with the thread: its connections
+        # go back to a pool other threads share (a cache's), not held for good.
+        self._finalizer = weakref.finalize(self, _close_all, self._made, self._close)
+
+    @contextlib.contextmanager
+    def lend(self) -> Iterator[Held]:
+        """One held by no other call until this one ends."""
+        try:
+            held = self._spare.pop()  # atomic: no lock, no system call
+        except IndexError:
+            made = self._make()
+            if made is None:
+                yield self._fallback
+                return
+            held = made
+            self._made.append(held)
+        try:
+            yield held
+        finally:
+            self._spare.append(held)
+
+    def close_all(self) -> None:
+        """Give every connection back (one lent now, if it calls again, takes the
+        pool's)."""
+        self._finalizer()
+        self._start()
+
+    def _forget(self) -> None:
+        """In a child process: the connections are the parent's, to neither use nor
+        close."""
+        self._finalizer.detach()
+        self._start()
+
+
+def _close_all(made: list[Held], close: Callable[[Held], None]) -> None:
+    for held in made:
+        close(held)
+    made.clear()
+
+
+_ALL: weakref.WeakSet[Spares] = weakref.WeakSet()
+
+
+def _forget_all_in_child() -> None:
+    for spares in list(_ALL):
+        spares._forget()
+
+
+os.register_at_fork(after_in_child=_forget_all_in_child)
