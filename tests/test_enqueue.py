@@ -3,6 +3,7 @@
 import logging
 import os
 import re
+import threading
 from unittest.mock import patch
 
 import pytest
@@ -12,7 +13,7 @@ from django.test import override_settings
 
 from django_redisqueue import RedisTask, RedisTaskResult, task
 from django_redisqueue.backend import RedisQueueBackend
-from django_redisqueue.backends.base import new_job_id
+from django_redisqueue.backends.base import enqueued_is_heard, new_job_id
 from django_redisqueue.compat import (
     TASKS_PACKAGE,
     InvalidTask,
@@ -250,6 +251,41 @@ def test_task_enqueued_reaches_every_receiver_and_the_frameworks_debug_line(
     with caplog.at_level(logging.DEBUG, logger=TASKS_PACKAGE):
         logged = tasks.add.enqueue(4, 4)
     assert [r.name for r in caplog.records if logged.id in r.getMessage()] == [TASKS_PACKAGE]
+
+
+def test_a_receiver_connected_while_another_thread_asks_who_listens_hears_later_enqueues(
+    r, only_the_frameworks_receiver
+):
+    """One thread reads the receivers, another connects one (which empties the signal's
+    cache), then the first keeps its verdict: it must not keep it over the connect."""
+    read, connected = threading.Event(), threading.Event()
+    live_receivers = task_enqueued._live_receivers
+    heard = []
+
+    def receivers_read_before_a_connect(sender):
+        found = live_receivers(sender)
+        read.set()
+        connected.wait(5)
+        return found
+
+    def receiver(sender, task_result, **kwargs):
+        heard.append(task_result.id)
+
+    def connect_meanwhile():
+        read.wait(5)
+        task_enqueued.connect(receiver, weak=False)
+        connected.set()
+
+    try:
+        with patch.object(task_enqueued, "_live_receivers", receivers_read_before_a_connect):
+            other = threading.Thread(target=connect_meanwhile)
+            other.start()
+            enqueued_is_heard(RedisQueueBackend)
+            other.join()
+        result = tasks.add.enqueue(1, 1)
+        assert heard == [result.id]
+    finally:
+        task_enqueued.disconnect(receiver)
 
 
 def test_a_child_process_draws_job_ids_of_its_own(r):

@@ -4,12 +4,19 @@ in a child process, and every one back in the pool once its broker is gone."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
+import socket
 import threading
 from unittest.mock import patch
 
-from django_redisqueue.compat import TaskResultStatus
+import pytest
+import redis
+from django.test import override_settings
+
+from django_redisqueue.compat import TaskResultStatus, task_backends
+from django_redisqueue.exceptions import BrokerUnavailable
 from django_redisqueue.store.broker import Broker
 from tests.support import tasks
 
@@ -94,3 +101,111 @@ def test_a_pinned_broker_lends_itself(backend):
             assert lent is pinned
     finally:
         pinned.close()
+
+
+def test_threads_that_come_and_go_leave_no_connection_held_in_a_shared_pool(r):
+    """A backend on a cache's pool (CONNECTION), one a thread, as Django makes them: a
+    thread that enqueued and ended gives its connection back when its backend goes, not
+    at the collector's next full pass; with the pool bounded, threads one after the
+    other never run out of connections."""
+    pool = task_backends["cached"].broker.client.connection_pool
+    gc.collect()
+    in_use = len(pool._in_use_connections)
+    errors = []
+
+    def request():
+        try:
+            tasks.add.using(backend="cached").enqueue(1, 1)
+        except Exception as exc:
+            errors.append(exc)
+
+    bound = pool.max_connections
+    pool.max_connections = pool._created_connections + 5
+    gc.disable()  # no full pass of the collector to tidy up after them
+    try:
+        for _ in range(20):
+            thread = threading.Thread(target=request)
+            thread.start()
+            thread.join()
+        held = len(pool._in_use_connections) - in_use
+    finally:
+        gc.enable()
+        pool.max_connections = bound
+    assert errors == []
+    assert held == 0
+
+
+def test_a_process_with_a_thousand_files_open_keeps_its_connection(backend):
+    """The look before an enqueue handles any descriptor: ``select`` refuses one past
+    1024 (a busy server's), which would drop and remake the connection every time."""
+    backend.broker.spares.close_all()
+    backend.broker.client.connection_pool.disconnect()
+    opened = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the next socket's
+    try:  # descriptor is past them
+        tasks.add.enqueue(1, 1)
+        with backend.broker.spares.lend() as lent:
+            sock = lent.client.connection._sock
+        assert sock.fileno() > 1024
+        for i in range(5):
+            tasks.add.enqueue(i, 1)
+        with backend.broker.spares.lend() as lent:
+            assert lent.client.connection._sock is sock  # not remade
+    finally:
+        for descriptor in opened:
+            os.close(descriptor)
+        backend.broker.spares.close_all()
+
+
+def test_a_child_forked_in_c_lends_none_of_its_parents_connections_nor_ids(backend):
+    """A fork in C (uWSGI's workers) runs no Python fork hooks."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    tasks.add.enqueue(0, 0)
+    parents = list(backend.broker.spares._made)
+    read, write = os.pipe()
+    pid = libc.fork()
+    if pid == 0:  # the child
+        answer = "0"
+        try:
+            result = tasks.add.enqueue(1, 1)
+            with backend.broker.spares.lend() as lent:
+                answer = f"{int(lent not in parents)} {result.id}"
+        finally:
+            os.write(write, answer.encode())
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        said = answer.read().decode().split()
+    os.waitpid(pid, 0)
+    assert said[0] == "1"
+    mine = tasks.add.enqueue(2, 2)  # its id is not the child's, nor its connection
+    assert mine.id != said[1] and mine.status == TaskResultStatus.READY
+
+
+def test_an_enqueue_to_a_redis_that_does_not_answer_waits_for_one_connection_only(r):
+    """The lent connection's own wait is the enqueue's: no second one on the pool."""
+    mute = socket.socket()  # takes connections, never answers
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(50)
+    url = f"redis://127.0.0.1:{mute.getsockname()[1]}/0"
+    mute_backend = {
+        "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {"URL": url, "CLIENT_KWARGS": {"socket_timeout": 0.2}},
+    }
+    made = []
+    connect = redis.connection.Connection._connect
+
+    def counted(self):
+        made.append(1)
+        return connect(self)
+
+    try:
+        with (
+            override_settings(TASKS={"default": mute_backend}),
+            patch.object(redis.connection.Connection, "_connect", counted),
+            pytest.raises(BrokerUnavailable),
+        ):
+            tasks.add.enqueue(1, 1)
+        assert made == [1]
+    finally:
+        mute.close()

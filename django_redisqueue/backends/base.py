@@ -34,8 +34,11 @@ Relay = Callable[[list[RedisTaskResult], str], None]
 def new_job_id() -> str:
     """A job id: 104 random bits as 26 hex digits, short enough that a waiting job's
     key and its queue entry stay in Redis's small allocation classes. From the
-    system's random source, read for 256 ids at a time: one system call each would be
-    a tenth of an enqueue's. ``list.pop`` hands each to one thread only."""
+    system's random source, read for 256 ids at a time: a system call each would cost
+    an enqueue more than the process id asked. ``list.pop`` hands each to one thread."""
+    if _drawn_by[0] != os.getpid():  # a child draws its own: the parent's come twice
+        _ids.clear()
+        _drawn_by[0] = os.getpid()
     while True:
         try:
             return _ids.pop()
@@ -46,8 +49,8 @@ def new_job_id() -> str:
 
 _IDS_DRAWN = 256
 _ids: list[str] = []
-# A child process draws its own: the parent's would come twice.
-os.register_at_fork(after_in_child=_ids.clear)
+# The process that drew them: asked at each call, as a fork in C (uWSGI's) runs no hooks.
+_drawn_by = [os.getpid()]
 
 
 # Our verdict on who hears task_enqueued, kept in the signal's own cache, which
@@ -65,12 +68,18 @@ def enqueued_is_heard(sender: type) -> bool:
         return True
     key = (_ONLY_THE_LOG, sender)
     only_the_log = cache.get(key)
-    if only_the_log is None:
+    if not isinstance(only_the_log, bool):
+        # Marked before the receivers are read, kept only if no connect() or
+        # disconnect() emptied the cache meanwhile (they do it under the lock).
+        cache[key] = mark = object()
         try:
             sync, asynchronous = task_enqueued._live_receivers(sender)
         except (AttributeError, TypeError, ValueError):  # another Django's: send it
             return True
-        only_the_log = cache[key] = list(sync) == [log_task_enqueued] and not asynchronous
+        only_the_log = list(sync) == [log_task_enqueued] and not asynchronous
+        with task_enqueued.lock:
+            if cache.get(key) is mark:
+                cache[key] = only_the_log
     return not only_the_log or _TASKS_LOGGER.isEnabledFor(logging.DEBUG)
 
 

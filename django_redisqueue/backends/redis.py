@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from typing import Any, cast
@@ -144,7 +145,7 @@ class RedisQueueBackend(JobPreparation):
 
     @cached_property
     def broker(self) -> Broker:
-        return Broker(
+        broker = Broker(
             self.get_client(),
             self.keys,
             lease=self.config.lease,
@@ -152,6 +153,11 @@ class RedisQueueBackend(JobPreparation):
             replica_acks=self.config.replica_acks,
             replica_acks_timeout=self.config.replica_acks_timeout,
         )
+        # The broker is in reference cycles (its scripts' bound methods); this backend
+        # is not: its spare connections go back to the pool when it goes, with its
+        # thread, not at the collector's next full pass.
+        weakref.finalize(self, broker.spares.close_all)
+        return broker
 
     @cached_property
     def outbox(self) -> OutboxRelay:

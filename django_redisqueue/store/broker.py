@@ -75,7 +75,7 @@ class Broker(Gateway):
         self.last_broadcast = 0
         self.unreplicated = UnreplicatedWrites()
 
-    def pinned(self) -> Broker:
+    def pinned(self, *, fall_back: bool = True) -> Broker:
         """This broker on a connection of its own, held from call to call: for one
         thread's loop (a worker's), which then skips the pool's hand-over on every
         call (about 20 µs of the client's CPU a call with redis-py 8; the claim is one
@@ -95,6 +95,8 @@ class Broker(Gateway):
                 connection_pool=self.client.connection_pool, single_connection_client=True
             )
         except REDIS_ERRORS:
+            if not fall_back:  # a lent one's caller: one wait for Redis, not two
+                raise
             return self
         pinned = Broker(
             client,
@@ -118,7 +120,7 @@ class Broker(Gateway):
         def make() -> Broker | None:
             if self._held_used_at is not None:
                 return None
-            made = self.pinned()
+            made = self.pinned(fall_back=False)
             return None if made is self else made
 
         return Spares(make, Broker.close, self)

@@ -175,8 +175,11 @@ class Gateway:
         sock = getattr(connection, "_sock", None)
         if connection is None or sock is None:
             return
+        # poll, not select: select refuses a descriptor past FD_SETSIZE (1024).
+        poller = select.poll()
         try:
-            readable, _, _ = select.select([sock], [], [], 0)
+            poller.register(sock, select.POLLIN)
+            readable = poller.poll(0)
         except (OSError, ValueError):  # closed under us
             readable = [sock]
         if readable:

@@ -19,7 +19,7 @@ class Spares(Generic[Held]):
     a spare one, else a new one from ``make``; as many as calls at once, not one a
     thread. ``make`` returns None where nothing can be held (then ``lend`` gives
     ``fallback``, which goes through the pool). ``close`` gives one's connection back
-    to the pool: when the owner is done (``close_all``) or garbage."""
+    to the pool: when the owner is done or gone (``close_all``), or this is garbage."""
 
     def __init__(
         self, make: Callable[[], Held | None], close: Callable[[Held], None], fallback: Held
@@ -28,18 +28,24 @@ class Spares(Generic[Held]):
         self._close = close
         self._fallback = fallback
         self._start()
-        _ALL.add(self)
 
     def _start(self) -> None:
+        self._pid = os.getpid()
         self._spare: list[Held] = []
         self._made: list[Held] = []
         # A thread's backend (and so its spares) goes with the thread: its connections
         # go back to a pool other threads share (a cache's), not held for good.
-        self._finalizer = weakref.finalize(self, _close_all, self._made, self._close)
+        self._finalizer = weakref.finalize(self, _close_all, self._made, self._close, self._pid)
 
     @contextlib.contextmanager
     def lend(self) -> Iterator[Held]:
         """One held by no other call until this one ends."""
+        if self._pid != os.getpid():
+            # A child process: the connections are the parent's, to neither use nor
+            # close. Asked at each call, not only in Python's fork hooks, which a fork
+            # in C skips (uWSGI's workers, unless py-call-uwsgi-fork-hooks is set).
+            self._finalizer.detach()
+            self._start()
         try:
             held = self._spare.pop()  # atomic: no lock, no system call
         except IndexError:
@@ -60,25 +66,9 @@ class Spares(Generic[Held]):
         self._finalizer()
         self._start()
 
-    def _forget(self) -> None:
-        """In a child process: the connections are the parent's, to neither use nor
-        close."""
-        self._finalizer.detach()
-        self._start()
 
-
-def _close_all(made: list[Held], close: Callable[[Held], None]) -> None:
-    for held in made:
-        close(held)
+def _close_all(made: list[Held], close: Callable[[Held], None], pid: int) -> None:
+    if os.getpid() == pid:  # a child (forked in C) exits: the parent's are its own
+        for held in made:
+            close(held)
     made.clear()
-
-
-_ALL: weakref.WeakSet[Spares] = weakref.WeakSet()
-
-
-def _forget_all_in_child() -> None:
-    for spares in list(_ALL):
-        spares._forget()
-
-
-os.register_at_fork(after_in_child=_forget_all_in_child)
