@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.calls import has_no_functions, is_missing
+from django_redisqueue.store.spares import Spares
 
 FAR = 3_600_000  # ms: an hour, longer than any run of a model
 RESULT_TTL = 24 * 3600  # s: the backend's (a cancel goes through the backend)
@@ -156,11 +157,15 @@ def model_env(
     writes), the backend, a FaultyRedis on ``url`` and the broker ``make_broker`` makes
     on it (the calls under test), the ids jobs get, and ``task``'s envelope."""
     client = FaultyRedis.from_url(url)
+    broker = make_broker(client)
+    # Its calls stay on the faulty client, where the model makes them fail: the broker
+    # lends itself rather than connections of their own (Broker.spares).
+    broker.spares = Spares(lambda: None, Broker.close, broker)
     return {
         "r": r,
         "backend": backend,
         "client": client,
-        "broker": make_broker(client),
+        "broker": broker,
         "ids": Ids(),
         "payload": backend.prepare(task, (), {})._payload,
     }
