@@ -12,19 +12,15 @@ are in ``queries.py``; both go through ``gateway.Gateway``.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
-from functools import cached_property
 from typing import Any
 
 import redis
-from redis.sentinel import SentinelConnectionPool
 
 from django_redisqueue.store.calls import NotReplicated, ScriptCalls, UnreplicatedWrites
 from django_redisqueue.store.connection import Client
-from django_redisqueue.store.gateway import REDIS_ERRORS, Gateway, sync, text
+from django_redisqueue.store.gateway import Gateway, sync, text
 from django_redisqueue.store.keys import KeySchema
-from django_redisqueue.store.spares import Spares
 from django_redisqueue.store.wire import (
     AFTER_GROUP,
     Claimed,
@@ -75,29 +71,10 @@ class Broker(Gateway):
         self.last_broadcast = 0
         self.unreplicated = UnreplicatedWrites()
 
-    def pinned(self, *, fall_back: bool = True) -> Broker:
-        """This broker on a connection of its own, held from call to call: for one
-        thread's loop (a worker's), which then skips the pool's hand-over on every
-        call (about 20 µs of the client's CPU a call with redis-py 8; the claim is one
-        call a job). Calls on it from several threads wait for each other, a BLPOP
-        included: other threads keep to this broker. Kept as it is: a cluster client,
-        which routes each call itself; a Sentinel pool, whose fresh connections find
-        the new master after a failover where a held one was seen to keep asking the
-        old one; and the pool when Redis does not answer now (the connection is taken
-        at once). The calls are then the same, only slower. ``close()`` gives the
-        connection back."""
-        if not isinstance(self.client, redis.Redis) or isinstance(
-            self.client.connection_pool, SentinelConnectionPool
-        ):
-            return self
-        try:
-            client = redis.Redis(
-                connection_pool=self.client.connection_pool, single_connection_client=True
-            )
-        except REDIS_ERRORS:
-            if not fall_back:  # a lent one's caller: one wait for Redis, not two
-                raise
-            return self
+    def _on(self, client: redis.Redis) -> Broker:
+        """This broker's calls on ``client`` (``Gateway.pinned``): the same settings,
+        and what the backend's broker has learnt (no Functions, writes too few
+        replicas confirmed) shared."""
         pinned = Broker(
             client,
             self.keys,
@@ -108,22 +85,7 @@ class Broker(Gateway):
         )
         pinned.unreplicated, pinned.handed_ms = self.unreplicated, self.handed_ms
         pinned.scripts.functions = self.scripts.functions
-        pinned._held_used_at = time.monotonic()
         return pinned
-
-    @cached_property
-    def spares(self) -> Spares[Broker]:
-        """This broker on connections lent one call at a time (``Spares.lend``), for
-        calls made from many threads: the slots', and enqueues. A pinned broker lends
-        itself."""
-
-        def make() -> Broker | None:
-            if self._held_used_at is not None:
-                return None
-            made = self.pinned(fall_back=False)
-            return None if made is self else made
-
-        return Spares(make, Broker.close, self)
 
     def _run(self, script: str, *args: Any, acked: bool = False) -> Any:
         """Call a script. ``acked``: a write that waits for REPLICA_ACKS replicas (if
@@ -168,8 +130,9 @@ class Broker(Gateway):
         calls = [("enqueue", [*head, *args]) for args in enqueue_batches(jobs)]
         if len(calls) == 1 and not self.replica_acks:
             with self.spares.lend() as broker:
-                # Looked at every time: a refused enqueue fails a user's request.
-                broker.look_at_connection()
+                # Looked at every time (the call's own look then finds it fresh): a
+                # refused enqueue fails a user's request.
+                broker._look_at_held_connection(after=0.0)
                 replies = [broker._run("enqueue", *calls[0][1])]
         else:
             replies = self._run_many(calls)
