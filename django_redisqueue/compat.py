@@ -32,6 +32,7 @@ if TYPE_CHECKING or HAS_DJANGO_TASKS:
         DEFAULT_TASK_PRIORITY,
         TASK_MAX_PRIORITY,
         TASK_MIN_PRIORITY,
+        TASK_REFRESH_ATTRS,
         TaskError,
     )
     from django.tasks.exceptions import (
@@ -73,6 +74,7 @@ else:  # Django 5.2
         DEFAULT_TASK_PRIORITY,
         TASK_MAX_PRIORITY,
         TASK_MIN_PRIORITY,
+        TASK_REFRESH_ATTRS,
         Task,
         TaskError,
     )

@@ -130,6 +130,15 @@ def test_a_log_is_analysed_by_a_group_of_chunk_jobs_and_summarised_by_its_callba
         assert (json.loads(summary), failed) == (_summary_of([lossy_log[0], lossy_log[2]]), 1)
         # The callbacks cleaned up.
         assert db.execute("SELECT count(*) FROM shop_logchunk").fetchone() == (0,)
+        # Each chunk's job reported the lines it counted, the last report kept.
+        read = (
+            "from django_redisqueue.compat import task_backends as b; d = b['default']; "
+            f"print([d.get_result(i).progress.done for i in d.get_group('{group_id}').member_ids])"
+        )
+        shell = subprocess.run(
+            _manage("shell", "-c", read), env=env, capture_output=True, text=True, timeout=60
+        )
+        assert shell.stdout.splitlines()[-1] == "[500, 500, 234]", shell.stdout + shell.stderr
 
         page = browser.get(f"/logs/{run_id}/")
         assert '<span id="progress">3 of 3</span>' in page

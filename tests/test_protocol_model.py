@@ -101,6 +101,9 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "claims beside jobs in hand",
             "slot claims beside a registration",
             "leases lost beside jobs in hand",
+            "progress stored",
+            "late progress refused",
+            "progress forgotten with its attempt",
         )
     )
     report(

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from django_redisqueue.core.progress import JobProgress, read_progress
 from django_redisqueue.exceptions import InvalidPayload
 
 ENVELOPE_VERSION = 1
@@ -464,6 +465,10 @@ class JobRecord:
     @property
     def cancelled(self) -> bool:
         return bool(self.fields.get("cancelled"))
+
+    @property
+    def progress(self) -> JobProgress | None:
+        return read_progress(self.fields.get("progress"), self.attempts)
 
     @property
     def enqueued_at(self) -> datetime | None:

@@ -52,6 +52,8 @@ def make_result(alias: str, task: Task, record: JobRecord) -> RedisTaskResult:
     _SET(result, "backend", alias)
     _SET(result, "errors", [TaskError(**error) for error in record.errors])
     _SET(result, "worker_ids", record.worker_ids)
+    if "progress" in record.fields:
+        _SET(result, "_progress", record.progress)
     has_value, value = record.return_value
     if status == TaskResultStatus.SUCCESSFUL and has_value:
         _SET(result, "_return_value", value)

@@ -23,13 +23,16 @@ from django.utils import timezone
 from django_redisqueue.compat import (
     DEFAULT_TASK_PRIORITY,
     DEFAULT_TASK_QUEUE_NAME,
+    TASK_REFRESH_ATTRS,
     BaseTaskBackend,
     Task,
+    TaskContext,
     TaskResult,
     TaskResultStatus,
     task_backends,
 )
 from django_redisqueue.core.jobs import JOB_ID_RE, to_json
+from django_redisqueue.core.progress import JobProgress
 from django_redisqueue.exceptions import TaskFailed
 
 DEFAULT_BACKEND_ALIAS = "default"
@@ -215,6 +218,13 @@ class RedisTask(Task):
         """Run the task inline, in this process, as a plain function call."""
         return self.call(*args, **kwargs)
 
+    # (Task's, by name: a slots dataclass's zero-argument super() fails.)
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        return Task.call(self, *_job_context(self, args), **kwargs)
+
+    async def acall(self, *args: Any, **kwargs: Any) -> Any:
+        return await Task.acall(self, *_job_context(self, args), **kwargs)
+
     def job(self, *args: Any, **kwargs: Any) -> Job:
         """This task with these arguments, not queued yet: a member of a ``group()``,
         a step of a ``chain()`` (or ``.then()``), or a ``broadcast()``."""
@@ -302,6 +312,26 @@ class RedisTaskResult(TaskResult):  # type: ignore[misc]
     _payload: str = field(init=False, default="", repr=False, compare=False)
     # Its unique key and limits as JSON ('' for none; RedisTask.job_options).
     _options: str = field(init=False, default="", repr=False, compare=False)
+    # What its task reported last, of its latest attempt (core/progress.py).
+    _progress: JobProgress | None = field(init=False, default=None, repr=False, compare=False)
+
+    @property
+    def progress(self) -> JobProgress | None:
+        """What the job's task reported last (``context.set_progress``), as of when
+        this result was read or refreshed; None if it reported nothing in its latest
+        attempt."""
+        return self._progress
+
+    def refresh(self) -> None:
+        """Reload what Django's results hold, and the progress, from Redis."""
+        self._take(self.task.get_backend().get_result(self.id))
+
+    async def arefresh(self) -> None:
+        self._take(await self.task.get_backend().aget_result(self.id))
+
+    def _take(self, refreshed: TaskResult) -> None:
+        for name in (*TASK_REFRESH_ATTRS, "_progress"):
+            object.__setattr__(self, name, getattr(refreshed, name, None))
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the job finishes; return its value or raise ``TaskFailed``.
@@ -322,6 +352,27 @@ class RedisTaskResult(TaskResult):  # type: ignore[misc]
         """
         _backend(self.backend).cancel(self.id)
         self.refresh()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobContext(TaskContext):  # type: ignore[misc]
+    """What a task that takes a context is given: Django's ``TaskContext``, and a way
+    to report its progress."""
+
+    # Where a report goes: the worker's writer, or nowhere (a backend without a store).
+    _report: Callable[[JobProgress], None] = field(default=lambda progress: None, repr=False)
+
+    def set_progress(
+        self, done: int | float, total: int | float | None = None, note: str = ""
+    ) -> None:
+        """Report how much of the job's work is done, of ``total`` (None: unknown),
+        with a short note (at most ``MAX_NOTE_CHARS``). Cheap to call as often as you
+        like: it never waits on Redis, and the last value reported is stored within
+        ``WRITE_INTERVAL``. Raises TypeError or ValueError for amounts that are not
+        numbers of 0 or more."""
+        progress = JobProgress.checked(done, total, note)
+        object.__setattr__(self.task_result, "_progress", progress)
+        self._report(progress)
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +404,14 @@ class Chain:
 
 class _ChainBackend(Protocol):
     def enqueue_chain(self, jobs: Sequence[Job]) -> list[RedisTaskResult]: ...
+
+
+def _job_context(task: Task, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A task's arguments, its context a ``JobContext`` (Django's runners, the immediate
+    backend's, give a plain ``TaskContext``: its progress then stays on the result)."""
+    if task.takes_context and args and type(args[0]) is TaskContext:
+        return (JobContext(task_result=args[0].task_result), *args[1:])
+    return args
 
 
 def checked_jobs(jobs: Iterable[Job], what: str) -> list[Job]:

@@ -13,7 +13,8 @@ from django.utils.timezone import localtime
 
 from django_redisqueue.backends import outbox
 from django_redisqueue.backends.redis import RedisQueueBackend
-from django_redisqueue.core.jobs import STATUSES, from_ms
+from django_redisqueue.core.jobs import STATUSES, from_ms, whole_number
+from django_redisqueue.core.progress import JobProgress, read_progress, summed
 from django_redisqueue.dashboard.rows import (
     BroadcastRow,
     GroupDetail,
@@ -42,6 +43,7 @@ JOB_FIELDS = (
     "payload", "queue", "priority", "status", "attempts", "lost", "owner", "workers",
     "enqueued_at", "started_at", "last_attempted_at", "finished_at", "errors", "result",
     "cancelled", "group", "after", "waiting", "unique", "limit", "max_running", "rate", "parked",
+    "progress",
 )  # fmt: skip
 # What the overview reads of each running job: no payloads, results or tracebacks.
 RUNNING_FIELDS = ("queue", "owner", "status", "last_attempted_at")
@@ -196,27 +198,32 @@ class Dashboard:
         members: Page[JobRow] = Page(number=page_number(number, size), total=size)
         ids = self.queries.group_members(group_id, members.offset, members.size)
         members.rows = self._rows([(job_id, 0.0) for job_id in ids], MEMBER_FIELDS)
-        statuses, counted = self._member_statuses(group_id, size)
-        return GroupDetail(row, statuses, counted, members)
+        statuses, counted, progress = self._member_statuses(group_id, size)
+        return GroupDetail(row, statuses, counted, members, progress)
 
-    def _member_statuses(self, group_id: str, size: int) -> tuple[list[tuple[str, int]], int]:
+    def _member_statuses(
+        self, group_id: str, size: int
+    ) -> tuple[list[tuple[str, int]], int, JobProgress | None]:
         """How many of the group's first MEMBER_COUNT_LIMIT members are in each status
-        (in the order jobs move through them), and how many were read."""
+        (in the order jobs move through them), how many were read, and the progress
+        they reported, summed."""
         counts: Counter[str] = Counter()
+        progresses: list[JobProgress | None] = []
         limit = min(size, MEMBER_COUNT_LIMIT)
         for start in range(0, limit, MEMBER_READ_BATCH):
             ids = self.queries.group_members(
                 group_id, start, min(MEMBER_READ_BATCH, limit - start)
             )
-            counts.update(
-                status_label(fields) for fields in self.queries.jobs(ids, *STATUS_FIELDS)
-            )
+            for fields in self.queries.jobs(ids, *STATUS_FIELDS, "progress", "attempts"):
+                counts[status_label(fields)] += 1
+                attempts = whole_number(fields.get("attempts"))
+                progresses.append(read_progress(fields.get("progress"), attempts))
         order = {status: i for i, status in enumerate(STATUSES)}
         ranked = sorted(
             counts.items(),
             key=lambda item: (order.get(item[0].partition(" ")[0], len(order)), item[0]),
         )
-        return ranked, sum(counts.values())
+        return ranked, sum(counts.values()), summed(progresses)
 
     def broadcasts(self, number: int) -> Page[BroadcastRow]:
         """Broadcast messages, the latest sent first."""

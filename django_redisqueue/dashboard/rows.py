@@ -25,17 +25,16 @@ from django_redisqueue.core.jobs import (
     to_json,
     whole_number,
 )
+from django_redisqueue.core.progress import JobProgress
 from django_redisqueue.core.schedules import Schedule
 from django_redisqueue.exceptions import InvalidPayload
 from django_redisqueue.store.wire import AFTER_GROUP_PREFIX
 
 PAGE_SIZE = 50
 PREVIEW_CHARS = 80
-# Queues a page names outside the overview's list (the menu, a worker's queues): the
-# others are a link away, in the overview's pages and its filter.
+# Queues a page names outside the overview's list (the menu, a worker's queues).
 MENU_QUEUES = 10
-# The prefix of a broadcast message's fields saying how a worker ran it.
-RAN_PREFIX = "ran:"
+RAN_PREFIX = "ran:"  # of a broadcast message's fields saying how a worker ran it
 
 Row = TypeVar("Row")
 
@@ -211,6 +210,10 @@ class JobRow:
         return self.record.attempts
 
     @property
+    def progress(self) -> JobProgress | None:
+        return self.record.progress
+
+    @property
     def enqueued_at(self) -> datetime | None:
         return self.record.enqueued_at
 
@@ -377,6 +380,7 @@ class GroupDetail:
     statuses: list[tuple[str, int]]
     counted: int  # members whose status was read: all, or the first many of a large group
     members: Page[JobRow]
+    progress: JobProgress | None = None  # the counted members' progress, summed
 
     @property
     def exists(self) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from django_redisqueue.compat import TaskContext, TaskError, TaskResultStatus, task_finished
+from django_redisqueue.compat import TaskError, TaskResultStatus, task_finished
 from django_redisqueue.compat import task_started as task_started_signal
 from django_redisqueue.core.jobs import (
     FAILED,
@@ -29,8 +29,9 @@ from django_redisqueue.core.jobs import (
     error_info,
     to_json,
 )
+from django_redisqueue.core.progress import JobProgress
 from django_redisqueue.core.registry import registry
-from django_redisqueue.core.tasks import RedisTask, RedisTaskResult
+from django_redisqueue.core.tasks import JobContext, RedisTask, RedisTaskResult
 from django_redisqueue.exceptions import InvalidPayload, LeaseLost, WorkerShutdown
 from django_redisqueue.observe.events import JobEvent
 from django_redisqueue.observe.logformat import job_fields, log_end, start_fields
@@ -69,6 +70,7 @@ class Attempt:
     result: RedisTaskResult
     token: StopToken  # how it is stopped while it runs
     began: float = field(default_factory=time.perf_counter)
+    report: Callable[[JobProgress], None] = field(default=lambda progress: None)  # its progress
     outcome: Outcome | None = None
     raised: BaseException | None = None
     event: JobEvent | None = None
@@ -219,7 +221,7 @@ def run(
         hook.started(attempt)
     try:
         if attempt.task.takes_context:
-            args = [TaskContext(task_result=result), *args]
+            args = [JobContext(task_result=result, _report=attempt.report), *args]
         with contextlib.ExitStack() as contexts:
             for hook in hooks:
                 context = hook.around(attempt)

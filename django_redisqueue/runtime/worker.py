@@ -38,6 +38,7 @@ from django_redisqueue.runtime.broadcasts import Inbox
 from django_redisqueue.runtime.event_loop import EventLoop
 from django_redisqueue.runtime.heartbeat import Heartbeat
 from django_redisqueue.runtime.memory import past_limit
+from django_redisqueue.runtime.progress import ProgressWriter
 from django_redisqueue.runtime.queue_order import QueueOrder
 from django_redisqueue.runtime.scheduler_watch import SchedulerWatch
 from django_redisqueue.runtime.stopping import STOP_SIGNAL, StopToken
@@ -68,15 +69,14 @@ GIVE_UP_AFTER = 5.0
 # Wake-ups are hints; an idle worker claims anyway after this many quiet waits.
 IDLE_WAITS_BEFORE_CLAIM = 5
 # How long a claim that finds no job registers the worker as idle (ms): past its quiet
-# waits, which end in a claim that registers it again; a job handed to a worker that
-# died idle goes back at the hand-off's deadline.
+# waits, which end in a claim that registers it again.
 IDLE_MS = round((IDLE_WAITS_BEFORE_CLAIM + 1) * WAIT_TIMEOUT * 1000)
 # Tries to store the last outcome when stopping while Redis fails.
 FINISH_ATTEMPTS_ON_EXIT = 5
 # With QUEUES empty (any name valid), how often a worker looks for new queues (s).
 QUEUES_REFRESH = 1.0
 # How often a busy worker's claim also reads the last broadcast's number (s): with
-# every claim it would cost a command a job. A claim that finds no job reads it first.
+# every claim it would cost a command a job.
 BROADCASTS_READ_EVERY = 0.1
 # What sending the metrics may raise: it is logged, and the worker goes on.
 METRICS_ERRORS: tuple[type[Exception], ...] = (MetricsRefused, *REDIS_ERRORS)
@@ -140,6 +140,7 @@ class Worker:
             attempts.Signals(type(backend)),
             attempts.Around(self._in_task),
             attempts.TimeLimit(),
+            ProgressWriter(backend.broker),
         ]
         if self.metrics is not None:
             self.hooks.append(attempts.Metrics(self.metrics))

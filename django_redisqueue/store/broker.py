@@ -267,6 +267,12 @@ class Broker(Gateway):
             args += [job_id, owner, (traces or {}).get(job_id, "")]
         return [text(job_id) or "" for job_id in self._run("heartbeat", *args)]
 
+    def report_progress(self, reports: Sequence[tuple[str, str, str]]) -> list[bool]:
+        """Store running jobs' progress (job id, owner token, record), each only while
+        its job is its owner's; True per report stored."""
+        args = [value for report in reports for value in report]
+        return [bool(stored) for stored in self._run("progress", *args)] if args else []
+
     # Schedulers
 
     def tick(

@@ -4,10 +4,11 @@ their merge. Plain functions; the tasks and views move the data around."""
 import random
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 
 CHUNK_LINES = 500  # lines per chunk, so per job of the group
+PROGRESS_EVERY = 100  # lines between two progress reports of a chunk's job
 TOP = 10  # paths and clients kept in a summary
 
 # Common Log Format, optionally followed by the referrer and user agent ("combined").
@@ -67,15 +68,19 @@ def chunks(lines: list[str], size: int = CHUNK_LINES) -> list[str]:
     return ["\n".join(lines[start : start + size]) for start in range(0, len(lines), size)]
 
 
-def count(text: str) -> dict:
+def count(text: str, progress: Callable[[int, int], None] | None = None) -> dict:
     """A chunk's counts, as plain JSON: lines, unparsed lines, and occurrences of each
-    status code, path and client."""
+    status code, path and client. ``progress(lines counted, lines)`` is told every
+    ``PROGRESS_EVERY`` lines, and at the end."""
     statuses: Counter[str] = Counter()
     paths: Counter[str] = Counter()
     clients: Counter[str] = Counter()
     lines = unparsed = 0
-    for line in log_lines(text):
+    every = log_lines(text)
+    for line in every:
         lines += 1
+        if progress is not None and (lines % PROGRESS_EVERY == 0 or lines == len(every)):
+            progress(lines, len(every))
         match = LINE.match(line)
         if match is None:
             unparsed += 1

@@ -8,7 +8,7 @@ from django.contrib.auth.models import User
 from django.core.mail import send_mail
 from django.utils import timezone
 
-from django_redisqueue import task
+from django_redisqueue import JobContext, task
 
 from . import logs
 from .models import LogChunk, LogRun, Report
@@ -67,11 +67,13 @@ async def sync_inventory(batch: int) -> str:
     return f"synced batch {batch}"
 
 
-@task
-def analyse_chunk(run_id: int, index: int) -> dict:
-    """One member of a log run's group: the counts of its chunk."""
+@task(takes_context=True)
+def analyse_chunk(context: JobContext, run_id: int, index: int) -> dict:
+    """One member of a log run's group: the counts of its chunk. It reports the lines
+    counted as it goes: its job's page in the dashboard shows them, and the group's
+    page sums its members'."""
     chunk = LogChunk.objects.get(run_id=run_id, index=index)
-    return logs.count(chunk.text)
+    return logs.count(chunk.text, progress=context.set_progress)
 
 
 @task

@@ -1,6 +1,7 @@
 """Tasks the tests enqueue. They report to Redis (the ``log`` list) so that the tests
 can see what ran, in which order, across processes."""
 
+import asyncio
 import json
 import logging
 import os
@@ -597,3 +598,31 @@ class Unprintable(Exception):
 @task
 def raises_unprintable():
     raise Unprintable
+
+
+@task(takes_context=True)
+def reports_then_waits(context, steps, gate):
+    """Reports progress ``steps`` times (the last: done, of ``steps``), then waits for
+    a token on ``gate`` (at most 30 s), so a test can read its progress while it runs."""
+    for done in range(1, steps + 1):
+        context.set_progress(done, steps, note=f"row {done}")
+    client().blpop([gate], timeout=30)
+    return steps
+
+
+@task(takes_context=True)
+async def reports_then_waits_async(context, steps, gate):
+    for done in range(1, steps + 1):
+        context.set_progress(done, steps, note=f"row {done}")
+    while not client().lpop(gate):
+        await asyncio.sleep(0.01)
+    return steps
+
+
+@task(takes_context=True, retries=1, retry_backoff=0)
+def reports_and_fails_once(context):
+    """Reports 5 of 10 on its first attempt, then fails; its retry reports nothing."""
+    if context.attempt == 1:
+        context.set_progress(5, 10, "half way")
+        raise ValueError("first attempt fails")
+    return context.task_result.progress is None

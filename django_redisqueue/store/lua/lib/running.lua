@@ -21,12 +21,13 @@ local function requeue(id, now, ttl)
   return true
 end
 
--- Forget the latest attempt of a job given back unfinished: it does not count. A job
--- back to no attempt has not started either.
+-- Forget the latest attempt of a job given back unfinished: it does not count, and
+-- the progress it reported goes with it. A job back to no attempt has not started.
 local function forget_attempt(job)
   local fields = redis.call('HMGET', job, 'attempts', 'workers')
   local attempts = math.max(number(fields[1], 1) - 1, 0)
   redis.call('HSET', job, 'attempts', attempts)
+  redis.call('HDEL', job, 'progress')
   if attempts == 0 then
     redis.call('HDEL', job, 'started_at', 'last_attempted_at')
   end

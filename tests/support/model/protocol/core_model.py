@@ -112,6 +112,9 @@ class CoreModel:
 
     def forget_attempt(self, job: Job) -> None:
         job.attempts = max(job.attempts - 1, 0)
+        if job.progress is not None:
+            RUN["progress forgotten with its attempt"] += 1
+        job.progress = None
         if job.workers:
             job.workers.pop()
 

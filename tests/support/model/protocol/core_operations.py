@@ -232,6 +232,20 @@ class CoreOperations:
         self.records.add(worker)
         self.cursors.setdefault(worker, self.last_message)
 
+    def op_report_progress(self, reports: list[tuple[str, str, str]]) -> None:
+        """Progress written (job id, owner token, record): stored for each job RUNNING
+        under that token, refused for any other (a late write, another's token)."""
+        stored = self.broker.report_progress(reports)
+        expected = []
+        for job_id, token, record in reports:
+            job = self.jobs.get(job_id)
+            owned = job is not None and job.place == RUNNING and job.owner == token
+            if owned:
+                job.progress = record
+            RUN["progress stored" if owned else "late progress refused"] += 1
+            expected.append(owned)
+        assert stored == expected, f"progress stored {stored}, model {expected}"
+
     def op_tick(
         self,
         scheduler: str,

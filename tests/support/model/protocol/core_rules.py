@@ -254,6 +254,23 @@ class CoreRules:
         assert self.broker.finish(outcome) is False
         assert snapshot(self.r) == before, f"a finish by {token!r} changed Redis"
 
+    @rule(picks=st.lists(PICK, min_size=1, max_size=3), wrong=st.none() | WRONG, index=PICK)
+    def report_progress(self, picks, wrong, index):
+        """Running jobs' progress, as a worker's writer sends it: stored for the jobs
+        their owner names; with a wrong token too (a late write after the job ended,
+        was recovered or given back), refused."""
+        reports = []
+        for n, pick in enumerate(picks):
+            held = self.held_job(pick)
+            if held is not None:
+                _, job_id, token = held
+                reports.append((job_id, token, f'{{"attempt":{n},"done":{pick}}}'))
+        job = self.pick(self.jobs.values(), index)
+        if wrong is not None and job is not None:
+            reports.append((job.id, self.wrong_token(job, wrong, index), '{"done":0}'))
+        if reports:
+            self.op_report_progress(reports)
+
     @rule(worker=WORKER, wrong=st.none() | WRONG, pick=PICK, index=PICK, traced=st.booleans())
     def heartbeat(self, worker, wrong, pick, index, traced):
         """Renews what the worker still owns; with a wrong token too, reported lost.

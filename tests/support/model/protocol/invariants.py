@@ -197,6 +197,7 @@ class InvariantChecks:
         assert int(fields.get("attempts", 0)) == job.attempts, f"{name}: attempts, {job}"
         assert int(fields.get("lost", 0)) == job.lost, f"{name}: lost, {job}"
         assert fields.get("trace") == job.trace, f"{name}: trace {fields.get('trace')}"
+        assert fields.get("progress") == job.progress, f"{name}: progress, {job}"
         assert fields.get("workers", "") == ",".join(job.workers), f"{name}: workers, {job}"
         self.check_errors(name, json.loads(fields.get("errors", "[]")), job.errors)
         assert fields.get("result") == job.result, f"{name}: result {fields.get('result')}"

@@ -153,6 +153,7 @@ class Job:
     attempts: int = 0
     lost: int = 0
     trace: str | None = None  # the trace record of its last attempt that sent one
+    progress: str | None = None  # the progress record its owner wrote last, unforgotten
     workers: list[str] = field(default_factory=list)
     errors: list[Err] = field(default_factory=list)
     result: str | None = None
