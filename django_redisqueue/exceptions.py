@@ -72,6 +72,16 @@ class WorkerShutdown(BaseException):
     """
 
 
+class JobStopped(BaseException):
+    """Raised inside a task asked to stop (``result.stop()``, the dashboard's Abort),
+    and recorded as the error of the job, which ends FAILED and is never retried. A
+    BaseException, so that ``except Exception`` in a task does not swallow it."""
+
+
+class NotStoppable(RedisQueueError):
+    """``stop()`` on a job that has not started: ``cancel()`` it instead."""
+
+
 class LeaseLost(BaseException):
     """Raised inside a task whose lease was lost (its worker stalled, or Redis failed,
     for longer than the lease): the job was given to another worker, and this run's

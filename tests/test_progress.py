@@ -7,6 +7,8 @@ import math
 import signal
 import threading
 import time
+from decimal import Decimal
+from fractions import Fraction
 from unittest.mock import patch
 
 import pytest
@@ -15,7 +17,7 @@ from hypothesis import strategies as st
 
 from django_redisqueue import group
 from django_redisqueue.compat import TaskResultStatus
-from django_redisqueue.core.jobs import JobRecord
+from django_redisqueue.core.jobs import JobRecord, error_info, to_json
 from django_redisqueue.core.progress import (
     MAX_NOTE_CHARS,
     WRITE_INTERVAL,
@@ -24,6 +26,7 @@ from django_redisqueue.core.progress import (
     summed,
 )
 from django_redisqueue.runtime.progress import ProgressWriter
+from django_redisqueue.store.wire import Outcome
 from django_redisqueue.testing import run_jobs
 from tests.conftest import run_worker_here, start_manage, wait_until
 from tests.support import tasks
@@ -190,7 +193,7 @@ def test_reports_from_many_threads_at_once_each_keep_their_last(r, backend):
         report = writer.reporter(claimed.job_id, claimed.owner, 1)
         for done in range(1, 301):
             report(JobProgress(done, 300))
-        writer.flush(claimed.job_id)
+        writer.flush(claimed.job_id, claimed.owner)
 
     threads = [threading.Thread(target=report_many, args=(c,)) for c in claims]
     for thread in threads:
@@ -221,3 +224,94 @@ def test_the_job_page_the_running_list_and_the_group_page_show_progress(manager,
     assert "1 of 4 (25%)" in running and "2 of 4 (50%)" in running
     group_page = manager.get(BASE + f"group/{result.id}/").text
     assert "3 of 8 (37%)" in group_page  # the members that reported, summed
+
+
+HUGE = '{"attempt":1,"done":1' + "0" * 400 + "}"  # an int past a float's range
+DEEP = "[" * 100_000  # nested past the recursion limit
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("junk", [HUGE, DEEP], ids=["huge int", "deep"])
+def test_a_junk_progress_field_breaks_neither_get_result_nor_the_dashboard(
+    r, backend, manager, junk
+):
+    assert read_progress(junk, 1) is None
+    result = tasks.add.enqueue(1, 2)
+    r.hset(backend.keys.job(result.id), mapping={"progress": junk, "attempts": 1})
+    result.refresh()
+    assert result.progress is None
+    assert manager.get(BASE + f"job/{result.id}/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_note_with_a_lone_surrogate_shows_on_the_dashboard(r, backend, manager):
+    """As ``os.listdir()`` gives an undecodable file name."""
+    result = tasks.add.enqueue(1, 2)
+    _, claimed = backend.broker.claim(["default"], "w1", None, broadcasts=False)
+    record = JobProgress.checked(1, 2, "reading log-\udcff.txt").record(1)
+    assert backend.broker.report_progress([(claimed.job_id, claimed.owner, record)]) == [True]
+    assert manager.get(BASE + f"job/{result.id}/").status_code == 200
+    assert manager.get(BASE + "running/").status_code == 200
+
+
+@pytest.mark.parametrize("amount", [Decimal("2.5"), Fraction(5, 2)], ids=["Decimal", "Fraction"])
+def test_real_numbers_of_other_types_are_amounts(amount):
+    assert JobProgress.checked(amount, 10).fraction == 0.25
+    with pytest.raises(ValueError):
+        JobProgress.checked(10**400)  # past a float's range: not finite
+
+
+def test_the_end_of_an_attempt_that_never_reported_waits_for_no_other_write(backend):
+    writer = ProgressWriter(backend.broker)
+    writing = threading.Event()
+
+    def slow_write(self, pending):  # Redis slow to answer another job's progress
+        writing.set()
+        time.sleep(1.0)
+
+    with patch.object(ProgressWriter, "_write", slow_write):
+        writer.reporter("a" * 26, "w/1", 1)(JobProgress(1, 2))
+        assert writing.wait(5)
+        began = time.monotonic()
+        writer.flush("b" * 26, "w/1")
+        took = time.monotonic() - began
+    assert took < 0.5, f"the attempt's end waited {took:.2f} s for another job's write"
+
+
+def test_a_stale_attempts_report_does_not_replace_the_running_attempts_last(backend):
+    """Two attempts of one job in one process: a slot whose lease was lost, still running."""
+    result = tasks.add.enqueue(1, 2)
+    _, claimed = backend.broker.claim(["default"], "w2", None, broadcasts=False)
+    writer = ProgressWriter(backend.broker)
+    with patch.object(ProgressWriter, "_run", lambda self: None):  # only the flush writes
+        writer.reporter(claimed.job_id, claimed.owner, 1)(JobProgress(5, 10, "last"))
+        writer.reporter(claimed.job_id, "w1/1", 1)(JobProgress(3, 10, "stale"))
+        writer.flush(claimed.job_id, claimed.owner)
+    result.refresh()
+    assert result.progress == JobProgress(5, 10, "last")
+
+
+def test_set_progress_under_djangos_own_immediate_backend(r, settings):
+    """A plain TaskResult (another backend's runner) takes no progress, and fails nothing."""
+    from django_redisqueue.compat import ImmediateBackend
+
+    path = f"{ImmediateBackend.__module__}.{ImmediateBackend.__qualname__}"
+    settings.TASKS = {"default": {"BACKEND": path}}
+    r.rpush("test:gate:django-immediate", 1)
+    result = tasks.reports_then_waits.enqueue(3, "test:gate:django-immediate")
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+
+
+def test_a_give_back_keeps_the_progress_of_the_attempt_it_returns_to(backend):
+    broker = backend.broker
+    result = tasks.add.enqueue(1, 2)
+    _, first = broker.claim(["default"], "w1", None, broadcasts=False)
+    assert broker.report_progress([(first.job_id, first.owner, JobProgress(5, 10).record(1))])
+    error = to_json(error_info(ValueError("boom")))
+    assert broker.finish(Outcome(first.job_id, first.owner, "FAILED", error=error))
+    assert broker.operate("retry_failed", "default", [result.id]) == 1
+    _, second = broker.claim(["default"], "w2", None, broadcasts=False)
+    broker.abandon("w2")  # attempt 2 given back, uncounted, unrun: attempt 1 is the latest
+    result.refresh()
+    assert result.attempts == 1 and second.owner == "w2/2"
+    assert result.progress == JobProgress(5, 10)

@@ -104,6 +104,10 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "progress stored",
             "late progress refused",
             "progress forgotten with its attempt",
+            "progress of the attempt before kept",
+            "stops answered STOPPING",
+            "stops answered STOPPED",
+            "stopped jobs ended instead of going back",
         )
     )
     report(

@@ -209,3 +209,18 @@ def test_an_enqueue_to_a_redis_that_does_not_answer_waits_for_one_connection_onl
         assert made == [1]
     finally:
         mute.close()
+
+
+def test_a_connection_lent_when_its_spares_close_goes_back_only_as_its_call_ends(backend):
+    """Given back under a call in flight (a heartbeat's wait as its worker ends), the
+    pool's next user would read that call's reply."""
+    spares = backend.broker.spares
+    pool = backend.broker.client.connection_pool
+    with spares.lend() as broker:
+        spares.close_all()
+        assert broker.client.connection is not None  # still this call's
+        assert broker.client.connection in pool._in_use_connections
+        broker.client.ping()
+    assert broker.client.connection is None  # back in the pool once the call ended
+    with spares.lend() as fresh:
+        assert fresh is not broker

@@ -50,7 +50,9 @@ from django_redisqueue.exceptions import (
     BrokerUnavailable,
     ConfigurationError,
     JobCancelled,
+    JobStopped,
     NotCancellable,
+    NotStoppable,
     ResultTimeout,
 )
 from django_redisqueue.store.broker import Broker
@@ -526,6 +528,18 @@ class RedisQueueBackend(JobPreparation):
                 f"Job {result_id} is {status}: only a job that has not started (READY) "
                 "can be cancelled."
             )
+
+    def stop(self, result_id: str) -> bool:
+        """Stop a running job: it ends FAILED with ``JobStopped``, never retried. True
+        once asked; False when it had ended already (nothing changes). Raises
+        NotStoppable for a job that has not started."""
+        error = JobStopped(f"Job {result_id} was asked to stop while it ran.")
+        status = self.broker.stop(result_id, to_json(error_info(error)))
+        if status is None and not self.outboxed(result_id):
+            raise TaskResultDoesNotExist(result_id)
+        if status in (None, "READY"):
+            raise NotStoppable(f"Job {result_id} has not started: cancel() it instead.")
+        return status in ("STOPPING", "STOPPED")
 
 
 # The options a linked enqueue (a group, a chain, a broadcast) cannot keep.

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 # The longest note kept: a longer one is cut, so that a job's size stays bounded.
@@ -29,12 +31,14 @@ class JobProgress:
     def checked(cls, done: Any, total: Any = None, note: Any = "") -> JobProgress:
         """The progress a task reports, once its values are numbers and text; a long
         note is cut to ``MAX_NOTE_CHARS``."""
-        _check_amount("done", done)
+        done = _amount("done", done)
         if total is not None:
-            _check_amount("total", total)
+            total = _amount("total", total)
         if not isinstance(note, str):
             raise TypeError(f"A progress note is text; got {type(note).__name__}.")
-        return cls(done, total, note[:MAX_NOTE_CHARS])
+        # A lone surrogate (an undecodable file name) could not be sent as UTF-8.
+        note = note[:MAX_NOTE_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
+        return cls(done, total, note)
 
     @property
     def fraction(self) -> float | None:
@@ -62,7 +66,7 @@ def read_progress(record: str | None, attempt: int) -> JobProgress | None:
         return None
     try:
         values = json.loads(record)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(values, dict) or values.get("attempt") != attempt:
         return None
@@ -83,8 +87,15 @@ def summed(progresses: list[JobProgress | None]) -> JobProgress | None:
     return JobProgress(sum(progress.done for progress in reported), total)
 
 
-def _check_amount(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+def _amount(name: str, value: Any) -> int | float:
+    """``value`` as an int or a float, once it is a real number, finite, 0 or more."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, Decimal)):
         raise TypeError(f"Progress {name} is a number; got {type(value).__name__}.")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"Progress {name} is a finite number, 0 or more; got {value!r}.")
+    try:
+        amount = int(value) if isinstance(value, numbers.Integral) else float(value)
+        finite = math.isfinite(amount)  # an int past a float's range: OverflowError
+    except (OverflowError, ValueError):
+        finite = False
+    if not finite or amount < 0:
+        raise ValueError(f"Progress {name} is a finite number, 0 or more; got {value!r:.80}.")
+    return amount

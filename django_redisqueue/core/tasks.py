@@ -353,6 +353,15 @@ class RedisTaskResult(TaskResult):  # type: ignore[misc]
         _backend(self.backend).cancel(self.id)
         self.refresh()
 
+    def stop(self) -> bool:
+        """Stop the job while it runs: its worker stops the task within a second, and
+        the job ends FAILED with a ``JobStopped`` error, never retried. Returns False
+        when it had ended already (nothing changes); raises ``NotStoppable`` when it has
+        not started (``cancel()`` it)."""
+        asked = _backend(self.backend).stop(self.id)
+        self.refresh()
+        return asked
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobContext(TaskContext):  # type: ignore[misc]
@@ -371,7 +380,8 @@ class JobContext(TaskContext):  # type: ignore[misc]
         ``WRITE_INTERVAL``. Raises TypeError or ValueError for amounts that are not
         numbers of 0 or more."""
         progress = JobProgress.checked(done, total, note)
-        object.__setattr__(self.task_result, "_progress", progress)
+        if isinstance(self.task_result, RedisTaskResult):  # another backend's has no slot
+            object.__setattr__(self.task_result, "_progress", progress)
         self._report(progress)
 
 
@@ -445,6 +455,8 @@ class _WaitsAndCancels(Protocol):
     def wait(self, result_id: str, timeout: float | None = None) -> None: ...
 
     def cancel(self, result_id: str) -> None: ...
+
+    def stop(self, result_id: str) -> bool: ...
 
 
 def _backend(alias: str) -> _WaitsAndCancels:

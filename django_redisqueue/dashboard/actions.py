@@ -10,7 +10,7 @@ from django.contrib import messages
 
 from django_redisqueue.backends.redis import RedisQueueBackend
 from django_redisqueue.compat import TaskResultDoesNotExist
-from django_redisqueue.exceptions import NotCancellable
+from django_redisqueue.exceptions import NotCancellable, NotStoppable
 from django_redisqueue.runtime.periodic import PeriodicTaskError, run_now, schedules_of
 
 # What an action tells: (a level of django.contrib.messages, the text).
@@ -33,6 +33,7 @@ ACTIONS = {
     "delete_failed": Action("Delete failed jobs", destructive=True),
     "run_now": Action("Run the delayed job now", destructive=False, needs_job=True),
     "cancel": Action("Cancel the job", destructive=True, needs_job=True),
+    "stop": Action("Abort the running job", destructive=True, needs_job=True),
     "pause": Action("Pause the queue", destructive=False),
     "resume": Action("Resume the queue", destructive=False),
     "empty": Action("Delete every waiting job of the queue", destructive=True),
@@ -70,6 +71,8 @@ def apply(backend: RedisQueueBackend, action: str, queue: str, job_id: str) -> l
         except (NotCancellable, TaskResultDoesNotExist) as exc:
             return [(messages.ERROR, f"Job {job_id} was not cancelled: {exc}")]
         return [(messages.SUCCESS, f"Job {job_id} cancelled.")]
+    if action == "stop":
+        return _stop(backend, job_id)
     if action in ("pause", "resume"):
         broker.operate(action, queue)
         return [(messages.SUCCESS, f"Queue {queue} {action}d.")]
@@ -141,6 +144,22 @@ def act_on_schedule(backend: RedisQueueBackend, action: str, name: str) -> list[
             messages.SUCCESS,
             f"Periodic job {name} resumed: from its next occurrence, the paused time is not "
             "caught up.",
+        )
+    ]
+
+
+def _stop(backend: RedisQueueBackend, job_id: str) -> list[Told]:
+    try:
+        asked = backend.stop(job_id)
+    except (NotStoppable, TaskResultDoesNotExist) as exc:
+        return [(messages.ERROR, f"Job {job_id} was not aborted: {exc}")]
+    if not asked:
+        return [(messages.WARNING, f"Job {job_id} had ended already: nothing changed.")]
+    return [
+        (
+            messages.SUCCESS,
+            f"Job {job_id} aborted: its worker stops it within a second, and it ends FAILED "
+            "(JobStopped), not retried.",
         )
     ]
 

@@ -32,7 +32,7 @@ from django_redisqueue.core.jobs import (
 from django_redisqueue.core.progress import JobProgress
 from django_redisqueue.core.registry import registry
 from django_redisqueue.core.tasks import JobContext, RedisTask, RedisTaskResult
-from django_redisqueue.exceptions import InvalidPayload, LeaseLost, WorkerShutdown
+from django_redisqueue.exceptions import InvalidPayload, JobStopped, LeaseLost, WorkerShutdown
 from django_redisqueue.observe.events import JobEvent
 from django_redisqueue.observe.logformat import job_fields, log_end, start_fields
 from django_redisqueue.observe.metrics import JobMetrics
@@ -236,7 +236,7 @@ def run(
         outcome = Outcome(claimed.job_id, claimed.owner, RELEASE)
     # A task that calls sys.exit() fails; it does not stop the worker. Nor does one that
     # raises KeyboardInterrupt: Ctrl-C reaches the worker's handler, not a task.
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:
+    except (Exception, SystemExit, KeyboardInterrupt, JobStopped) as exc:
         outcome = _failed(attempt, exc)
     return _end(attempt, outcome, hooks)
 
@@ -254,7 +254,9 @@ def _failed(attempt: Attempt, exc: BaseException) -> Outcome:
     claimed, error = attempt.claimed, to_json(info)
     failures = attempt.record.attempts - attempt.record.lost  # attempts that raised
     task = attempt.task
-    delay = task.retry_delay(raised, failures) if isinstance(task, RedisTask) else None
+    # A job asked to stop is never retried (Redis ends it FAILED in any case).
+    retries = isinstance(task, RedisTask) and not isinstance(raised, JobStopped)
+    delay = task.retry_delay(raised, failures) if retries else None
     if delay is None:
         return Outcome(claimed.job_id, claimed.owner, FAILED, error=error)
     return Outcome(

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from django_redisqueue.core.jobs import owner_attempt
 from django_redisqueue.runtime import WORKER_LOGGER
+from django_redisqueue.runtime.stop_requests import StopRequests
 from django_redisqueue.store.gateway import REDIS_ERRORS
 from django_redisqueue.store.wire import Claimed
 
@@ -17,12 +19,15 @@ logger = logging.getLogger(WORKER_LOGGER)
 # Longest time between two heartbeats (s), and between two tries while Redis fails.
 HEARTBEAT_INTERVAL = 10.0
 HEARTBEAT_RETRY = 0.25
+# Longest time (s) a worker running jobs takes to learn one is asked to stop.
+STOP_LOOK = 1.0
 
 
 class Beating(Protocol):
     """What the heartbeat needs of its worker."""
 
     worker_id: str
+    stop_requests: StopRequests
 
     def in_hand(self) -> list[tuple[Claimed, str]]:
         """The jobs running now, each with its attempt's trace record ('' for none)."""
@@ -55,9 +60,15 @@ class Heartbeat(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self) -> None:
+        try:
+            self._beat()
+        finally:
+            self.worker.stop_requests.close()
+
+    def _beat(self) -> None:
         delay = self.interval
         failures = 0
-        while not self.stopped.wait(delay):
+        while not self._wait(delay):
             self.worker.give_up_stuck()  # before in_hand: their leases are not renewed
             jobs = self.worker.in_hand()
             newest = _newest_attempts(job for job, _ in jobs)
@@ -87,6 +98,21 @@ class Heartbeat(threading.Thread):
                 if job.job_id in lost or newest[job.job_id] is not job:
                     self.worker.lease_lost(job)
             self.worker.send_metrics()
+
+    def _wait(self, delay: float) -> bool:
+        """Wait ``delay`` s, taking the requests to stop the jobs in hand as they come
+        (a worker that runs none spends no command on them); True once stopped."""
+        until = time.monotonic() + delay
+        while (left := until - time.monotonic()) > 0 and not self.stopped.is_set():
+            slice_ = min(left, STOP_LOOK)
+            if slice_ < 0.01 or not self.worker.in_hand():  # (a timeout of 0 is for ever)
+                self.stopped.wait(slice_)
+                continue
+            try:
+                self.worker.stop_requests.wait(slice_)
+            except REDIS_ERRORS:  # the heartbeat's own call will say so
+                self.stopped.wait(slice_)
+        return self.stopped.is_set()
 
 
 def _newest_attempts(jobs: Iterable[Claimed]) -> dict[str, Claimed]:

@@ -205,9 +205,10 @@ class SlotWorker(Worker):
             slot = self._running.get((job.job_id, job.owner))
         self._stop_lost(job, slot.token if slot and slot.current is job else None)
 
-    def _tokens(self) -> list[StopToken]:
+    def _stoppable(self) -> list[tuple[Claimed, StopToken]]:
         with self._changed:
-            return [slot.token for slot in self._running.values() if slot.token is not None]
+            slots = list(self._running.values())
+        return [(s.current, s.token) for s in slots if s.current is not None and s.token]
 
     # The loop: claim while a slot is free; the slots run the jobs and store them.
 

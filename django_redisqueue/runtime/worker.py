@@ -41,6 +41,7 @@ from django_redisqueue.runtime.memory import past_limit
 from django_redisqueue.runtime.progress import ProgressWriter
 from django_redisqueue.runtime.queue_order import QueueOrder
 from django_redisqueue.runtime.scheduler_watch import SchedulerWatch
+from django_redisqueue.runtime.stop_requests import StopRequests
 from django_redisqueue.runtime.stopping import STOP_SIGNAL, StopToken
 from django_redisqueue.runtime.unknown_tasks import for_a_worker_that_knows
 from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector, reply_lost
@@ -126,6 +127,7 @@ class Worker:
         self.idle_registered = False
         self.broadcasts_read_at = float("-inf")  # when a claim last read their number
         self.event_loop = EventLoop()  # the async def tasks', started by the first
+        self.stop_requests = StopRequests(self.worker_id, backend.broker, self._stoppable)
         self.broadcasts = Inbox(
             self.worker_id, self.broker, backend.config, self._in_task, self.event_loop.call
         )
@@ -232,7 +234,7 @@ class Worker:
         stored, job = self.broker.claim(
             queues,
             self.worker_id,
-            _outcome(finished),
+            finished.outcome if finished else None,
             woken_by=self.woken_by,
             broadcasts=reading,
             take_handed=self.idle_registered and bool(queues),
@@ -465,6 +467,7 @@ class Worker:
     def execute(self, claimed: Claimed) -> Finished:
         """Run one claimed job; never raises for anything the job or its payload does."""
         self.current, self.token = claimed, StopToken()
+        self.stop_requests.starting(claimed.job_id, self.token)
         config = self.backend.config
         record = JobRecord.parse(claimed.job_id, claimed.fields, config.max_payload_bytes)
         try:
@@ -548,9 +551,10 @@ class Worker:
                 job.job_id,
             )
 
-    def _tokens(self) -> list[StopToken]:
-        """The stop tokens of the tasks running now."""
-        return [self.token] if self.token is not None else []
+    def _stoppable(self) -> list[tuple[Claimed, StopToken]]:
+        """The jobs running now, each with its task's stop token."""
+        job, token = self.current, self.token
+        return [(job, token)] if job is not None and token is not None else []
 
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.token is not None:
@@ -575,7 +579,7 @@ class Worker:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.stopping:
-            running = [token for token in self._tokens() if token.is_running]
+            running = [token for _, token in self._stoppable() if token.is_running]
             if running:
                 logger.warning(
                     "Worker %s: %s again, giving the running job%s back to %s queue",
@@ -594,7 +598,3 @@ class Worker:
             self.worker_id,
             name,
         )
-
-
-def _outcome(finished: Finished | None) -> Outcome | None:
-    return finished.outcome if finished else None

@@ -154,6 +154,12 @@ class Broker(Gateway):
         """Cancel a READY job; return "CANCELLED", or the status that prevents it."""
         return text(self._run("cancel", job_id, self.result_ttl, error, acked=True)) or None
 
+    def stop(self, job_id: str, error: str) -> str | None:
+        """Ask a RUNNING job to stop (stop.lua); return "STOPPING", "STOPPED" (handed,
+        not started) or the status of a job that is not running (None: no such job)."""
+        reply = self._run("stop", job_id, self.result_ttl, self.lease_ms, error, acked=True)
+        return text(reply) or None
+
     # Workers
 
     def claim(
@@ -225,6 +231,11 @@ class Broker(Gateway):
             acked=True,
         )
         return [text(job_id) or "" for job_id in given_back]
+
+    def wait_for_stops(self, worker_id: str, timeout: float) -> str | None:
+        """Block up to ``timeout`` s for a job the worker is asked to stop; its id."""
+        reply = self._blpop([self.keys.stops(worker_id)], timeout)
+        return text(reply[1]) if reply else None
 
     def wait_for_work(
         self, queues: Sequence[str], timeout: float, worker_id: str = ""

@@ -167,6 +167,7 @@ class KeySchema:
             "IDLE_WORKER": self.idle_worker(""),
             "HANDOFF": self.handoff(""),
             "HANDED": self.handed,
+            "STOPS": self.stops(""),
             "RELAYED": self.relayed,
         }
 
@@ -220,6 +221,10 @@ class KeySchema:
 
     def handoff(self, worker_id: str) -> str:
         return f"{self.prefix}:handoff:{worker_id}"
+
+    def stops(self, worker_id: str) -> str:
+        """The ids of the jobs a worker is asked to stop (stop.lua), which it blocks on."""
+        return f"{self.prefix}:stops:{worker_id}"
 
     @property
     def handed(self) -> str:

@@ -46,8 +46,9 @@ class Spares(Generic[Held]):
             # in C skips (uWSGI's workers, unless py-call-uwsgi-fork-hooks is set).
             self._finalizer.detach()
             self._start()
+        spare = self._spare  # close_all() replaces it: this lend is then of the past
         try:
-            held = self._spare.pop()  # atomic: no lock, no system call
+            held = spare.pop()  # atomic: no lock, no system call
         except IndexError:
             made = self._make()
             if made is None:
@@ -58,13 +59,21 @@ class Spares(Generic[Held]):
         try:
             yield held
         finally:
-            self._spare.append(held)
+            if self._spare is spare:
+                spare.append(held)
+            else:  # closed while lent: given back now that its call has ended
+                self._close(held)
 
     def close_all(self) -> None:
-        """Give every connection back (one lent now, if it calls again, takes the
-        pool's)."""
-        self._finalizer()
+        """Give every connection back: the spare ones now, one lent now as its call
+        ends (given back under a call in flight, the pool's next user would read that
+        call's reply)."""
+        spare, pid = self._spare, self._pid
+        self._finalizer.detach()
         self._start()
+        if pid == self._pid:  # not in a child (forked in C): the parent's are its own
+            for held in spare:
+                self._close(held)
 
 
 def _close_all(made: list[Held], close: Callable[[Held], None], pid: int) -> None:

@@ -37,13 +37,17 @@ def send_tips_email(user_id: int) -> str:
     return user.email
 
 
-@task
-def build_report(report_id: int) -> int:
-    """Count the primes below the report's limit (slowly on purpose) and save it."""
+@task(takes_context=True)
+def build_report(context: JobContext, report_id: int) -> int:
+    """Count the primes below the report's limit (slowly on purpose) and save it. It
+    reports how far its sieve is: a large limit runs long enough to watch it, or to
+    abort it, on its page in the dashboard."""
     report = Report.objects.get(pk=report_id)
     sieve = bytearray([1]) * report.limit
     sieve[0] = sieve[1] = 0
-    for n in range(2, int(report.limit**0.5) + 1):
+    last = int(report.limit**0.5)
+    for n in range(2, last + 1):
+        context.set_progress(n, last, "sieving")
         if sieve[n]:
             sieve[n * n :: n] = bytes(len(range(n * n, report.limit, n)))
     report.primes = sum(sieve)

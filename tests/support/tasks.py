@@ -626,3 +626,30 @@ def reports_and_fails_once(context):
         context.set_progress(5, 10, "half way")
         raise ValueError("first attempt fails")
     return context.task_result.progress is None
+
+
+@task(takes_context=True, retries=3, retry_backoff=0)
+def runs_until_stopped(context, seconds):
+    """Logs its start, then runs Python (sleeping a hundredth of a second at a time)
+    for ``seconds``; retried if it raises, which a stop must not cause."""
+    client().rpush(LOG, f"running:{context.attempt}")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    return "ran to the end"
+
+
+@task(takes_context=True, retries=3, retry_backoff=0)
+async def runs_until_stopped_async(context, seconds):
+    client().rpush(LOG, f"running:{context.attempt}")
+    await asyncio.sleep(seconds)
+    return "ran to the end"
+
+
+@task(takes_context=True, retries=3, retry_backoff=0)
+def blocked_in_c(context, seconds):
+    """Logs its start, then blocks in one call into C (a sleep) that no stop interrupts
+    off the main thread."""
+    client().rpush(LOG, f"running:{context.attempt}")
+    time.sleep(seconds)
+    return "ran to the end"

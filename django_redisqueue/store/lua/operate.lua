@@ -49,7 +49,8 @@ for _, id in ipairs(ids) do
         and redis.call('HGET', job, 'status') == 'FAILED'
         and not redis.call('HGET', job, 'cancelled') then
       redis.call('PERSIST', job)
-      redis.call('HDEL', job, 'finished_at', 'result', 'waiters')
+      -- A job stopped on request runs again when an operator says so.
+      redis.call('HDEL', job, 'finished_at', 'result', 'waiters', 'stop')
       -- A waiter's token from the failure would end every later wait() at once.
       redis.call('DEL', job .. ':done')
       -- A unique job takes its key again, unless another job holds it now; held

@@ -5,9 +5,15 @@
 
 -- Put a job (a hash: the caller checked) back on its queue at the place it had (FIFO
 -- survives a give-back or a recovery). A job whose stored queue is missing or not a
--- valid name is failed instead, as nothing could ever serve it: returns false then.
+-- valid name is failed instead, as nothing could ever serve it, and so is a job asked
+-- to stop (stop.lua), with the stop's error, as it must not run again: returns false
+-- then.
 local function requeue(id, now, ttl)
-  local fields = redis.call('HMGET', JOB .. id, 'queue', 'priority', 'score')
+  local fields = redis.call('HMGET', JOB .. id, 'queue', 'priority', 'score', 'stop')
+  if fields[4] then
+    record_outcome(id, 'FAILED', now, '', fields[4], ttl)
+    return false
+  end
   if not valid_queue(fields[1]) then
     record_outcome(id, 'FAILED', now, '', invalid_error('the job names no valid queue'), ttl)
     return false
@@ -24,10 +30,15 @@ end
 -- Forget the latest attempt of a job given back unfinished: it does not count, and
 -- the progress it reported goes with it. A job back to no attempt has not started.
 local function forget_attempt(job)
-  local fields = redis.call('HMGET', job, 'attempts', 'workers')
+  local fields = redis.call('HMGET', job, 'attempts', 'workers', 'progress')
   local attempts = math.max(number(fields[1], 1) - 1, 0)
   redis.call('HSET', job, 'attempts', attempts)
-  redis.call('HDEL', job, 'progress')
+  -- The progress of an attempt before it stays: that attempt is the latest again.
+  local ok, record = pcall(cjson.decode, fields[3] or '')
+  if fields[3] and not (ok and type(record) == 'table' and type(record.attempt) == 'number'
+                        and record.attempt <= attempts) then
+    redis.call('HDEL', job, 'progress')
+  end
   if attempts == 0 then
     redis.call('HDEL', job, 'started_at', 'last_attempted_at')
   end
@@ -144,6 +155,14 @@ local function finish_job(id, owner, status, now, result, error, ttl, retry_in, 
   end
   redis.pcall('ZREM', RUNNING, id) -- of another type: the job is in none
   free_slot(id, f[3], now, lease, ttl)
+  if status == 'RETRY' or status == 'RELEASE' then
+    -- A job asked to stop (stop.lua) does not run again: it ends FAILED, with the
+    -- error its attempt ended with, or the stop's.
+    local stop = redis.call('HGET', job, 'stop')
+    if stop then
+      status, error = 'FAILED', (error ~= '' and error) or stop
+    end
+  end
   if status == 'RETRY' then
     append_error(job, error)
     local queue = redis.call('HGET', job, 'queue')

@@ -5,6 +5,7 @@ own clock read back."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
@@ -12,12 +13,14 @@ from django_redisqueue.store.wire import RELEASE, RETRY, Outcome
 from tests.support.model.harness import FAR, RUN, snapshot
 from tests.support.model.protocol.records import (
     DELAYED,
+    DELETED,
     DEPENDENCY,
     FINISHED,
     PARKED,
     QUEUED,
     RUNNING,
     SOON,
+    STOPPED,
     VALUE_ERROR,
     WAITING,
     Err,
@@ -78,9 +81,16 @@ class CoreModel:
         self.seq += 1
         job.seq, job.place, job.due = self.seq, QUEUED, None
 
-    def requeue(self, job: Job) -> None:
-        """Back to the place it had in its queue."""
+    def requeue(self, job: Job, window: tuple[int, int] | None = None) -> bool:
+        """Back to the place it had in its queue; a job asked to stop ends FAILED with
+        the stop's error instead (``window``: the call's), and False says so."""
+        if job.stop:
+            assert window is not None, f"{job} asked to stop, going back"
+            self.end(job, FAILED, window, Err(STOPPED))
+            RUN["stopped jobs ended instead of going back"] += 1
+            return False
         job.place = QUEUED
+        return True
 
     def push_delayed(self, job: Job, due: int | None, window: tuple[int, int]) -> None:
         job.place, job.due, job.due_window = DELAYED, due, window
@@ -113,8 +123,15 @@ class CoreModel:
     def forget_attempt(self, job: Job) -> None:
         job.attempts = max(job.attempts - 1, 0)
         if job.progress is not None:
-            RUN["progress forgotten with its attempt"] += 1
-        job.progress = None
+            try:
+                attempt = json.loads(job.progress).get("attempt")
+            except (ValueError, AttributeError):
+                attempt = None
+            if type(attempt) is int and attempt <= job.attempts:
+                RUN["progress of the attempt before kept"] += 1
+            else:
+                RUN["progress forgotten with its attempt"] += 1
+                job.progress = None
         if job.workers:
             job.workers.pop()
 
@@ -184,7 +201,10 @@ class CoreModel:
         if outcome.trace:
             job.trace = outcome.trace
         t0, t1 = window
-        if outcome.status == RETRY:
+        if outcome.status in (RETRY, RELEASE) and job.stop:  # it does not run again
+            self.end(job, FAILED, window, Err(VALUE_ERROR if outcome.error else STOPPED))
+            RUN["stopped jobs ended instead of going back"] += 1
+        elif outcome.status == RETRY:
             job.errors.append(Err(VALUE_ERROR))
             self.push_delayed(job, None, (t0 + outcome.retry_in_ms, t1 + outcome.retry_in_ms))
         elif outcome.status == RELEASE and outcome.retry_in_ms > 0:
@@ -193,7 +213,7 @@ class CoreModel:
             self.push_delayed(job, None, (t0 + outcome.retry_in_ms, t1 + outcome.retry_in_ms))
         elif outcome.status == RELEASE:
             self.forget_attempt(job)
-            self.requeue(job)
+            self.requeue(job, window)
         else:
             error = Err(VALUE_ERROR) if outcome.error else None
             self.end(job, outcome.status, window, error, outcome.result)
@@ -285,7 +305,9 @@ class CoreModel:
                 return job
         return None
 
-    def m_abandon(self, worker: str, keep: frozenset[tuple[str, str]] = frozenset()) -> list[Job]:
+    def m_abandon(
+        self, worker: str, window: tuple[int, int], keep: frozenset[tuple[str, str]] = frozenset()
+    ) -> list[Job]:
         """Every job the worker owns goes back, but the attempts it ``keep``s, (job id,
         owner token) pairs (running in its other slots)."""
         mine = [
@@ -305,10 +327,10 @@ class CoreModel:
             self.leave_running(job)
             self.m_free_slot(job)
             self.forget_attempt(job)
-            self.requeue(job)
+            self.requeue(job, window)
         return mine
 
-    def m_give_back_handed(self, worker: str) -> list[Job]:
+    def m_give_back_handed(self, worker: str, window: tuple[int, int]) -> list[Job]:
         """A worker that stops while registered as idle: its registration ends, and the
         job handed to it meanwhile, if it has not taken it, goes back (no other job of
         its is looked at)."""
@@ -320,8 +342,28 @@ class CoreModel:
         self.leave_running(job)
         self.m_free_slot(job)
         self.forget_attempt(job)
-        self.requeue(job)
+        self.requeue(job, window)
         return [job]
+
+    def m_stop(self, job: Job | None, window: tuple[int, int]) -> str | None:
+        """stop: a RUNNING job is asked to stop (its worker's stop list names it); one
+        handed and not taken ends FAILED now; another's status is the answer."""
+        if job is None or job.place == DELETED:
+            return None
+        if job.place != RUNNING:
+            return job.status
+        job.stop = True
+        worker = (job.owner or "").split("/")[0]
+        if not job.handed:
+            self.stop_lists.setdefault(worker, []).append(job.id)
+            return "STOPPING"
+        if self.handed.get(worker) == job.id:
+            del self.handed[worker]
+        self.leave_running(job)
+        self.m_free_slot(job)
+        self.forget_attempt(job)
+        self.requeue(job, window)
+        return "STOPPED"
 
     # Reading back what a script decided with its own clock.
 

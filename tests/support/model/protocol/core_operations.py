@@ -27,6 +27,7 @@ from tests.support.model.protocol.records import (
     QUEUED,
     QUEUES,
     RUNNING,
+    STOP_ERROR,
     Err,
     Job,
     run_after,
@@ -246,6 +247,19 @@ class CoreOperations:
             expected.append(owned)
         assert stored == expected, f"progress stored {stored}, model {expected}"
 
+    def op_stop(self, job: Job | None, job_id: str) -> None:
+        t0 = self.clock()
+        reply = self.broker.stop(job_id, STOP_ERROR)
+        expected = self.m_stop(job, (t0, self.clock()))
+        assert reply == expected, f"stop of {job}: {reply}, model {expected}"
+        RUN[f"stops answered {expected}"] += 1
+
+    def op_take_stops(self, worker: str) -> None:
+        """The worker's heartbeat takes the first id of its stop list."""
+        taken = self.broker.wait_for_stops(worker, 0.01)
+        ids = self.stop_lists.get(worker, [])
+        assert taken == (ids.pop(0) if ids else None), f"{worker} took stop {taken}"
+
     def op_tick(
         self,
         scheduler: str,
@@ -335,8 +349,7 @@ class CoreOperations:
             if job.lost > LOST_LIMIT:
                 self.end(job, FAILED, (t0, t1), Err(LEASE_LOST))
                 failed += 1
-            else:
-                self.requeue(job)
+            elif self.requeue(job, (t0, t1)):
                 recovered += 1
         for job in untaken:  # back uncounted: they never ran
             worker = (job.owner or "").split("/")[0]
@@ -344,7 +357,7 @@ class CoreOperations:
                 del self.handed[worker]  # its list is cleared
             self.leave_running(job)
             self.forget_attempt(job)
-            self.requeue(job)
+            self.requeue(job, (t0, t1))
         # Then the limits whose look is due; the next look counts for the next step.
         full = self.m_tick_looks(batch) or full
         later += [score for _, score in self.r.zrange(self.keys.limits, 0, 0, withscores=True)]
@@ -432,6 +445,7 @@ class CoreOperations:
                         job.place, job.done = DELETED, []
                     else:
                         job.finished_at, job.result, job.waiters, job.done = None, None, False, []
+                        job.stop = False
                         self.m_hold_unique_again(job)
                         self.push_ready(job)
                     expected += 1
@@ -454,16 +468,18 @@ class CoreOperations:
         """abandon; ``handed_only``: as a worker stopping while registered as idle,
         only the job handed to it and not taken goes back (its held jobs stay);
         ``keep``: the attempts (job id, owner token) it holds in other slots stay too."""
+        t0 = self.clock()
         if handed_only:
             given = self.broker.abandon(worker, handed_only=True)
-            expected = [j.id for j in self.m_give_back_handed(worker)]
+            expected = [j.id for j in self.m_give_back_handed(worker, (t0, self.clock()))]
             assert given == expected, f"give-back gave back {given}, model {expected}"
             RUN["handed jobs given back"] += len(given)
             return
         owners = self.owners()
         given = self.broker.abandon(worker, keep=keep)
+        window = (t0, self.clock())
         self.check_kept(given, keep, owners)
-        expected = [j.id for j in self.m_abandon(worker, frozenset(keep))]  # running zset order
+        expected = [j.id for j in self.m_abandon(worker, window, frozenset(keep))]  # zset order
         assert given == expected, f"abandon gave back {given}, model {expected}"
         for job_id, token in list(self.held[worker].items()):
             if (job_id, token) in keep:

@@ -260,16 +260,38 @@ class CoreRules:
         their owner names; with a wrong token too (a late write after the job ended,
         was recovered or given back), refused."""
         reports = []
-        for n, pick in enumerate(picks):
+        for pick in picks:
             held = self.held_job(pick)
             if held is not None:
                 _, job_id, token = held
-                reports.append((job_id, token, f'{{"attempt":{n},"done":{pick}}}'))
+                attempt = self.jobs[job_id].attempts  # its own, as a writer sends it
+                reports.append((job_id, token, f'{{"attempt":{attempt},"done":{pick}}}'))
         job = self.pick(self.jobs.values(), index)
         if wrong is not None and job is not None:
             reports.append((job.id, self.wrong_token(job, wrong, index), '{"done":0}'))
         if reports:
             self.op_report_progress(reports)
+
+    @rule(pick=PICK, which=st.sampled_from(["held", "handed", "any"]))
+    def stop(self, pick, which):
+        """A job asked to stop: one a worker holds, one handed to an idle worker and
+        not taken yet, or any."""
+        held, handed = self.held_job(pick), self.pick(self.handed.values(), pick)
+        if which == "held" and held is not None:
+            job = self.jobs[held[1]]
+        elif which == "handed" and handed is not None:
+            job = self.jobs[handed]
+        else:
+            job = self.pick(self.jobs.values(), pick)
+        if job is not None:
+            self.op_stop(job, job.id)
+
+    @rule(worker=WORKER)
+    def take_stops(self, worker):
+        """A worker's heartbeat learns which of its jobs to stop (the task is stopped
+        by the worker; its outcome comes in a finish or a claim)."""
+        if self.stop_lists.get(worker):
+            self.op_take_stops(worker)
 
     @rule(worker=WORKER, wrong=st.none() | WRONG, pick=PICK, index=PICK, traced=st.booleans())
     def heartbeat(self, worker, wrong, pick, index, traced):

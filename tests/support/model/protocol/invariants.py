@@ -151,12 +151,15 @@ class InvariantChecks:
         for worker in WORKERS:
             pipe.lrange(k.handoff(worker), 0, -1)
             pipe.get(k.idle_worker(worker))
+            pipe.lrange(k.stops(worker), 0, -1)
         for queue in QUEUES:
             pipe.zrange(k.idle(queue), 0, -1, withscores=True)
         replies = iter(pipe.execute())
         stamps = {}
         for worker in WORKERS:
-            entries, standing = next(replies), next(replies)
+            entries, standing, stops = next(replies), next(replies), next(replies)
+            want_stops = self.stop_lists.get(worker, [])
+            assert stops == want_stops, f"stops:{worker} {stops}, model {want_stops}"
             ids = [json.loads(entry)[0] for entry in entries]
             want = [self.handed[worker]] if worker in self.handed else []
             assert ids == want, f"handoff:{worker} {self.names(ids)}, model {self.names(want)}"
@@ -198,6 +201,7 @@ class InvariantChecks:
         assert int(fields.get("lost", 0)) == job.lost, f"{name}: lost, {job}"
         assert fields.get("trace") == job.trace, f"{name}: trace {fields.get('trace')}"
         assert fields.get("progress") == job.progress, f"{name}: progress, {job}"
+        assert ("stop" in fields) == job.stop, f"{name}: stop {fields.get('stop')}, {job}"
         assert fields.get("workers", "") == ",".join(job.workers), f"{name}: workers, {job}"
         self.check_errors(name, json.loads(fields.get("errors", "[]")), job.errors)
         assert fields.get("result") == job.result, f"{name}: result {fields.get('result')}"
@@ -370,6 +374,8 @@ class InvariantChecks:
         required |= {k.idle_worker(w) for w in self.idle}
         expires |= {k.handoff(w): True for w in self.handed}
         required |= {k.handoff(w) for w in self.handed}
+        expires |= {k.stops(w): True for w, ids in self.stop_lists.items() if ids}
+        required |= {k.stops(w) for w, ids in self.stop_lists.items() if ids}
         self.expected_limit_keys(expires, required)
         return expires, required
 

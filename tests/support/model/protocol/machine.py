@@ -54,6 +54,7 @@ class ProtocolMachine(
         self.idle: dict[str, tuple[int, tuple[str, ...]]] = {}
         self.registrations = 0
         self.handed: dict[str, str] = {}
+        self.stop_lists: dict[str, list[str]] = {}  # per worker, the jobs asked to stop
         self.stats: Counter[str] = Counter()
         self.heartbeats: set[str] = set()  # the members of {P}:workers
         self.silent: set[str] = set()  # among them, those last seen a lease ago

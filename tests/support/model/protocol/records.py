@@ -46,6 +46,8 @@ CANCEL_ERROR = '{"exception_class_path":"django_redisqueue.exceptions.JobCancell
 # The error classes a job's errors can name.
 VALUE_ERROR = "builtins.ValueError"
 LEASE_LOST = "django_redisqueue.exceptions.LeaseLost"
+STOPPED = "django_redisqueue.exceptions.JobStopped"
+STOP_ERROR = '{"exception_class_path":"django_redisqueue.exceptions.JobStopped","traceback":""}'
 CANCELLED = "django_redisqueue.exceptions.JobCancelled"
 DEPENDENCY = "django_redisqueue.exceptions.DependencyFailed"
 
@@ -154,6 +156,7 @@ class Job:
     lost: int = 0
     trace: str | None = None  # the trace record of its last attempt that sent one
     progress: str | None = None  # the progress record its owner wrote last, unforgotten
+    stop: bool = False  # asked to stop while RUNNING: it never goes back, it ends FAILED
     workers: list[str] = field(default_factory=list)
     errors: list[Err] = field(default_factory=list)
     result: str | None = None

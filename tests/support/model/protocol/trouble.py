@@ -162,7 +162,7 @@ class RedisTrouble:
         self.m_claim(order, worker, (t0, t1), take=take)
         assert again is self.m_finish(outcome, (t0, t1))
         self.check_kept(given, keep, self.owners())
-        expected = self.m_abandon(worker, frozenset(keep))
+        expected = self.m_abandon(worker, (t0, t1), frozenset(keep))
         assert sorted(given) == sorted(j.id for j in expected)
         self.held[worker] = dict(keep)
         RUN["lost claim replies"] += 1
