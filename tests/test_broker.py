@@ -69,7 +69,7 @@ def test_claim_records_a_lease_and_finish_is_fenced(r, broker, backend):
     # a second finish by the former owner is rejected, and its heartbeat renews nothing.
     assert r.hget(DEFAULT_KEYS.job(job.id), "owner") == claimed.owner
     assert broker.finish(Outcome(job.id, claimed.owner, FAILED, error="{}")) is False
-    assert broker.heartbeat("w1", {}, {job.id: claimed.owner}) == [job.id]
+    assert broker.heartbeat("w1", {}, {job.id: claimed.owner}) == ([job.id], [])
     assert r.zcard(DEFAULT_KEYS.running) == 0
     assert backend.get_result(job.id).status == SUCCESSFUL
 
@@ -103,7 +103,7 @@ def test_heartbeat_records_the_worker_and_reports_jobs_no_longer_owned(r, broker
     job = tasks.noop.enqueue()
     claimed = claim_one(broker)
     before = r.zscore(DEFAULT_KEYS.running, job.id)
-    lost = broker.heartbeat("w1", {"pid": 7}, {job.id: claimed.owner, "gone": "w1/1"})
+    lost, _ = broker.heartbeat("w1", {"pid": 7}, {job.id: claimed.owner, "gone": "w1/1"})
     assert lost == ["gone"]
     assert r.hget(DEFAULT_KEYS.worker("w1"), "pid") == "7"
     assert 0 < r.ttl(DEFAULT_KEYS.worker("w1")) <= 60
@@ -252,7 +252,7 @@ def test_a_running_set_of_another_type_loses_no_job(r, broker, backend):
     assert claim_one(broker).job_id == waiting.id  # replaced: the claim goes on
     assert r.zscore(backend.keys.running, waiting.id) is not None
     # The heartbeat of the worker running the first puts its lease back.
-    assert broker.heartbeat("w1", {}, {running.id: first.owner}) == []
+    assert broker.heartbeat("w1", {}, {running.id: first.owner}) == ([], [])
     assert r.zscore(backend.keys.running, running.id) is not None
     assert broker.finish(Outcome(running.id, first.owner, SUCCESSFUL, result="1"))
     assert backend.get_result(running.id).status == SUCCESSFUL

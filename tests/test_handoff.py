@@ -87,7 +87,7 @@ def test_a_job_for_an_idle_worker_reaches_it_running_with_the_wake_up(r, broker,
     assert r.exists(K.handoff("w1")) == 0
 
     # Taken: RUNNING under w1's lease from now on.
-    assert broker.heartbeat("w1", {}, {job.id: "w1/1"}) == []
+    assert broker.heartbeat("w1", {}, {job.id: "w1/1"}) == ([], [])
     assert r.zscore(K.handed, job.id) is None
     assert r.zscore(K.running, job.id) > broker.clock_ms() + broker.lease_ms - 1000
 
@@ -259,7 +259,7 @@ def test_a_handed_job_not_taken_in_time_goes_back_uncounted_and_is_not_started_l
     assert stored.status == TaskResultStatus.READY
     assert stored.attempts == 0 and r.hget(K.job(job.id), "lost") is None
     assert r.exists(K.handoff("w1")) == 0  # w1 must not start it late
-    assert broker.heartbeat("w1", {}, {job.id: "w1/1"}) == [job.id]  # nor take it
+    assert broker.heartbeat("w1", {}, {job.id: "w1/1"}) == ([job.id], [])  # nor take it
     assert r.zrange(K.queue("default"), 0, -1) == [job.id]
     assert r.llen(K.wake("default")) == 1  # an idle worker wakes for it
     assert broker.claim(QUEUES, "w2")[1].job_id == job.id
@@ -268,7 +268,7 @@ def test_a_handed_job_not_taken_in_time_goes_back_uncounted_and_is_not_started_l
 def test_a_handed_job_taken_in_time_is_the_workers_whatever_the_tick_does(r, broker, backend):
     stand_idle(broker, "w1")
     job = enqueue(backend)
-    assert broker.heartbeat("w1", {}, {job.id: "w1/1"}) == []
+    assert broker.heartbeat("w1", {}, {job.id: "w1/1"}) == ([], [])
     tick = broker.tick("s1", QUEUES, batch=10, lost_limit=2, lost_error="{}")
     assert (tick.handed_back, tick.recovered) == (0, 0)
     assert backend.get_result(job.id).status == TaskResultStatus.RUNNING

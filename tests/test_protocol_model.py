@@ -108,6 +108,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "stops answered STOPPING",
             "stops answered STOPPED",
             "stopped jobs ended instead of going back",
+            "heartbeats naming jobs to stop",
         )
     )
     report(

@@ -374,7 +374,7 @@ def test_a_lease_that_ran_out_after_the_latest_step_a_grace_ago_waits_for_its_he
     assert waits[0] == pytest.approx(scheduler.grace, abs=0.01)  # due again a grace later
     status, owner = r.hmget(backend.keys.job(job.id), "status", "owner")
     if renewed:
-        assert renewals == [[]]
+        assert renewals == [([], [])]
         assert (status, owner) == ("RUNNING", claimed.owner)
     else:
         assert status == "READY" and r.zscore(backend.keys.running, job.id) is None

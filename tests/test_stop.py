@@ -6,12 +6,17 @@ worker died with the stop pending is not run again; a job that ended first is le
 it was, and one that has not started is refused."""
 
 import signal
+import threading
 
 import pytest
 
 from django_redisqueue import TaskFailed
-from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus
-from django_redisqueue.exceptions import NotStoppable
+from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
+from django_redisqueue.core.jobs import FAILED
+from django_redisqueue.exceptions import JobStopped, NotStoppable
+from django_redisqueue.runtime.stop_requests import StopRequests
+from django_redisqueue.runtime.stopping import StopToken
+from django_redisqueue.store.wire import Outcome
 from tests.conftest import run_worker_here, wait_until
 from tests.support import tasks
 from tests.test_admin import BASE
@@ -92,7 +97,7 @@ def test_a_job_that_finished_first_is_left_as_it_was(r, backend):
 
 def test_the_outcome_of_an_attempt_asked_to_stop_is_never_a_retry(r, backend):
     """Whatever its worker sends (a retry, a give-back), Redis ends the job FAILED."""
-    from django_redisqueue.store.wire import RELEASE, RETRY, Outcome
+    from django_redisqueue.store.wire import RELEASE, RETRY
 
     broker = backend.broker
     jobs = [tasks.add.enqueue(n, n) for n in range(2)]
@@ -109,7 +114,7 @@ def test_the_outcome_of_an_attempt_asked_to_stop_is_never_a_retry(r, backend):
 @pytest.mark.django_db
 def test_the_job_page_aborts_a_running_job_after_a_confirm(r, manager, backend):
     job = tasks.add.enqueue(1, 2)
-    backend.broker.claim(["default"], "w1", None, broadcasts=False)
+    _, claimed = backend.broker.claim(["default"], "w1", None, broadcasts=False)
     page = manager.get(BASE + f"job/{job.id}/").text
     assert "Abort</a>" in page
     confirm = BASE + f"confirm/stop/?queue=default&job_id={job.id}"
@@ -118,4 +123,81 @@ def test_the_job_page_aborts_a_running_job_after_a_confirm(r, manager, backend):
         BASE + "act/stop/", {"queue": "default", "job_id": job.id, "confirmed": "yes"}, follow=True
     )
     assert "aborted: its worker stops it within a second" in done.text
-    assert r.lrange(backend.keys.stops("w1"), 0, -1) == [job.id]
+    assert r.lrange(backend.keys.stops("w1"), 0, -1) == [f"{job.id} {claimed.owner}"]
+
+
+def test_a_stop_whose_list_entry_was_missed_is_taken_from_the_heartbeat(r, procs):
+    """The id on the worker's stop list lost (a lost reply, the list expired): its next
+    heartbeat names the job, and the worker stops it all the same."""
+    job = tasks.runs_until_stopped.using(backend="leased").enqueue(60)
+    worker = procs.start("runworker", "--backend", "leased")
+    wait_until(lambda: "running:1" in log(r), 30, "the job's start")
+    worker.send_signal(signal.SIGSTOP)  # frozen: it cannot take the stop
+    assert job.stop() is True
+    stops = list(r.scan_iter(match=task_backends["leased"].keys.stops("*")))
+    assert len(stops) == 1 and r.delete(*stops) == 1  # the id never reaches it
+    worker.send_signal(signal.SIGCONT)
+    ended_stopped(job)
+    assert "running:2" not in log(r)
+
+
+ERROR = '{"exception_class_path":"builtins.ValueError","traceback":""}'
+
+
+@pytest.mark.parametrize(("stops", "taken"), [(2, 1), (1, 0)], ids=["asked twice", "raced"])
+def test_a_stop_of_an_earlier_attempt_does_not_stop_the_operators_retry(r, backend, stops, taken):
+    """A stop asked twice, or one that raced the attempt's own failure, leaves an entry
+    on the worker's stop list or in its early requests; the operator's retry (which
+    cleared the job's stop field) runs on the same worker, and its attempt runs on."""
+    broker = backend.broker
+    job = tasks.add.enqueue(1, 2)
+    _, first = broker.claim(["default"], "w1", None, broadcasts=False)
+    for _ in range(stops):
+        assert backend.stop(job.id) is True
+    running: list = []
+    requests = StopRequests("w1", broker, lambda: list(running))
+    token = StopToken()
+    running.append((first, token))
+    for _ in range(taken):  # the heartbeat takes the first: the task is stopped
+        requests.wait(0.1)
+        assert isinstance(token.reason, JobStopped)
+    running.clear()  # the attempt ends FAILED
+    assert broker.finish(Outcome(first.job_id, first.owner, FAILED, error=ERROR))
+    assert broker.operate("retry_failed", "default", [job.id]) == 1
+    _, second = broker.claim(["default"], "w1", None, broadcasts=False)
+    assert second.job_id == job.id and second.owner != first.owner
+    again = StopToken()
+    running.append((second, again))
+    requests.starting(second, again)
+    requests.wait(0.1)  # the heartbeat, while the retried attempt runs
+    requests.close()
+    assert again.reason is None, "the operator's retry was stopped by the old request"
+
+
+def test_a_stop_taken_as_the_job_starts_is_not_lost(r, backend):
+    """The job starts (its ``starting`` call) just as the heartbeat's thread looks
+    for it: the request is found by one or the other."""
+    broker = backend.broker
+    tasks.add.enqueue(1, 2)
+    _, claimed = broker.claim(["default"], "w1", None, broadcasts=False)
+    assert backend.stop(claimed.job_id) is True
+    token = StopToken()
+    running: list = []
+    starts: list[threading.Thread] = []
+
+    def start():  # as Worker.execute: the job is running, then starting()
+        running.append((claimed, token))
+        requests.starting(claimed, token)
+
+    def running_now():
+        seen = list(running)
+        starts.append(threading.Thread(target=start))  # just after the look
+        starts[0].start()
+        starts[0].join(0.5)
+        return seen
+
+    requests = StopRequests("w1", broker, running_now)
+    requests.wait(0.1)
+    requests.close()
+    starts[0].join(5)
+    assert isinstance(token.reason, JobStopped), "the stop was lost"

@@ -38,7 +38,7 @@ class Beating(Protocol):
 
     def register(
         self, owned: Mapping[str, str] | None = None, traces: Mapping[str, str] | None = None
-    ) -> list[str]: ...
+    ) -> tuple[list[str], list[str]]: ...
 
     def lease_lost(self, job: Claimed) -> None: ...
 
@@ -78,7 +78,7 @@ class Heartbeat(threading.Thread):
                 job.job_id: record for job, record in jobs if record and newest[job.job_id] is job
             } or None
             try:
-                lost = self.worker.register(owned, traces)
+                lost, stopping = self.worker.register(owned, traces)
             except REDIS_ERRORS as exc:
                 if failures % 20 == 0:
                     logger.warning(
@@ -97,6 +97,8 @@ class Heartbeat(threading.Thread):
             for job, _ in jobs:
                 if job.job_id in lost or newest[job.job_id] is not job:
                     self.worker.lease_lost(job)
+            for job_id in stopping:  # should its stop list's entry have been missed
+                self.worker.stop_requests.ask(job_id, owned[job_id])
             self.worker.send_metrics()
 
     def _wait(self, delay: float) -> bool:

@@ -38,17 +38,18 @@ class StopRequests:
         # would read that wait's reply.
         self._waiting: Broker | None = None
         self.running = running  # the jobs running now, with their stop tokens
-        self._early: dict[str, float] = {}  # job id: when asked, for a job not started
+        # (job id, owner token): when asked, for an attempt not started yet
+        self._early: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
 
     def wait(self, timeout: float) -> None:
-        """Block up to ``timeout`` s for a request; stop the job it names (Redis errors
-        propagate)."""
+        """Block up to ``timeout`` s for a request; stop the attempt it names (Redis
+        errors propagate)."""
         if self._waiting is None:
             self._waiting = self.broker.pinned()
-        job_id = self._waiting.wait_for_stops(self.worker_id, timeout)
-        if job_id:
-            self.ask(job_id)
+        asked = self._waiting.wait_for_stops(self.worker_id, timeout)
+        if asked:
+            self.ask(*asked)
 
     def close(self) -> None:
         """Give the wait's connection back: by the thread that waits, once it is done."""
@@ -56,27 +57,33 @@ class StopRequests:
             self._waiting.close()
             self._waiting = None
 
-    def ask(self, job_id: str) -> None:
-        """Stop the attempts of ``job_id`` running here; a job not started yet is stopped
-        as it starts (``starting``)."""
-        tokens = [token for job, token in self.running() if job.job_id == job_id]
-        if not tokens:
-            with self._lock:
+    def ask(self, job_id: str, owner: str) -> None:
+        """Stop the attempt ``owner`` of ``job_id`` running here; one not started yet is
+        stopped as it starts (``starting``). Under the lock, so that an attempt that
+        starts meanwhile finds the request."""
+        with self._lock:
+            tokens = [
+                token
+                for job, token in self.running()
+                if (job.job_id, job.owner) == (job_id, owner)
+            ]
+            if not tokens:
                 now = time.monotonic()
-                self._early = {j: t for j, t in self._early.items() if now - t < KEPT_FOR}
-                self._early[job_id] = now
-            return
+                self._early = {a: t for a, t in self._early.items() if now - t < KEPT_FOR}
+                self._early[job_id, owner] = now
+                return
         _stop(job_id, tokens)
 
-    def starting(self, job_id: str, token: StopToken) -> None:
-        """A job is about to start with ``token``: stopped at once if it was asked to."""
+    def starting(self, claimed: Claimed, token: StopToken) -> None:
+        """An attempt is about to start with ``token`` (among ``running`` already: a
+        request taken later finds it there): stopped at once if it was asked to."""
         with self._lock:
-            asked = self._early.pop(job_id, None)
+            asked = self._early.pop((claimed.job_id, claimed.owner), None)
         if asked is not None:
-            _stop(job_id, [token])
+            _stop(claimed.job_id, [token])
 
 
 def _stop(job_id: str, tokens: list[StopToken]) -> None:
-    logger.warning("Job %s: asked to stop; stopping its task", job_id)
-    for token in tokens:
-        token.stop(JobStopped(f"Job {job_id} was asked to stop while it ran."))
+    for token in tokens:  # (one stopped already, by this or another reason: said once)
+        if token.stop(JobStopped(f"Job {job_id} was asked to stop while it ran.")):
+            logger.warning("Job %s: asked to stop; stopping its task", job_id)

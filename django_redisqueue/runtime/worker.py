@@ -343,10 +343,10 @@ class Worker:
 
     def register(
         self, owned: Mapping[str, str] | None = None, traces: Mapping[str, str] | None = None
-    ) -> list[str]:
+    ) -> tuple[list[str], list[str]]:
         """Tell the dashboard this worker is alive and what it serves, and extend the
         leases of the jobs it ``owned`` (storing their attempts' trace records,
-        ``traces``); return the ids it no longer owns."""
+        ``traces``); return the ids it no longer owns, and those asked to stop."""
         info: dict[str, str | int] = {
             "queues": ",".join(self.queues),
             "pid": os.getpid(),
@@ -415,7 +415,7 @@ class Worker:
     def _take(self, handed: Claimed) -> bool:
         """Take a job handed over, under this worker's lease; False if it went back
         meanwhile (this worker frozen, or slow to read it, past the hand-off's deadline)."""
-        lost = self.broker.heartbeat(self.worker_id, {}, {handed.job_id: handed.owner})
+        lost, _ = self.broker.heartbeat(self.worker_id, {}, {handed.job_id: handed.owner})
         if lost:
             logger.info(
                 "Job %s: handed to worker %s, which took it too late; it went back to its "
@@ -467,7 +467,7 @@ class Worker:
     def execute(self, claimed: Claimed) -> Finished:
         """Run one claimed job; never raises for anything the job or its payload does."""
         self.current, self.token = claimed, StopToken()
-        self.stop_requests.starting(claimed.job_id, self.token)
+        self.stop_requests.starting(claimed, self.token)
         config = self.backend.config
         record = JobRecord.parse(claimed.job_id, claimed.fields, config.max_payload_bytes)
         try:

@@ -232,10 +232,12 @@ class Broker(Gateway):
         )
         return [text(job_id) or "" for job_id in given_back]
 
-    def wait_for_stops(self, worker_id: str, timeout: float) -> str | None:
-        """Block up to ``timeout`` s for a job the worker is asked to stop; its id."""
+    def wait_for_stops(self, worker_id: str, timeout: float) -> tuple[str, str] | None:
+        """Block up to ``timeout`` s for an attempt the worker is asked to stop: its job
+        id and owner token."""
         reply = self._blpop([self.keys.stops(worker_id)], timeout)
-        return text(reply[1]) if reply else None
+        job_id, _, owner = (text(reply[1]) or "").partition(" ") if reply else ("", "", "")
+        return (job_id, owner) if job_id else None
 
     def wait_for_work(
         self, queues: Sequence[str], timeout: float, worker_id: str = ""
@@ -267,16 +269,18 @@ class Broker(Gateway):
         info: Mapping[str, str | int],
         owned: Mapping[str, str],
         traces: Mapping[str, str] | None = None,
-    ) -> list[str]:
+    ) -> tuple[list[str], list[str]]:
         """Record the worker as alive (for the dashboard) and extend the leases of the
         jobs it still owns (id: owner token), storing their running attempts' trace
-        records (``traces``, id: record); return the ids it no longer owns."""
+        records (``traces``, id: record); return the ids it no longer owns, and those
+        of the jobs it owns that were asked to stop."""
         args: list[Any] = [self.lease_ms, worker_id, WORKER_TTL, len(info)]
         for name, value in info.items():
             args += [name, value]
         for job_id, owner in owned.items():
             args += [job_id, owner, (traces or {}).get(job_id, "")]
-        return [text(job_id) or "" for job_id in self._run("heartbeat", *args)]
+        lost, stopping = self._run("heartbeat", *args)
+        return [text(i) or "" for i in lost], [text(i) or "" for i in stopping]
 
     def report_progress(self, reports: Sequence[tuple[str, str, str]]) -> list[bool]:
         """Store running jobs' progress (job id, owner token, record), each only while

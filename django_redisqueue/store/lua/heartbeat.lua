@@ -10,7 +10,9 @@
 -- ARGV[4] P, the number of worker fields, then P name/value pairs,
 -- then triples of job id, owner token and the running attempt's trace record or ''
 -- (kept in the job's `trace` field: a recovery's attempt links to the lost one)
--- Returns the ids the worker no longer owns (their lease ran out and the job moved on).
+-- Returns {lost, stopping}: the ids the worker no longer owns (their lease ran out and
+-- the job moved on), and those of the jobs it owns that were asked to stop (stop.lua):
+-- the worker stops them, should it have missed its stop list's id.
 local now, worker = clock_ms(), ARGV[2]
 local pairs_at = 5 + tonumber(ARGV[4]) * 2
 
@@ -29,10 +31,14 @@ if not redis.call('ZSCORE', cursors, worker) then
   redis.call('ZADD', cursors, last_broadcast(), worker)
 end
 
-local lost = {}
+local lost, stopping = {}, {}
 for i = pairs_at, #ARGV, 3 do
   local id, owner, trace = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  if is_job(id) and owned_by(redis.call('HMGET', JOB .. id, 'owner', 'status'), owner) then
+  local f = is_job(id) and redis.call('HMGET', JOB .. id, 'owner', 'status', 'stop')
+  if f and owned_by(f, owner) then
+    if f[3] then
+      stopping[#stopping + 1] = id
+    end
     -- Its own, so it is RUNNING: a running set replaced (written by hand) learns it back.
     zadd(RUNNING, now + tonumber(ARGV[1]), id)
     redis.pcall('ZREM', HANDED, id) -- of another type (written by hand): none handed
@@ -43,4 +49,4 @@ for i = pairs_at, #ARGV, 3 do
     table.insert(lost, id)
   end
 end
-return lost
+return {lost, stopping}

@@ -5,7 +5,8 @@
 -- Ask a running job to stop. Its `stop` field keeps the stop's error: from then on the
 -- job never runs again (running.lua: where it would go back to its queue or its
 -- delayed set, it ends FAILED with that error). Its worker learns it at once: the id
--- goes on the worker's stop list, which its heartbeat blocks on, and it stops the task.
+-- and the attempt's owner token go on the worker's stop list, which its heartbeat
+-- blocks on (and its next heartbeat names the job, should that entry be lost).
 -- A job handed to an idle worker and not taken yet ends FAILED now: nothing runs it.
 -- ARGV[1] job id, ARGV[2] result TTL (s), ARGV[3] lease (ms), which limits use and the
 -- stop list lives (a dead worker's goes), ARGV[4] the stop's error (JSON)
@@ -29,7 +30,10 @@ if handed and not redis.call('ZSCORE', typed(RUNNING, 'zset'), id) then
   give_back(id, f[3], clock_ms(), lease, ttl)
   return 'STOPPED'
 end
+-- The entry names the attempt (its owner token): a request left over from an earlier
+-- attempt (asked twice, or raced with the attempt's own end) stops no later one, such
+-- as an operator's retry run by the same worker.
 local stops = typed(STOPS .. worker, 'list')
-redis.call('RPUSH', stops, id)
+redis.call('RPUSH', stops, id .. ' ' .. f[1])
 redis.call('PEXPIRE', stops, lease)
 return 'STOPPING'

@@ -355,7 +355,7 @@ class CoreModel:
         job.stop = True
         worker = (job.owner or "").split("/")[0]
         if not job.handed:
-            self.stop_lists.setdefault(worker, []).append(job.id)
+            self.stop_lists.setdefault(worker, []).append(f"{job.id} {job.owner}")
             return "STOPPING"
         if self.handed.get(worker) == job.id:
             del self.handed[worker]

@@ -214,17 +214,21 @@ class CoreOperations:
         owned = {**self.held[worker], **extra}
         traces = {job_id: f"{token} RUNNING" for job_id, token in owned.items()} if traced else {}
         t0 = self.clock()
-        lost = self.broker.heartbeat(worker, {}, owned, traces)
+        lost, stopping = self.broker.heartbeat(worker, {}, owned, traces)
         t1 = self.clock()
-        expected = []
+        expected, to_stop = [], []
         for job_id, token in owned.items():
             job = self.jobs.get(job_id)
             if job is not None and job.place == RUNNING and job.owner == token:
                 self.take(job, (t0, t1))
                 job.trace = traces.get(job_id, job.trace)
+                if job.stop:
+                    to_stop.append(job_id)
             else:
                 expected.append(job_id)
         assert lost == expected, f"heartbeat lost {lost}, model {expected}"
+        assert stopping == to_stop, f"heartbeat: stop {stopping}, model {to_stop}"
+        RUN["heartbeats naming jobs to stop"] += bool(stopping)
         for job_id in lost:
             self.held[worker].pop(job_id, None)
         # Seen now; the workers last seen an hour (a lease) ago leave {P}:workers.
@@ -257,8 +261,9 @@ class CoreOperations:
     def op_take_stops(self, worker: str) -> None:
         """The worker's heartbeat takes the first id of its stop list."""
         taken = self.broker.wait_for_stops(worker, 0.01)
-        ids = self.stop_lists.get(worker, [])
-        assert taken == (ids.pop(0) if ids else None), f"{worker} took stop {taken}"
+        entries = self.stop_lists.get(worker, [])
+        want = tuple(entries.pop(0).split(" ", 1)) if entries else None
+        assert taken == want, f"{worker} took stop {taken}, model {want}"
 
     def op_tick(
         self,
