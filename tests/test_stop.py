@@ -170,7 +170,6 @@ def test_a_stop_of_an_earlier_attempt_does_not_stop_the_operators_retry(r, backe
     running.append((second, again))
     requests.starting(second, again)
     requests.wait(0.1)  # the heartbeat, while the retried attempt runs
-    requests.close()
     assert again.reason is None, "the operator's retry was stopped by the old request"
 
 
@@ -198,6 +197,5 @@ def test_a_stop_taken_as_the_job_starts_is_not_lost(r, backend):
 
     requests = StopRequests("w1", broker, running_now)
     requests.wait(0.1)
-    requests.close()
     starts[0].join(5)
     assert isinstance(token.reason, JobStopped), "the stop was lost"

@@ -60,12 +60,6 @@ class Heartbeat(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        try:
-            self._beat()
-        finally:
-            self.worker.stop_requests.close()
-
-    def _beat(self) -> None:
         delay = self.interval
         failures = 0
         while not self._wait(delay):

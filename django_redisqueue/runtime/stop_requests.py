@@ -32,11 +32,9 @@ class StopRequests:
         running: Callable[[], list[tuple[Claimed, StopToken]]],
     ) -> None:
         self.worker_id = worker_id
+        # Through the pool, a connection per wait: none held between waits (a second
+        # at a time, only while the worker runs jobs).
         self.broker = broker
-        # The waiting thread's own connection, which it gives back itself (``close``):
-        # given back by another thread while a wait is in flight, the pool's next user
-        # would read that wait's reply.
-        self._waiting: Broker | None = None
         self.running = running  # the jobs running now, with their stop tokens
         # (job id, owner token): when asked, for an attempt not started yet
         self._early: dict[tuple[str, str], float] = {}
@@ -45,17 +43,9 @@ class StopRequests:
     def wait(self, timeout: float) -> None:
         """Block up to ``timeout`` s for a request; stop the attempt it names (Redis
         errors propagate)."""
-        if self._waiting is None:
-            self._waiting = self.broker.pinned()
-        asked = self._waiting.wait_for_stops(self.worker_id, timeout)
+        asked = self.broker.wait_for_stops(self.worker_id, timeout)
         if asked:
             self.ask(*asked)
-
-    def close(self) -> None:
-        """Give the wait's connection back: by the thread that waits, once it is done."""
-        if self._waiting is not None:
-            self._waiting.close()
-            self._waiting = None
 
     def ask(self, job_id: str, owner: str) -> None:
         """Stop the attempt ``owner`` of ``job_id`` running here; one not started yet is
