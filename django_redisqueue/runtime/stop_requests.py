@@ -1,8 +1,9 @@
 """The jobs a worker is asked to stop (``result.stop()``, the dashboard's Abort): their
 ids come on the worker's stop list (stop.lua), which its heartbeat's thread blocks on
 while the worker runs jobs, and each is stopped through its task's stop token, as a
-time limit stops one. A task that does not let go is given up, as a time limit's is.
-Whatever the attempt then does, the job never runs again: Redis ends it FAILED."""
+time limit stops one; with slots, one whose thread does not let go is given up, as a
+time limit's is. Whatever the attempt then does, the job never runs again: Redis ends
+it FAILED."""
 
 from __future__ import annotations
 
