@@ -280,8 +280,11 @@ class DashboardAdmin(admin.ModelAdmin):
     def queue_view(self, request: HttpRequest, alias: str, queue: str) -> HttpResponse:
         backend = self._backend(request, alias)
         self._queue(backend, queue)
-        page = DashboardData(backend).waiting(queue, self._page_number(request))
+        data = DashboardData(backend)
+        page = data.waiting(queue, self._page_number(request))
         paused = backend.queries.counts([queue])[queue].paused
+        # A fair queue's keys with their backlogs; no command for another queue.
+        fair = data.fair_keys(queue) if queue in backend.config.fair_queues else None
         return self._render(
             request,
             "queue.html",
@@ -290,6 +293,7 @@ class DashboardAdmin(admin.ModelAdmin):
             queue=queue,
             page=page,
             paused=paused,
+            fair=fair,
             selection_actions=actions.SELECTION_ACTIONS["waiting"],
         )
 

@@ -109,8 +109,7 @@ def use_redis(url: str, *, cluster: bool = False) -> Iterator[None]:
     from django.conf import settings
 
     tasks = {alias: dict(conf) for alias, conf in settings.TASKS.items()}
-    outboxes = [alias for alias in tasks if alias.startswith("outbox-")]
-    for alias in ("default", "leased", "anyqueue", "periodic", *outboxes):
+    for alias in [alias for alias in tasks if "URL" in tasks[alias]["OPTIONS"]]:
         options = {k: v for k, v in tasks[alias]["OPTIONS"].items() if k != "CLUSTER"}
         tasks[alias]["OPTIONS"] = {**options, "URL": url, **({"CLUSTER": True} if cluster else {})}
     caches = {"default": {**settings.CACHES["default"], "LOCATION": url}}

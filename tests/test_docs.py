@@ -98,7 +98,10 @@ def run_test_cases(module: types.ModuleType, done: set[type]) -> None:
 
 RUNNABLE = [p for p in DOC_PAGES if any(b.marker in (RUN, RUN_AFTER_WORKER) for b in blocks(p))]
 # The OPTIONS a page's samples assume of the default backend, beyond the tests'.
-PAGE_OPTIONS = {DOCS / "howto" / "outbox.md": {"OUTBOX": True}}
+PAGE_OPTIONS = {
+    DOCS / "howto" / "outbox.md": {"OUTBOX": True},
+    DOCS / "howto" / "tasks.md": {"FAIR_QUEUES": ["low"]},
+}
 
 
 @pytest.mark.skipif(ON_CLUSTER, reason="the samples' tests run one worker")

@@ -147,6 +147,32 @@ def test_a_log_is_analysed_by_a_group_of_chunk_jobs_and_summarised_by_its_callba
         assert "1 failed" in browser.get(f"/logs/{lossy_id}/")
 
 
+def test_customers_imports_take_turns_on_the_fair_queue(tmp_path):
+    with _example_site(tmp_path / "db.sqlite3") as (browser, env):
+        page = browser.post("/imports/", browser.get("/"))
+        assert "the small imports are done within the first dozen rows" in page
+        assert '<td id="queue-imports">1009</td>' in page
+        # Thirteen jobs: a round of four customers, three times, and acme's next.
+        worker = subprocess.run(
+            _manage("runworker", "--max-jobs", "13"),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert worker.returncode == 0, worker.stdout + worker.stderr
+        read = (
+            "from django_redisqueue.compat import task_backends as b; "
+            "from django_redisqueue.dashboard.reads import Dashboard; "
+            "print(Dashboard(b['default']).fair_keys('imports').rows)"
+        )
+        shell = subprocess.run(
+            _manage("shell", "-c", read), env=env, capture_output=True, text=True, timeout=60
+        )
+        # Only acme has rows left: the small customers' imports all ran.
+        assert shell.stdout.splitlines()[-1] == "[('acme', 996)]", shell.stdout + shell.stderr
+
+
 def test_the_example_site_refuses_to_be_framed(tmp_path):
     """Its middleware says so for every page, the admin's too (clickjacking)."""
     with _example_site(tmp_path / "db.sqlite3") as (browser, _):

@@ -109,6 +109,8 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "stops answered STOPPED",
             "stopped jobs ended instead of going back",
             "heartbeats naming jobs to stop",
+            "fair claims",
+            "fair entries dropped",
         )
     )
     report(

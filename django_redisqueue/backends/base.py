@@ -282,7 +282,8 @@ class JobPreparation(BaseTaskBackend):
         result = make_result(self.alias, task, JobRecord(new_job_id(), {}, envelope))
         object.__setattr__(result, "_payload", payload)
         if isinstance(task, RedisTask):
-            object.__setattr__(result, "_options", task.job_options(args, kwargs))
+            fair = task.queue_name in self.config.fair_queues
+            object.__setattr__(result, "_options", task.job_options(args, kwargs, fair))
         return result
 
 

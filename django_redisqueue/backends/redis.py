@@ -194,9 +194,9 @@ class RedisQueueBackend(JobPreparation):
         checks report, the task's queue is not checked against them, and the backend
         raises ConfigurationError when it is used (``config``)."""
         try:
-            queue_names = self.queue_names
+            queue_names, fair_queues = self.queue_names, self.config.fair_queues
         except ConfigurationError:
-            queue_names = ()
+            queue_names, fair_queues = (), frozenset()
         if queue_names and task.queue_name not in queue_names:
             raise InvalidTask(
                 f"Queue '{task.queue_name}' is not valid for backend. It is not one of the "
@@ -207,6 +207,12 @@ class RedisQueueBackend(JobPreparation):
             raise InvalidTask(
                 f"Queue '{task.queue_name}' is not valid for backend: a queue name is 1 to "
                 "64 letters, digits, '_', '.' or '-'."
+            )
+        fair_key = getattr(task, "fair_key", None)
+        if fair_key is not None and task.queue_name not in fair_queues:
+            raise InvalidTask(
+                f"A fair_key was given for queue '{task.queue_name}', which does not serve "
+                f"keys in turn: add it to TASKS[{self.alias!r}]['OPTIONS']['FAIR_QUEUES']."
             )
         super().validate_task(task)
         if task.func is not unregistered_task:

@@ -52,6 +52,9 @@ class Options:
     # The databases whose transactions enqueue() writes jobs into (outbox.py); the first
     # is the one joined when no database is named. Empty: no outbox.
     outbox: tuple[str, ...] = ()
+    # The queues that serve their jobs' fairness keys in turn (docs/howto/tasks.md,
+    # "Share a queue fairly"); the others serve their jobs in order.
+    fair_queues: frozenset[str] = frozenset()
 
     @property
     def redis_url(self) -> str:
@@ -78,6 +81,7 @@ OPTION_NAMES = {
     "PERIODIC": "periodic",
     "METRICS": "metrics",
     "OUTBOX": "outbox",
+    "FAIR_QUEUES": "fair_queues",
 }
 
 # Whole-number options and their least value.
@@ -129,7 +133,7 @@ def validate(alias: str, params: Mapping[str, Any]) -> list[Problem]:
             )
         )
     problems += _value_problems(f"{where}['OPTIONS']", raw)
-    return problems
+    return problems + _fair_queue_problems(f"{where}['OPTIONS']", raw, _queues(params))
 
 
 def _queue_problems(where: str, queues: Any) -> list[Problem]:
@@ -232,6 +236,22 @@ def _outbox_problems(where: str, raw: Mapping[str, Any]) -> list[Problem]:
             "DATABASES (the outbox's table lives in that database), or set OUTBOX to False."
         )
         return [_wrong(where, raw, "OUTBOX", hint)]
+    return []
+
+
+def _fair_queue_problems(where: str, raw: Mapping[str, Any], queues: Any) -> list[Problem]:
+    fair = raw.get("FAIR_QUEUES", ())
+    if isinstance(fair, str) or not isinstance(fair, Sequence):
+        return [_wrong(where, raw, "FAIR_QUEUES", "Use a list of queue names.")]
+    unknown = [
+        name
+        for name in fair
+        if not (isinstance(name, str) and QUEUE_NAME_RE.fullmatch(name))
+        or (isinstance(queues, list | tuple) and queues and name not in queues)
+    ]
+    if unknown:
+        hint = "Name queues of QUEUES." if queues else "Use valid queue names."
+        return [_wrong(where, raw, "FAIR_QUEUES", f"{hint} Not: {unknown!r:.200}.")]
     return []
 
 
@@ -542,6 +562,7 @@ def parse_options(alias: str, params: Mapping[str, Any]) -> Options:
         if name in values:
             values[name] = tuple((host, port) for host, port in values[name])
     values["outbox"] = outbox_databases(values.get("outbox", False))
+    values["fair_queues"] = frozenset(values.get("fair_queues", ()))
     return Options(queues=tuple(_queues(params)), **values)
 
 

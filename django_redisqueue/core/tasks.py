@@ -120,6 +120,9 @@ class RedisTask(Task):
     concurrency_limit: int | None = None
     rate_limit: str | None = None
     limit_key: str | None = None  # default: the task's module path
+    # Whose turn its jobs take on a fair queue (``using(fair_key=...)``); None: the
+    # turn of the jobs that name none.
+    fair_key: str | None = None
     # Whether enqueue() in a transaction writes its jobs to the outbox (outbox.py);
     # None: as the backend's OUTBOX says.
     outbox: bool | None = None
@@ -183,6 +186,8 @@ class RedisTask(Task):
             _check_key("limit_key", self.limit_key)
             if self.concurrency_limit is None and self.rate_limit is None:
                 raise ValueError("limit_key needs a concurrency_limit or a rate_limit.")
+        if self.fair_key is not None:
+            _check_key("fair_key", self.fair_key)
 
     def retry_delay(self, exc: BaseException, failures: int) -> float | None:
         """Seconds to wait before trying again after ``failures`` failed attempts
@@ -194,10 +199,15 @@ class RedisTask(Task):
             delay = random.uniform(delay / 2, delay)
         return delay
 
-    def job_options(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    def job_options(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any], fair: bool = False
+    ) -> str:
         """What the enqueue keeps with a job of these arguments besides its envelope:
-        its unique key and its limits, as JSON ('' for none, the common case)."""
+        its unique key, its limits and, on a ``fair`` queue, its fairness key, as JSON
+        ('' for none, the common case)."""
         options: dict[str, Any] = {}
+        if fair:
+            options["fair"] = self.fair_key or ""
         if self.unique is not False:
             options["unique"] = (
                 self.unique
@@ -272,13 +282,15 @@ class RedisTask(Task):
         depends_on: TaskResult | str | None = None,
         unique_key: str | None = None,
         limit_key: str | None = None,
+        fair_key: str | None = None,
         outbox: bool | None = None,
     ) -> RedisTask:
         """Create a new task with modified defaults; ``delay`` sets ``run_after``;
         ``depends_on`` (a result or a job id) holds its jobs until that job succeeded
         (if it fails, they fail with ``DependencyFailed``); ``unique_key`` makes its
         jobs unique under that key; ``limit_key`` counts them under that key's limits
-        (the task's ``concurrency_limit`` and ``rate_limit``); ``outbox`` writes its jobs
+        (the task's ``concurrency_limit`` and ``rate_limit``); ``fair_key`` names whose
+        turn its jobs take on a fair queue (a customer, say); ``outbox`` writes its jobs
         into the transaction's outbox, or not, whatever the backend's OUTBOX says."""
         if delay is not None:
             if run_after is not None:
@@ -300,6 +312,8 @@ class RedisTask(Task):
             changes["unique"] = unique_key
         if limit_key is not None:
             changes["limit_key"] = limit_key
+        if fair_key is not None:
+            changes["fair_key"] = fair_key
         if outbox is not None:
             changes["outbox"] = outbox
         return replace(task, **changes) if changes else task

@@ -58,6 +58,10 @@ FILTER_SCAN_LIMIT = 500
 FILTER_READ_BATCH = 100
 # What the failed list shows of a job: no results.
 FAILED_FIELDS = ("payload", "queue", "status", "attempts", "errors", "cancelled")
+# A fair queue's page reads this many of its turns (one per fairness key and priority),
+# the next to be served first, and shows the keys with the largest backlogs among them.
+FAIR_TURNS_READ = 1000
+FAIR_KEYS_SHOWN = 20
 
 
 @dataclass
@@ -76,6 +80,28 @@ class FailedScan:
     def partial(self) -> bool:
         """Whether older failed jobs were left out."""
         return self.scanned < self.total
+
+
+@dataclass
+class FairKeys:
+    """A fair queue's fairness keys with jobs waiting among its first FAIR_TURNS_READ
+    turns: the FAIR_KEYS_SHOWN with the largest backlogs (entries, summed over the
+    key's priorities), most first."""
+
+    turns: int  # turns with jobs waiting, in all: the keys at each of their priorities
+    keys: int  # keys with entries among the turns read
+    rows: list[tuple[str, int]] = field(default_factory=list)
+    read: int = FAIR_TURNS_READ
+
+    @property
+    def partial(self) -> bool:
+        """Whether turns were left unread: then ``keys`` counts those of the turns read."""
+        return self.turns > self.read
+
+    @property
+    def more(self) -> int:
+        """Keys with entries among the turns read that are not shown."""
+        return self.keys - len(self.rows)
 
 
 def _most_first(counts: Counter[str]) -> list[tuple[str, int]]:
@@ -132,7 +158,8 @@ class Dashboard:
         return page
 
     def waiting(self, queue: str, number: int) -> Page[JobRow]:
-        """READY jobs of a queue, in the order they will run."""
+        """READY jobs of a queue, in the order they will run (a fair queue's, by priority
+        and arrival: workers take them one fairness key at a time)."""
         return self._page(self.keys.queue(queue), number, self._rows)
 
     def delayed(self, queue: str, number: int) -> Page[JobRow]:
@@ -163,6 +190,16 @@ class Dashboard:
                     scan.matching.append(row)
         scan.tasks, scan.exceptions = _most_first(tasks), _most_first(exceptions)
         return scan
+
+    def fair_keys(self, queue: str) -> FairKeys:
+        """The keys of a fair queue with the largest backlogs, among its first turns."""
+        total, turns = self.queries.fair_turns(queue, FAIR_TURNS_READ)
+        backlogs: Counter[str] = Counter()
+        for turn in turns:
+            if turn.entries:
+                backlogs[turn.key] += turn.entries
+        ranked = _most_first(backlogs)
+        return FairKeys(turns=total, keys=len(ranked), rows=ranked[:FAIR_KEYS_SHOWN])
 
     def jobs(self, job_ids: Iterable[str]) -> list[JobRow]:
         """The given jobs, with what a list of them shows (no results, no errors)."""

@@ -169,6 +169,7 @@ class KeySchema:
             "HANDED": self.handed,
             "STOPS": self.stops(""),
             "RELAYED": self.relayed,
+            "FAIR": self.fair(""),
         }
 
     def queue(self, name: str) -> str:
@@ -225,6 +226,14 @@ class KeySchema:
     def stops(self, worker_id: str) -> str:
         """The ids of the jobs a worker is asked to stop (stop.lua), which it blocks on."""
         return f"{self.prefix}:stops:{worker_id}"
+
+    def fair(self, queue: str) -> str:
+        """A fair queue's turns: its fairness keys that have jobs waiting (lua/lib/queues.lua)."""
+        return f"{self.prefix}:fair:{queue}"
+
+    def fair_turn(self, queue: str, turn: str) -> str:
+        """One turn's jobs: those of one fairness key at one priority, in order."""
+        return f"{self.fair(queue)}:{turn}"
 
     @property
     def handed(self) -> str:

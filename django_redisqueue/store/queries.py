@@ -5,6 +5,7 @@ spoilt by hand, reads as absent or empty (``gateway.readable``); nothing here wr
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,8 @@ WORKER_ALIVE_MS = 30_000
 # make a sum of them overflow a float (metrics) or a page say nonsense.
 MOST_SLOTS = 1_000_000
 SCHEDULER_ALIVE_MS = 15_000
+# A fair queue's turn's priority, as the scripts write it (lua/lib/queues.lua).
+TURN_PRIORITY_RE = re.compile(r"-?[0-9]{1,3}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,17 @@ class LimitState:
     running: int
     parked: int
     next_look_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class FairTurn:
+    """One turn of a fair queue: a fairness key's jobs at one priority, and the entries
+    of its list (an upper bound of its jobs waiting: an entry of a job cancelled or
+    moved since stays until its turn comes round)."""
+
+    key: str
+    priority: int
+    entries: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +277,28 @@ class Queries(Gateway):
             for i, (key, at) in enumerate(looks)
         ]
 
+    def fair_turns(self, queue: str, most: int) -> tuple[int, list[FairTurn]]:
+        """How many turns a fair queue has with jobs waiting, and the first ``most`` of
+        them to be served, with their entries: two round trips. A member that is no turn
+        (``<priority>:<key>``, priority -100..100: written by hand) is skipped."""
+        turns_key = self.keys.fair(queue)
+        pipe = self._pipeline(transaction=False)
+        pipe.zcard(turns_key)
+        pipe.zrange(turns_key, 0, most - 1)
+        total, members = self._replies(pipe)
+        turns = [(member, turn) for member in members or () if (turn := _turn(member))]
+        if not turns:
+            return int(total or 0), []
+        pipe = self._pipeline(transaction=False)
+        for member, _ in turns:
+            # The member as Redis holds it, bytes that need not be UTF-8.
+            raw = member.encode() if isinstance(member, str) else member
+            pipe.llen(turns_key.encode() + b":" + raw)
+        return int(total or 0), [
+            FairTurn(key, priority, int(entries or 0))
+            for (_, (priority, key)), entries in zip(turns, self._replies(pipe), strict=True)
+        ]
+
     def alive(self, key: str, limit: int = 200) -> list[tuple[str, float]]:
         """Workers or schedulers, most recently seen first, with their last-seen time."""
         return self.page(key, 0, limit, newest_first=True)
@@ -403,6 +439,15 @@ def _group_state(group_id: str, fields: dict[str, str] | None) -> GroupState | N
         finished_at_ms=finished or None,
         cancelled=bool(fields.get("cancelled")),
     )
+
+
+def _turn(member: bytes | str) -> tuple[int, str] | None:
+    """A fair queue's turn, ``<priority>:<key>``, as its priority and its fairness key
+    (which may hold ':' too); None for a member that is none."""
+    priority, colon, key = (text(member) or "").partition(":")
+    if not (colon and TURN_PRIORITY_RE.fullmatch(priority)) or abs(int(priority)) > 100:
+        return None
+    return int(priority), key
 
 
 def _whole(value: str | None) -> int | None:

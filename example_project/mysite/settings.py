@@ -69,8 +69,10 @@ CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": RE
 TASKS = {
     "default": {
         "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
-        "QUEUES": ["high", "default", "low"],  # the order is the priority order
+        "QUEUES": ["high", "default", "imports", "low"],  # the order is the priority order
         "OPTIONS": {
+            # Customers' imports take turns: a big one does not hold back a small one.
+            "FAIR_QUEUES": ["imports"],
             "CONNECTION": "default",  # reuse the django-redis cache's connection
             # Jobs enqueued in a transaction are written to the database with it, and
             # reach Redis once it commits, whatever Redis does then (the signup view).

@@ -8,6 +8,7 @@ urlpatterns = [
     path("signup/", views.signup, name="signup"),
     path("reports/", views.request_report, name="request-report"),
     path("tidy/", views.tidy, name="tidy"),
+    path("imports/", views.start_imports, name="start-imports"),
     path("jobs/<str:job_id>/", views.job_status, name="job-status"),
     path("logs/", views.log_runs, name="log-runs"),
     path("logs/upload/", views.upload_log, name="upload-log"),

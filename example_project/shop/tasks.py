@@ -2,6 +2,7 @@
 
 import asyncio
 import random
+import time
 from datetime import timedelta
 
 from django.contrib.auth.models import User
@@ -54,6 +55,14 @@ def build_report(context: JobContext, report_id: int) -> int:
     report.finished_at = timezone.now()
     report.save(update_fields=["primes", "finished_at"])
     return report.primes
+
+
+@task(queue_name="imports")
+def import_row(customer: str, row: int) -> str:
+    """One row of a customer's import. The imports queue is fair: enqueued with the
+    customer as its fairness key, each customer's rows take turns with the others'."""
+    time.sleep(0.01)  # stands for: parse the row, save it
+    return f"{customer} row {row}"
 
 
 @task(queue_name="low")

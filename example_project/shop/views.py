@@ -16,6 +16,7 @@ from .models import LogChunk, LogRun, Report
 from .tasks import (
     analyse_chunk,
     build_report,
+    import_row,
     send_tips_email,
     send_welcome_email,
     summarise_log,
@@ -64,6 +65,24 @@ def request_report(request: HttpRequest) -> HttpResponse:
         report.job_id = build_report.enqueue_on_commit(report.pk).id
         report.save(update_fields=["job_id"])
     messages.success(request, f"Report #{report.pk} requested.")
+    return redirect("index")
+
+
+# A customer with a big import, and three with small ones, queued after it.
+IMPORTS = {"acme": 1000, "globex": 3, "initech": 3, "umbrella": 3}
+
+
+@require_POST
+def start_imports(request: HttpRequest) -> HttpResponse:
+    for customer, rows in IMPORTS.items():
+        import_row.using(fair_key=customer).enqueue_many(
+            [((customer, row), {}) for row in range(rows)]
+        )
+    messages.success(
+        request,
+        "1,000 rows for acme, then 3 each for globex, initech and umbrella, on the fair "
+        "queue imports: the small imports are done within the first dozen rows.",
+    )
     return redirect("index")
 
 

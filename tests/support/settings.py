@@ -130,6 +130,17 @@ TASKS = {
         "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
         "QUEUES": ["default"],
         "OPTIONS": {"CONNECTION": "default"},
+    },  # A fair queue between two that are not (tests/test_fair.py).
+    "fair": {
+        "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
+        "QUEUES": ["high", "imports", "default"],
+        "OPTIONS": {**REDIS, "FAIR_QUEUES": ["imports"]},
+    },
+    # A fair queue with short leases, for the chaos of tests/test_fair.py.
+    "fair-leased": {
+        "BACKEND": "django_redisqueue.backend.RedisQueueBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {**REDIS, "LEASE": 1, "MAX_RECOVERIES": 5, "FAIR_QUEUES": ["default"]},
     },
 }
 # The outbox's backends, "outbox-<database alias>" (tests/test_outbox*.py). In the

@@ -2,7 +2,7 @@
 -- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
 --       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid,
 --       BROADCAST_SEQ, UNIQUE..key, LIMIT..key, LIMITS, IDLE..queue, IDLE_WORKER..wid,
---       HANDOFF..wid, HANDED
+--       HANDOFF..wid, HANDED, FAIR..queue
 -- Finish the caller's previous job, then claim the next: the first job of the first
 -- non-empty, unpaused queue in the order given. One round trip per job when busy.
 -- Claiming starts the job: it is RUNNING, under a lease, from this step on.
@@ -82,10 +82,16 @@ for _, name in ipairs(queues) do
       redis.call('ZADD', queue, popped[2], id)
       break
     end
-    local fields
+    local fields, score
     if valid_id(id) then
       -- pcall: a key of another type answers an error instead of the fields.
       fields = redis.pcall('HMGET', JOB .. id, unpack(READ))
+    end
+    -- A fair job first: the job whose turn it is instead (a queue that is not fair
+    -- pays nothing for it).
+    id, fields, score = next_of(name, id, fields, popped[2])
+    if not id then
+      break
     end
     if not fields then
       discard_malformed(id, name, 'a malformed job id (' .. #id .. ' bytes)', now, ttl)
@@ -95,13 +101,13 @@ for _, name in ipairs(queues) do
       -- A job over its limit is parked, and the jobs behind it go on.
       local limit = limits_of(fields[12], fields[13], fields[14])
       if not limit or limit_room(limit, now) > 0 then
-        claimed = start_job(id, fields, popped[2], worker, lease, now)
+        claimed = start_job(id, fields, score, worker, lease, now)
         if limit then
           take_limit(id, limit, now)
         end
         break
       end
-      park(id, limit, popped[2], next_look(limit, now, lease, 0))
+      park(id, limit, score, next_look(limit, now, lease, 0))
       parked = parked + 1
     end -- else a job that has ended, left in a queue by hand: it does not run again
   end

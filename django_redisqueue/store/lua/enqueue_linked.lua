@@ -1,7 +1,7 @@
 -- include: keys, values, errors, limits, new_jobs, fanout, outcome, relays
 -- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
 --       FAILED..queue, STATS..minute, KNOWN_QUEUES, GROUP..gid, GROUPS, UNIQUE..key,
---       LIMIT..key, RELAYED
+--       LIMIT..key, RELAYED, FAIR..queue
 -- Store jobs that belong to a group or wait for another job: a group's members and its
 -- callback, the steps of a chain, a job enqueued with depends_on. One call per batch;
 -- a group's batches are sent in one round trip, the last one sealing the group.
@@ -99,6 +99,9 @@ for at = first_job, #ARGV, 7 do
                  'enqueued_at', now, 'status', 'READY', 'waiting', 1, 'due', due,
                  'after', after == '*' and ('group:' .. gid) or after)
       store_limits(job, options)
+      if options.fair then
+        redis.call('HSET', job, 'fair', options.fair)
+      end
       if before == 'FAILED' then
         local root = failure_root(after)
         pending[#pending + 1] = {id, dependency_error(after, root), root}

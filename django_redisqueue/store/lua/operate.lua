@@ -1,6 +1,6 @@
 -- include: keys, values, queues, unique, outcome
 -- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
---       PAUSED, FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key
+--       PAUSED, FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key, FAIR..queue
 -- What an operator does from the dashboard, on up to ARGV[3] jobs of one queue.
 -- ARGV[1] action: 'retry_failed' (back to the queue, errors kept), 'delete_failed',
 --   'run_now' (a delayed job, queued at once), 'empty' (delete READY jobs), 'pause',
@@ -60,7 +60,8 @@ for _, id in ipairs(ids) do
       if unique and (not holder or holder == id) then
         hold_unique(id, {unique = unique}, clock_ms())
       end
-      push_ready(id, queue, redis.call('HGET', job, 'priority'))
+      local f = redis.call('HMGET', job, 'priority', 'fair')
+      push_ready(id, queue, f[1], f[2])
       changed = changed + 1
     end
   elseif action == 'delete_failed' then
@@ -70,7 +71,8 @@ for _, id in ipairs(ids) do
     end
   elseif action == 'run_now' then
     if redis.call('ZREM', DELAYED .. queue, id) == 1 and is_job(id) then
-      push_ready(id, queue, redis.call('HGET', job, 'priority'))
+      local f = redis.call('HMGET', job, 'priority', 'fair')
+      push_ready(id, queue, f[1], f[2])
       changed = changed + 1
     end
   elseif action == 'empty' then

@@ -2,7 +2,7 @@
 -- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
 --       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, SCHEDULERS, WORKERS,
 --       GROUP..gid, GROUPS, CURSORS, UNREAD, UNIQUE..key, LIMIT..key, LIMITS,
---       HANDOFF..wid, HANDED
+--       HANDOFF..wid, HANDED, FAIR..queue
 -- The scheduler's step: promote due delayed jobs to their queues, recover RUNNING
 -- jobs whose lease has passed (their worker died or stalled), unpark jobs held by
 -- their limits when their limit's look is due, give back jobs handed to idle workers
@@ -67,9 +67,9 @@ for i = 11, #ARGV do
   for _, id in ipairs(due) do
     redis.call('ZREM', delayed, id)
     if is_job(id) then
-      local fields = redis.call('HMGET', JOB .. id, 'priority', 'status')
+      local fields = redis.call('HMGET', JOB .. id, 'priority', 'status', 'fair')
       if not final(fields[2]) then -- one that has ended (cancelled) does not run again
-        push_ready(id, queue, fields[1])
+        push_ready(id, queue, fields[1], fields[3])
         promoted = promoted + 1
       end
     elseif redis.call('EXISTS', JOB .. id) == 1 then

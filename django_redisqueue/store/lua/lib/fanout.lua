@@ -43,7 +43,8 @@ end
 -- `pending` to fail. Returns the queue it went to, if any.
 local function release(id, now, pending)
   local job = JOB .. id
-  local f = redis.pcall('HMGET', job, 'status', 'waiting', 'queue', 'priority', 'due')
+  local f = redis.pcall('HMGET', job, 'status', 'waiting', 'queue', 'priority', 'due',
+                            'fair')
   if f.err or f[1] ~= 'READY' or not f[2] then
     return nil
   end
@@ -56,7 +57,7 @@ local function release(id, now, pending)
   if due > now then
     add_delayed(id, due, f[3])
   else
-    push_ready(id, f[3], f[4])
+    push_ready(id, f[3], f[4], f[6])
   end
   return f[3]
 end

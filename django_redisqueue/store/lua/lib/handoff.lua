@@ -25,9 +25,33 @@
 -- ('trace': where the job's last attempt was traced, for the next one to link to.)
 local READ = {'status', 'payload', 'attempts', 'workers', 'lost', 'enqueued_at',
               'started_at', 'queue', 'priority', 'after', 'trace', 'limit', 'max_running',
-              'rate'}
--- The fields past this one are the job's limits, which the reply leaves out.
+              'rate', 'fair'}
+-- The fields past this one are the job's limits and fairness key, which the reply
+-- leaves out.
 local REPLIED = 11
+-- Where READ has the fairness key.
+local FAIR_FIELD = 15
+
+-- Take the next job off `queue`, whose first job (`id`, at `score`; its READ fields:
+-- `fields`) was just popped: that job itself, unless it has a fairness key; then the
+-- first of the queue's first turn (fair_pop), the popped job back at its place.
+-- Returns the job's id, fields and score (nil when the queue has none).
+local function next_of(queue, id, fields, score)
+  if not (fields and not fields.err and fields[FAIR_FIELD]) then
+    return id, fields, score
+  end
+  redis.call('ZADD', QUEUE .. queue, score, id)
+  id, score = fair_pop(queue)
+  if not id then
+    return nil
+  end
+  if valid_id(id) then
+    fields = redis.pcall('HMGET', JOB .. id, unpack(READ))
+  else
+    fields = nil
+  end
+  return id, fields, score
+end
 
 -- Start the job `id` (its READ fields as read: `fields`) for `worker`: RUNNING under a
 -- lease, its attempt counted, and `score`, its place in its queue, kept in its hash
@@ -190,10 +214,11 @@ local function hand_queued(queue, added, lease, now)
       break
     end
     local popped = redis.call('ZPOPMIN', key)
-    local id, score = popped[1], popped[2]
-    local fields = redis.call('HMGET', JOB .. id, unpack(READ))
+    local id, fields, score = next_of(queue, popped[1],
+                                      redis.call('HMGET', JOB .. popped[1], unpack(READ)),
+                                      popped[2])
     if fields[12] then -- a job with a limit: left for a claim
-      redis.call('ZADD', key, score, id)
+      put_on_queue(id, queue, score, fields[FAIR_FIELD])
       break
     end
     hand_over(id, fields, score, worker, queue, lease, now)

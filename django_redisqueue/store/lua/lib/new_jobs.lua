@@ -5,7 +5,8 @@
 -- A job's options, as the enqueue sends them: '' (none, the common case) or a JSON
 -- object with ``unique`` (key), ``unique_ms`` (how long the key holds; 0: while the
 -- job has not ended), ``limit`` (key), ``max_running`` and ``rate``/``per`` (starts per
--- ms). Returns a table, empty for none.
+-- ms), ``fair`` (its fairness key, '' too, on a fair queue). Returns a table, empty
+-- for none.
 local function job_options(json)
   if json == nil or json == '' then
     return {}
@@ -19,18 +20,25 @@ local function job_options(json)
       options[name] = nil
     end
   end
+  if type(options.fair) ~= 'string' then
+    options.fair = nil
+  end
   return options
 end
 
 -- A new job's hash fields, but its status: only what its claim needs. No priority when
 -- it is the default 0, and no score (its queue holds it; a claim copies it to the hash,
 -- where a give-back finds it). Waiting jobs are the many: each field left out is bytes
--- a job.
-local function new_job_fields(payload, queue, priority, now)
+-- a job. `fair`: its fairness key, or nil.
+local function new_job_fields(payload, queue, priority, now, fair)
   local fields = {'payload', payload, 'queue', queue, 'enqueued_at', whole(now)}
   if number(priority, 0) ~= 0 then
     fields[#fields + 1] = 'priority'
     fields[#fields + 1] = priority
+  end
+  if fair then
+    fields[#fields + 1] = 'fair'
+    fields[#fields + 1] = fair
   end
   return fields
 end
@@ -41,7 +49,7 @@ end
 local function store_job(id, payload, queue, priority, due, now, options)
   local job = JOB .. id
   store_limits(job, options)
-  local fields = new_job_fields(payload, queue, priority, now)
+  local fields = new_job_fields(payload, queue, priority, now, options.fair)
   fields[#fields + 1] = 'status'
   fields[#fields + 1] = 'READY'
   redis.call('HSET', job, unpack(fields))
@@ -49,6 +57,10 @@ local function store_job(id, payload, queue, priority, due, now, options)
     add_delayed(id, due, queue)
     return nil
   end
-  zadd(QUEUE .. queue, next_score(priority), id)
+  local score = next_score(priority)
+  zadd(QUEUE .. queue, score, id)
+  if options.fair then
+    fair_add(id, queue, options.fair, score, false)
+  end
   return queue
 end

@@ -9,7 +9,7 @@
 -- to stop (stop.lua), with the stop's error, as it must not run again: returns false
 -- then.
 local function requeue(id, now, ttl)
-  local fields = redis.call('HMGET', JOB .. id, 'queue', 'priority', 'score', 'stop')
+  local fields = redis.call('HMGET', JOB .. id, 'queue', 'priority', 'score', 'stop', 'fair')
   if fields[4] then
     record_outcome(id, 'FAILED', now, '', fields[4], ttl)
     return false
@@ -20,9 +20,9 @@ local function requeue(id, now, ttl)
   end
   local score = number(fields[3], nil)
   if score then
-    put_on_queue(id, fields[1], whole(score))
+    put_on_queue(id, fields[1], whole(score), fields[5])
   else
-    push_ready(id, fields[1], fields[2])
+    push_ready(id, fields[1], fields[2], fields[5])
   end
   return true
 end

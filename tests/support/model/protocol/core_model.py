@@ -80,6 +80,8 @@ class CoreModel:
         """To the back of its priority in its queue."""
         self.seq += 1
         job.seq, job.place, job.due = self.seq, QUEUED, None
+        if job.fair is not None:
+            self.fair_add(job, back=False)
 
     def requeue(self, job: Job, window: tuple[int, int] | None = None) -> bool:
         """Back to the place it had in its queue; a job asked to stop ends FAILED with
@@ -90,6 +92,8 @@ class CoreModel:
             RUN["stopped jobs ended instead of going back"] += 1
             return False
         job.place = QUEUED
+        if job.fair is not None:
+            self.fair_add(job, back=True)
         return True
 
     def push_delayed(self, job: Job, due: int | None, window: tuple[int, int]) -> None:
@@ -268,12 +272,16 @@ class CoreModel:
         for queue in dict.fromkeys(j.queue for j in new if j.place == QUEUED):
             while queue not in self.paused:
                 ready = self.queue_order(queue)
-                if not ready or ready[0].limit or any(j.id not in ids for j in ready):
+                if not ready or any(j.id not in ids for j in ready):
                     break
                 worker = self.idle_worker_for(queue)
                 if worker is None:
                     break
-                job = ready[0]
+                job = self.next_in(queue)
+                if job.limit:  # left for a claim, at its place
+                    if job.fair is not None:
+                        self.fair_add(job, back=True)
+                    break
                 del self.idle[worker]
                 self.m_start(job, worker, window)
                 job.handed, job.handed_window = True, window
@@ -294,10 +302,9 @@ class CoreModel:
     def m_claim_from(self, queues, worker: str, window: tuple[int, int]) -> Job | None:
         for queue in queues:
             while queue not in self.paused:
-                ready = self.queue_order(queue)
-                if not ready:
+                job = self.next_in(queue)
+                if job is None:
                     break
-                job = ready[0]
                 if job.limit and not self.m_limit_room(job.limit):
                     self.m_park(job)
                     continue

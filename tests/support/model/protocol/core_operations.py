@@ -86,10 +86,11 @@ class CoreOperations:
         t1: int,
         limit: str | None = None,
         hand: bool = True,
+        fair: str | None = None,
     ):
         """Model a job just stored, due at ``due`` (0: now), between t0 and t1: queued,
         delayed, or (``hand``: by a call of its own) handed to an idle worker."""
-        job = Job(job_id, len(self.jobs), queue, priority, limit=limit)
+        job = Job(job_id, len(self.jobs), queue, priority, limit=limit, fair=fair)
         self.jobs[job_id] = job
         self.place(job, due, (t0, t1))
         if hand:

@@ -137,6 +137,7 @@ class InvariantChecks:
         self.check_broadcasts(messages, replies)
         self.check_handoff()
         self.check_limits()
+        self.check_fairness()
         self.check_counts()
         self.check_keys()
         self.let_time_pass()
@@ -377,6 +378,7 @@ class InvariantChecks:
         expires |= {k.stops(w): True for w, ids in self.stop_lists.items() if ids}
         required |= {k.stops(w) for w, ids in self.stop_lists.items() if ids}
         self.expected_limit_keys(expires, required)
+        self.expected_fair_keys(expires)
         return expires, required
 
     def check_keys(self) -> None:
@@ -426,6 +428,7 @@ class InvariantChecks:
         parked = limit.key if limit and job.place == PARKED else None
         assert fields.get("parked") == parked, f"{name}: parked {fields.get('parked')}, {job}"
         assert fields.get("unique") == job.unique, f"{name}: unique {fields.get('unique')}"
+        assert fields.get("fair") == job.fair, f"{name}: fair {fields.get('fair')}"
         until = fields.get("unique_until")
         if job.unique_until is None:
             assert until is None, f"{name}: unique_until {until}"

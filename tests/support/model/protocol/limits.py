@@ -232,7 +232,7 @@ class LimitsModel:
             self.count("unique keys taken again")
 
     def m_enqueue_one(
-        self, job_id: str, spec, window: tuple[int, int], hand: bool = True
+        self, job_id: str, spec, window: tuple[int, int], hand: bool = True, fair=None
     ) -> str | None:
         """enqueue.lua for one job with options: the holder's id when its unique key is
         held (nothing stored), else None, the job stored (and holding its key).
@@ -244,7 +244,7 @@ class LimitsModel:
             if holder is not None:
                 self.count("unique enqueues refused")
                 return holder
-        self.place_new(job_id, queue, priority, due, *window, limit=limit, hand=hand)
+        self.place_new(job_id, queue, priority, due, *window, limit=limit, hand=hand, fair=fair)
         job = self.jobs[job_id]
         if limit is not None:
             self.m_rate_window(limit)
@@ -257,9 +257,11 @@ class LimitsModel:
 
     # Operations.
 
-    def op_enqueue_options(self, specs, via_api: bool, lost: bool = False) -> None:
+    def op_enqueue_options(self, specs, via_api: bool, lost: bool = False, fair=None) -> None:
         """Jobs (queue, priority, delay, unique, limit) with options: through the task
-        API (one job), or in one Broker.enqueue call. ``lost``: its reply is lost."""
+        API (one job), or in one Broker.enqueue call. ``lost``: its reply is lost.
+        ``fair``: each job's fairness key (fairness.py), for a call."""
+        fair = fair or [None] * len(specs)
         t0 = self.clock()
         dues = []
         for _, _, delay, _, _ in specs:
@@ -289,8 +291,8 @@ class LimitsModel:
             return
         prepared = [self.backend.prepare(tasks.noop, (), {}) for _ in specs]
         jobs = [
-            NewJob(r.id, q, p, r._payload, due, options=options_json(u, lim))
-            for r, (q, p, due, u, lim) in zip(prepared, full, strict=True)
+            NewJob(r.id, q, p, r._payload, due, options=options_json(u, lim, key))
+            for r, (q, p, due, u, lim), key in zip(prepared, full, fair, strict=True)
         ]
         refused = len(specs) == 1 and specs[0][3] and self.m_unique_holder(specs[0][3][0])
         before = self.take_snapshot() if refused and not lost else None
@@ -303,9 +305,13 @@ class LimitsModel:
         window = (t0, self.clock())
         expected = []
         for at in range(0, len(jobs), BATCH):  # each call of the batch in turn
-            chunk = list(zip(jobs[at : at + BATCH], full[at : at + BATCH], strict=True))
-            expected += [self.m_enqueue_one(j.job_id, s, window, hand=False) for j, s in chunk]
-            stored = [self.jobs[j.job_id] for j, _ in chunk if j.job_id in self.jobs]
+            part = slice(at, at + BATCH)
+            chunk = list(zip(jobs[part], full[part], fair[part], strict=True))
+            expected += [
+                self.m_enqueue_one(j.job_id, s, window, hand=False, fair=key)
+                for j, s, key in chunk
+            ]
+            stored = [self.jobs[j.job_id] for j, _, _ in chunk if j.job_id in self.jobs]
             RUN["handed over"] += self.m_hand_queued(stored, window)
         if replies is None:
             return

@@ -12,6 +12,7 @@ from tests.support.model.protocol.broadcasts import BroadcastModel
 from tests.support.model.protocol.core_model import CoreModel
 from tests.support.model.protocol.core_operations import CoreOperations
 from tests.support.model.protocol.core_rules import CoreRules
+from tests.support.model.protocol.fairness import FairnessModel
 from tests.support.model.protocol.fanout import FanOutModel
 from tests.support.model.protocol.invariants import InvariantChecks
 from tests.support.model.protocol.limits import LimitsModel
@@ -28,6 +29,7 @@ class ProtocolMachine(
     FanOutModel,
     BroadcastModel,
     LimitsModel,
+    FairnessModel,
     RelayModel,
     RedisTrouble,
     SlotModel,
@@ -75,5 +77,6 @@ class ProtocolMachine(
         self.last_claim = 0  # Redis's clock after the last claim
         self.init_limits()
         self.init_relays()
+        self.init_fairness()
         assert self.backend.config.result_ttl == RESULT_TTL
         self.started = self.clock()

@@ -177,6 +177,7 @@ class Job:
     unique: str | None = None
     unique_until: tuple[int, int] | None = None
     limit: str | None = None  # the name of its limits in LIMITS
+    fair: str | None = None  # its fairness key (fairness.py), None: not fair
     claim_order: int = 0  # when RUNNING: the order of its claim among every claim
 
     def __repr__(self) -> str:
@@ -249,9 +250,11 @@ def in_window(value: str | float | None, window: tuple[int, int]) -> bool:
     return value is not None and window[0] <= int(float(value)) <= window[1]
 
 
-def options_json(unique: tuple[str, bool] | None, limit: str | None) -> str:
+def options_json(
+    unique: tuple[str, bool] | None, limit: str | None, fair: str | None = None
+) -> str:
     """A job's options as the enqueue sends them (RedisTask.job_options)."""
-    options: dict[str, object] = {}
+    options: dict[str, object] = {} if fair is None else {"fair": fair}
     if unique is not None:
         options["unique"] = unique[0]
         if unique[1]:

@@ -1,0 +1,223 @@
+"""Fair queues: a queue of FAIR_QUEUES serves its jobs' fairness keys in turn, one job
+of each key with jobs waiting per round, first in first out within a key, priorities
+and the other queues' order kept (docs/howto/tasks.md, "Share a queue fairly")."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import redis
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from django_redisqueue.compat import InvalidTask, task_backends
+from django_redisqueue.core.conf import validate
+from django_redisqueue.core.jobs import SUCCESSFUL
+from django_redisqueue.store.wire import Outcome
+from tests.conftest import private_redis, run_worker_here, wait_until
+from tests.support import tasks
+
+WORKER = "fair-test-worker"
+
+
+@pytest.fixture
+def fair():
+    return task_backends["fair"]
+
+
+def on_imports(key: str | None, priority: int = 0):
+    """``tasks.record`` as a job of the fair backend's fair queue, of ``key``'s turn."""
+    return tasks.record.using(
+        backend="fair", queue_name="imports", fair_key=key, priority=priority
+    )
+
+
+def enqueue(key: str | None, *labels: str, priority: int = 0) -> list[str]:
+    """Enqueue one job per label under ``key``, in one call; return their ids."""
+    results = on_imports(key, priority).enqueue_many([((label,), {}) for label in labels])
+    return [result.id for result in results]
+
+
+def claims(backend, count: int, queues=("high", "imports", "default")) -> list[str]:
+    """The ids of the next ``count`` jobs claims take (each finishing the one before)."""
+    taken, finished = [], None
+    for _ in range(count):
+        _, claimed = backend.broker.claim(list(queues), WORKER, finished)
+        if claimed is None:
+            break
+        taken.append(claimed.job_id)
+        finished = Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result="null")
+    if finished is not None:
+        backend.broker.claim([], WORKER, finished)
+    return taken
+
+
+def test_keys_take_turns_first_in_first_out_within_each(fair):
+    a = enqueue("a", "a1", "a2", "a3")
+    b = enqueue("b", "b1", "b2")
+    c = enqueue("c", "c1")
+    assert claims(fair, 7) == [a[0], b[0], c[0], a[1], b[1], a[2]]
+
+
+def test_one_key_with_ten_thousand_jobs_does_not_hold_back_fifty_with_one_each(fair):
+    """The issue's promise: each of 50 keys with one job starts within ~100 claims of
+    a key with 10,000 jobs enqueued before them."""
+    big = enqueue("big", *[f"big{n}" for n in range(10_000)])
+    small = [enqueue(f"customer-{n}", f"small{n}")[0] for n in range(50)]
+    first = claims(fair, 100)
+    assert set(small) <= set(first)
+    assert max(first.index(job) for job in small) <= 51
+    # The big key kept its order, and every one of its turns came round.
+    taken_big = [job for job in first if job in set(big)]
+    assert taken_big == big[: len(taken_big)] and len(taken_big) == 50
+
+
+def test_a_key_that_arrives_late_waits_at_most_one_round(fair):
+    a = enqueue("a", *[f"a{n}" for n in range(20)])
+    b = enqueue("b", *[f"b{n}" for n in range(20)])
+    assert claims(fair, 4) == [a[0], b[0], a[1], b[1]]
+    c = enqueue("c", "c0")
+    # a and b each have their turn of this round at most, then c.
+    assert claims(fair, 3) == [a[2], b[2], c[0]]
+
+
+def test_priority_comes_before_turns_and_other_queues_keep_their_order(fair):
+    low = enqueue("a", "a1", "a2")
+    urgent = enqueue("b", "b1", priority=10)
+    high = tasks.record.using(backend="fair", queue_name="high").enqueue("h").id
+    plain = tasks.record.using(backend="fair").enqueue("d").id
+    assert claims(fair, 5) == [high, urgent[0], low[0], low[1], plain]
+
+
+def test_jobs_that_name_no_key_share_one_turn(fair):
+    anonymous = enqueue(None, "n1", "n2")
+    a = enqueue("a", "a1")
+    assert claims(fair, 3) == [anonymous[0], a[0], anonymous[1]]
+
+
+def test_a_queue_that_is_not_fair_keeps_no_turns(fair, r):
+    tasks.record.using(backend="fair").enqueue("d")
+    assert r.keys("*fair:*") == []
+    assert all("fair" not in r.hgetall(key) for key in r.keys("*:job:*"))
+
+
+def test_a_cancelled_job_gives_its_turn_to_its_keys_next_job(fair):
+    a = enqueue("a", "a1", "a2", "a3")
+    b = enqueue("b", "b1")
+    fair.cancel(a[0])
+    assert claims(fair, 4) == [a[1], b[0], a[2]]
+
+
+def test_a_job_given_back_takes_its_turn_again(fair):
+    a = enqueue("a", "a1", "a2")
+    b = enqueue("b", "b1")
+    _, claimed = fair.broker.claim(["imports"], WORKER)
+    assert claimed.job_id == a[0]
+    assert fair.broker.abandon(WORKER) == [a[0]]
+    assert claims(fair, 4) == [a[0], b[0], a[1]]
+
+
+def test_a_job_put_there_before_the_queue_was_fair_is_served_in_its_order(fair):
+    """A deploy that makes a queue fair: jobs older processes enqueued carry no key,
+    and are served at their place in the queue."""
+    old = fair.prepare_valid(on_imports(None), ("o1",), {})
+    object.__setattr__(old, "_options", "")  # as a process without FAIR_QUEUES sends it
+    fair.push([old])
+    a = enqueue("a", "a1", "a2")
+    b = enqueue("b", "b1")
+    assert claims(fair, 4) == [old.id, a[0], b[0], a[1]]
+
+
+def _tasks():
+    from django.conf import settings
+
+    return settings.TASKS
+
+
+def test_a_worker_runs_a_fair_queue_in_turns(fair, r):
+    enqueue("a", "a1", "a2", "a3")
+    enqueue("b", "b1")
+    run_worker_here(fair, queues=["imports"])
+    assert r.lrange(tasks.LOG, 0, -1) == ["a1", "b1", "a2", "a3"]
+
+
+def test_a_fair_key_for_a_queue_that_is_not_fair_is_refused():
+    with pytest.raises(InvalidTask, match="FAIR_QUEUES"):
+        tasks.record.using(backend="fair", queue_name="default", fair_key="acme")
+    with pytest.raises(ValueError, match="fair_key"):
+        on_imports("x" * 201)
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize(
+    ("fair_queues", "wrong"),
+    [("imports", "a list"), (["nope"], "'nope'"), ([1], "[1]"), (["imports"], None)],
+)
+def test_fair_queues_must_name_queues_of_queues(fair_queues, wrong):
+    problems = validate(
+        "x", {"QUEUES": ["imports", "default"], "OPTIONS": {"FAIR_QUEUES": fair_queues}}
+    )
+    if wrong is None:
+        assert problems == []
+    else:
+        assert [p.code for p in problems] == ["E006"] and wrong in str(problems[0])
+
+
+def test_the_system_check_reports_fair_queues_that_are_not_queues():
+    broken = {**_tasks()["fair"], "OPTIONS": {"FAIR_QUEUES": ["elsewhere"]}}
+    with (
+        override_settings(TASKS={**_tasks(), "fair": broken}),
+        pytest.raises(SystemCheckError, match="FAIR_QUEUES"),
+    ):
+        call_command("check")
+
+
+def test_kill_chaos_loses_nothing_and_keeps_the_turns(procs, report):
+    """Workers of a fair queue killed while one key's backlog runs and new keys keep
+    arriving: no job lost, and each newcomer starts within a few jobs of its arrival
+    (one turn of each key waiting, the jobs in hand, and jobs recovered from the killed
+    workers, which take their turn again), not behind the backlog."""
+    leased = ("--backend", "fair-leased")
+    with private_redis() as server:
+        rr = redis.Redis.from_url(server.url, decode_responses=True)
+        backlog = tasks.ledger.using(backend="fair-leased", fair_key="big")
+        ids = [r.id for r in backlog.enqueue_many([((n, 15), {}) for n in range(900)])]
+        procs.start("runscheduler", *leased)
+        workers = [procs.start("runworker", *leased) for _ in range(3)]
+        rng = random.Random(11)
+        arrivals: dict[str, int] = {}  # a newcomer's label: jobs run before it arrived
+        kills = 0
+        for wave in range(8):
+            target = rr.llen("test:ledger") + 60
+            wait_until(lambda t=target: rr.llen("test:ledger") >= t, 120, f"{target} jobs run")
+            victim = rng.randrange(len(workers))
+            procs.kill(workers[victim])
+            kills += 1
+            workers[victim] = procs.start("runworker", *leased)
+            for n in range(5):
+                label = f"new-{wave}-{n}"
+                newcomer = tasks.ledger.using(backend="fair-leased", fair_key=label)
+                arrivals[label] = rr.llen("test:ledger")
+                ids.append(newcomer.enqueue(label, 15).id)
+        backend = task_backends["fair-leased"]
+        wait_until(
+            lambda: all(backend.get_result(i).status == "SUCCESSFUL" for i in ids),
+            180,
+            "every job to finish",
+        )
+        ran = rr.lrange("test:ledger", 0, -1)
+        recovered = sum(backend.get_result(i).attempts > 1 for i in ids)
+    lost = len(ids) - len(set(ran))
+    waits = [ran.index(label) - before for label, before in arrivals.items()]
+    report(
+        f"fair kill chaos: jobs={len(ids)} kills={kills} recovered={recovered} lost={lost} "
+        f"duplicates={len(ran) - len(set(ran))} newcomers' waits in jobs run: "
+        f"max {max(waits)}, of a backlog of up to 900"
+    )
+    assert lost == 0
+    # Five newcomers and the backlog take turns (6 jobs), 3 run in hand, and a
+    # killed worker's job comes back ahead of its key's turn; the backlog left is
+    # hundreds of jobs.
+    assert max(waits) <= 20, waits
