@@ -21,7 +21,7 @@ from django_redisqueue.backends.outbox import OutboxRelay
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
 from django_redisqueue.core.conf import validate
 from django_redisqueue.dashboard.reads import Dashboard
-from django_redisqueue.exceptions import ConfigurationError, NotCancellable
+from django_redisqueue.exceptions import ConfigurationError, NotCancellable, NotStoppable
 from django_redisqueue.models import OutboxJob
 from django_redisqueue.observe import metrics
 from django_redisqueue.observe.health import OUTBOX_STUCK
@@ -427,6 +427,8 @@ def test_a_job_in_the_outbox_cannot_be_cancelled_yet_and_has_its_page(backend, d
         result = enqueue(backend, 1, 1)
     with pytest.raises(NotCancellable, match="in the outbox"):
         result.cancel()
+    with pytest.raises(NotStoppable, match=r"in the outbox.*not started"):
+        result.stop()
     page = viewer.get(reverse("admin:redisqueue_job", args=[backend.alias, result.id]))
     assert page.status_code == 200
     assert "in the outbox: committed, waiting for the relay" in page.text

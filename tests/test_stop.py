@@ -5,12 +5,13 @@ loop, a pool's child), stops it through its stop token, and the job ends FAILED 
 worker died with the stop pending is not run again; a job that ended first is left as
 it was, and one that has not started is refused."""
 
+import json
 import signal
 import threading
 
 import pytest
 
-from django_redisqueue import TaskFailed
+from django_redisqueue import TaskFailed, group
 from django_redisqueue.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
 from django_redisqueue.core.jobs import FAILED
 from django_redisqueue.exceptions import JobStopped, NotStoppable
@@ -57,6 +58,21 @@ def test_a_running_job_is_stopped_from_another_process_and_not_retried(r, procs,
     assert job.status == TaskResultStatus.FAILED
 
 
+def test_a_stopped_group_member_is_that_members_failure_and_the_callback_runs(r, procs):
+    result = group(
+        [tasks.add.job(1, 1), tasks.runs_until_stopped.job(60)],
+        callback=tasks.collect.job("after the stop"),
+    ).enqueue()
+    procs.start("runworker")
+    wait_until(lambda: "running:1" in log(r), 30, "the long member's start")
+    stopped = tasks.runs_until_stopped.get_result(result.member_ids[1])
+    assert stopped.stop() is True
+    ended_stopped(stopped)
+    assert result.wait(timeout=30) == [2, None]
+    wait_until(lambda: json.dumps(["after the stop", [2, None]]) in log(r), 30, "the callback")
+    assert result.progress.failed == 1
+
+
 def test_a_task_blocked_in_c_is_given_up_after_a_grace(r, procs):
     job = tasks.blocked_in_c.using(backend="leased").enqueue(60)
     worker = procs.start("runworker", "--backend", "leased", "--threads", "2")
@@ -86,6 +102,15 @@ def test_stopping_a_job_that_has_not_started_is_refused(r, backend):
     assert job.status == TaskResultStatus.READY
     with pytest.raises(TaskResultDoesNotExist):
         backend.stop("0" * 26)
+
+
+def test_stopping_a_job_that_waits_to_be_tried_again_is_refused_as_such(r, backend):
+    job = tasks.always_fails.enqueue("stop-me")
+    run_worker_here(backend)  # its first attempt fails; the retry waits in its delayed set
+    with pytest.raises(NotStoppable, match="waits to be tried again after 1 attempt"):
+        job.stop()
+    job.refresh()
+    assert job.status == TaskResultStatus.READY and job.attempts == 1
 
 
 def test_a_job_that_finished_first_is_left_as_it_was(r, backend):

@@ -541,10 +541,19 @@ class RedisQueueBackend(JobPreparation):
         NotStoppable for a job that has not started."""
         error = JobStopped(f"Job {result_id} was asked to stop while it ran.")
         status = self.broker.stop(result_id, to_json(error_info(error)))
-        if status is None and not self.outboxed(result_id):
+        if status is None and self.outboxed(result_id):
+            raise NotStoppable(
+                f"Job {result_id} is in the outbox, waiting for the relay to Redis: it has "
+                "not started, and can be cancelled once it is there."
+            )
+        if status is None:
             raise TaskResultDoesNotExist(result_id)
-        if status in (None, "READY"):
-            raise NotStoppable(f"Job {result_id} has not started: cancel() it instead.")
+        if status == "READY":
+            tried = self.get_result(result_id).attempts
+            waits = (
+                f"waits to be tried again after {tried} attempt(s)" if tried else "has not started"
+            )
+            raise NotStoppable(f"Job {result_id} {waits}: cancel() it instead.")
         return status in ("STOPPING", "STOPPED")
 
 
