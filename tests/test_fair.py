@@ -10,6 +10,7 @@ import pytest
 import redis
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
+from django.db import transaction
 from django.test import override_settings
 
 from django_redisqueue.compat import InvalidTask, task_backends
@@ -221,3 +222,33 @@ def test_kill_chaos_loses_nothing_and_keeps_the_turns(procs, report):
     # killed worker's job comes back ahead of its key's turn; the backlog left is
     # hundreds of jobs.
     assert max(waits) <= 20, waits
+
+
+@pytest.mark.django_db(transaction=True)
+def test_jobs_relayed_from_the_outbox_keep_their_turns(settings, r):
+    """A fair queue with an outbox: the jobs a transaction wrote reach Redis with their
+    keys, and take turns."""
+    base = settings.TASKS["fair"]
+    settings.TASKS = {
+        **settings.TASKS,
+        "fair": {**base, "OPTIONS": {**base["OPTIONS"], "OUTBOX": "default"}},
+    }
+    fair = task_backends["fair"]
+    with transaction.atomic():
+        a = enqueue("a", "a1", "a2")
+        b = enqueue("b", "b1")
+        assert r.zcard(fair.keys.queue("imports")) == 0  # in the outbox until the commit
+    assert fair.outbox.relay_left(settle=0) == 0
+    assert claims(fair, 3) == [a[0], b[0], a[1]]
+
+
+def test_a_unique_job_of_a_key_is_refused_while_its_holder_waits_its_turn(fair):
+    a = enqueue("a", "a1", "a2")
+    first = tasks.record.using(
+        backend="fair", queue_name="imports", fair_key="b", unique_key="once"
+    ).enqueue("b1")
+    again = tasks.record.using(
+        backend="fair", queue_name="imports", fair_key="c", unique_key="once"
+    ).enqueue("c1")
+    assert again.id == first.id
+    assert claims(fair, 4) == [a[0], first.id, a[1]]

@@ -217,6 +217,13 @@ local function hand_queued(queue, added, lease, now)
     local id, fields, score = next_of(queue, popped[1],
                                       redis.call('HMGET', JOB .. popped[1], unpack(READ)),
                                       popped[2])
+    if not id then
+      break
+    end
+    if not fields or fields.err then -- no job of ours: left for a claim to discard
+      redis.call('ZADD', key, score, id)
+      break
+    end
     if fields[12] then -- a job with a limit: left for a claim
       put_on_queue(id, queue, score, fields[FAIR_FIELD])
       break
