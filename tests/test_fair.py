@@ -4,6 +4,7 @@ and the other queues' order kept (docs/howto/tasks.md, "Share a queue fairly")."
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -41,6 +42,10 @@ def enqueue(key: str | None, *labels: str, priority: int = 0) -> list[str]:
     return [result.id for result in results]
 
 
+def done(claimed) -> Outcome:
+    return Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result="null")
+
+
 def claims(backend, count: int, queues=("high", "imports", "default")) -> list[str]:
     """The ids of the next ``count`` jobs claims take (each finishing the one before)."""
     taken, finished = [], None
@@ -49,7 +54,7 @@ def claims(backend, count: int, queues=("high", "imports", "default")) -> list[s
         if claimed is None:
             break
         taken.append(claimed.job_id)
-        finished = Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result="null")
+        finished = done(claimed)
     if finished is not None:
         backend.broker.claim([], WORKER, finished)
     return taken
@@ -252,3 +257,106 @@ def test_a_unique_job_of_a_key_is_refused_while_its_holder_waits_its_turn(fair):
     ).enqueue("c1")
     assert again.id == first.id
     assert claims(fair, 4) == [a[0], first.id, a[1]]
+
+
+# Where fair queues meet give-backs, limits, cancels, operators and older processes.
+
+
+def test_jobs_of_one_key_given_back_together_keep_their_order(fair):
+    a = enqueue("a", "a1", "a2", "a3")
+    _, first = fair.broker.claim(["imports"], WORKER)
+    _, second = fair.broker.claim(["imports"], WORKER)
+    assert [first.job_id, second.job_id] == a[:2]
+    assert sorted(fair.broker.abandon(WORKER)) == sorted(a[:2])
+    assert claims(fair, 3) == a
+
+
+def test_parked_jobs_of_one_key_go_back_in_their_order(fair):
+    two = dataclasses.replace(tasks.record, concurrency_limit=2, limit_key="two")
+    a = [
+        result.id
+        for result in two.using(backend="fair", queue_name="imports", fair_key="a").enqueue_many(
+            [((f"a{n}",), {}) for n in range(5)]
+        )
+    ]
+    _, one = fair.broker.claim(["imports"], "w1")
+    _, other = fair.broker.claim(["imports"], "w2")
+    assert [one.job_id, other.job_id] == a[:2]
+    assert fair.broker.claim(["imports"], "w3")[1] is None  # a2..a4 parked
+    for held in (one, other):  # each end unparks: a2, a3 back at their places
+        fair.broker.claim([], held.owner.split("/")[0], done(held))
+    assert claims(fair, 3) == a[2:]
+
+
+def test_a_key_whose_job_was_cancelled_joins_behind_the_keys_waiting(fair):
+    gone = enqueue("a", "a0")
+    fair.cancel(gone[0])
+    b = enqueue("b", "b1", "b2")
+    c = enqueue("c", "c1")
+    a = enqueue("a", "a1")
+    assert claims(fair, 4) == [b[0], c[0], a[0], b[1]]
+
+
+def test_an_emptied_backlog_does_not_hold_back_a_newcomer(fair, r):
+    gone = enqueue("gone", *[f"g{n}" for n in range(2000)])
+    assert fair.broker.operate("empty", "imports", limit=5000) == len(gone)
+    assert r.exists(fair.keys.fair_turn("imports", "0:gone")) == 0
+    b = enqueue("b", *[f"b{n}" for n in range(100)])
+    c = enqueue("c", "c1")
+    assert claims(fair, 2) == [b[0], c[0]]
+
+
+def test_a_fair_job_that_lost_its_entry_is_not_starved(fair, r):
+    """As one put back by a process older than fair queues (a scheduler's promotion, a
+    give-back): its entry is made again when it comes first in the queue."""
+    late = enqueue("late", "late")[0]
+    r.delete(fair.keys.fair_turn("imports", "0:late"))
+    r.zrem(fair.keys.fair("imports"), "0:late")
+    b = enqueue("b", *[f"b{n}" for n in range(30)])
+    c = enqueue("c", *[f"c{n}" for n in range(30)])
+    assert claims(fair, 3) == [late, b[0], c[0]]
+
+
+def test_a_claim_looks_through_a_bounded_number_of_stale_entries(fair, r):
+    """Entries whose jobs older processes claimed by their place: one claim drops at
+    most a hundred, parking or not, then takes the queue's first job."""
+    one = dataclasses.replace(tasks.record, concurrency_limit=1, limit_key="one")
+    limited = one.using(backend="fair", queue_name="imports", fair_key="l")
+    limited.enqueue("l0")
+    fair.broker.claim(["imports"], "holder")  # holds the one slot
+    enqueue("gone", *[f"g{n}" for n in range(1000)])
+    r.zpopmin(fair.keys.queue("imports"), 1000)  # claimed by processes older than fairness
+    limited.enqueue_many([((f"l{n}",), {}) for n in range(1, 151)])
+    stale = fair.keys.fair_turn("imports", "0:gone")
+    assert r.zcard(stale) == 1000
+    fair.broker.claim(["imports"], "w")
+    assert r.zcard(stale) >= 900
+
+
+@pytest.mark.parametrize(
+    "key", ["a:b", "with space", "new\nline", "😀 ünï", "x" * 200, "{tag}", "0:1", "-5:x"]
+)
+def test_any_text_is_a_fairness_key(fair, key):
+    mine = enqueue(key, "k1", "k2")
+    other = enqueue("other", "o1")
+    assert claims(fair, 3) == [mine[0], other[0], mine[1]]
+    enqueue(key, "k3")
+    _, turns = fair.queries.fair_turns("imports", 10)
+    assert [turn.key for turn in turns] == [key]
+
+
+def test_turns_spoilt_by_hand_fail_no_script_and_lose_no_job(fair, r):
+    a = enqueue("a", "a1", "a2")
+    turns, entries = fair.keys.fair("imports"), fair.keys.fair_turn("imports", "0:a")
+    r.zadd(entries, {"abc def": 1, "nosuchjob": 2, "9" * 300: 3, "": 4})
+    r.zadd(turns, {"garbage": -1e300, "999999999999:z": -5, "-:q": 0, "0:str": -2})
+    r.set(fair.keys.fair_turn("imports", "0:str"), "a string")
+    r.zadd(fair.keys.fair_turn("imports", "garbage"), {"nosuchjob": 1})
+    r.hset(fair.keys.job(a[0]), "score", "-1e300")
+    b = enqueue("b", "b1")
+    fair.broker.claim(["imports"], "w")
+    fair.broker.abandon("w")  # back at its spoilt score
+    assert sorted(claims(fair, 10)) == sorted(a + b)
+    r.set(turns, "oops")
+    c = enqueue("c", "c1", "c2")
+    assert claims(fair, 3) == c

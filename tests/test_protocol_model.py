@@ -111,6 +111,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "heartbeats naming jobs to stop",
             "fair claims",
             "fair entries dropped",
+            "fair entries made again",
         )
     )
     report(

@@ -293,7 +293,7 @@ class Queries(Gateway):
         for member, _ in turns:
             # The member as Redis holds it, bytes that need not be UTF-8.
             raw = member.encode() if isinstance(member, str) else member
-            pipe.llen(turns_key.encode() + b":" + raw)
+            pipe.zcard(turns_key.encode() + b":" + raw)
         return int(total or 0), [
             FairTurn(key, priority, int(entries or 0))
             for (_, (priority, key)), entries in zip(turns, self._replies(pipe), strict=True)

@@ -47,6 +47,7 @@ local queues = {unpack(ARGV, first_queue)}
 local MOST_PARKED = 100
 
 local claimed, parked = {}, 0
+local looks = {left = FAIR_LOOKS} -- the fair queues' budget of this claim (fair_pop)
 if take and #queues > 0 then
   local handed, id = take_handed(worker)
   if handed then -- taken: under the worker's lease from now on
@@ -89,7 +90,7 @@ for _, name in ipairs(queues) do
     end
     -- A fair job first: the job whose turn it is instead (a queue that is not fair
     -- pays nothing for it).
-    id, fields, score = next_of(name, id, fields, popped[2])
+    id, fields, score = next_of(name, id, fields, popped[2], looks)
     if not id then
       break
     end

@@ -76,7 +76,9 @@ for _, id in ipairs(ids) do
       changed = changed + 1
     end
   elseif action == 'empty' then
+    local score = redis.pcall('ZSCORE', QUEUE .. queue, id)
     if redis.call('ZREM', QUEUE .. queue, id) == 1 then
+      fair_drop(id, queue, redis.pcall('HGET', job, 'fair'), score)
       -- A group member, a unique job, or a job others wait for ends first, so that its group still
       -- completes and the jobs waiting for it fail instead of waiting for ever.
       local links = redis.pcall('HMGET', job, 'group', 'then', 'unique')

@@ -34,14 +34,21 @@ local FAIR_FIELD = 15
 
 -- Take the next job off `queue`, whose first job (`id`, at `score`; its READ fields:
 -- `fields`) was just popped: that job itself, unless it has a fairness key; then the
--- first of the queue's first turn (fair_pop), the popped job back at its place.
--- Returns the job's id, fields and score (nil when the queue has none).
-local function next_of(queue, id, fields, score)
-  if not (fields and not fields.err and fields[FAIR_FIELD]) then
+-- first of the queue's first turn (fair_pop, `looks` its budget), the popped job back
+-- at its place, and in its turn if it had no entry there (put back by a process older
+-- than fair queues). Returns the job's id, fields and score (nil when the queue has
+-- none).
+local function next_of(queue, id, fields, score, looks)
+  local key = fields and not fields.err and fields[FAIR_FIELD]
+  if not key then
     return id, fields, score
   end
   redis.call('ZADD', QUEUE .. queue, score, id)
-  id, score = fair_pop(queue)
+  local entries = FAIR .. queue .. ':' .. fair_turn(key, score)
+  if not tonumber(redis.pcall('ZSCORE', entries, id)) then
+    fair_add(id, queue, key, score, true)
+  end
+  id, score = fair_pop(queue, looks)
   if not id then
     return nil
   end
@@ -208,6 +215,7 @@ local function hand_queued(queue, added, lease, now)
   if waiting ~= added or is_paused(queue) then
     return waiting
   end
+  local looks = {left = FAIR_LOOKS}
   while waiting > 0 do
     local worker = idle_worker_for(queue)
     if not worker then
@@ -216,7 +224,7 @@ local function hand_queued(queue, added, lease, now)
     local popped = redis.call('ZPOPMIN', key)
     local id, fields, score = next_of(queue, popped[1],
                                       redis.call('HMGET', JOB .. popped[1], unpack(READ)),
-                                      popped[2])
+                                      popped[2], looks)
     if not id then
       break
     end

@@ -1,4 +1,4 @@
--- include: keys, values, errors, fanout
+-- include: keys, values, queues, errors, fanout
 -- A job's end: its outcome stored with everything it sets off (waiters, stats, the
 -- failed index, its unique key, its group, the jobs waiting for it), a cancellation,
 -- and a queue member that is no job recorded as a failed one.
@@ -107,7 +107,7 @@ local function cancel_job(id, error, now, ttl)
   if not is_job(id) then
     return ''
   end
-  local fields = redis.call('HMGET', JOB .. id, 'status', 'queue', 'parked')
+  local fields = redis.call('HMGET', JOB .. id, 'status', 'queue', 'parked', 'fair')
   if not fields[1] then
     return ''
   end
@@ -117,6 +117,9 @@ local function cancel_job(id, error, now, ttl)
   local queue = fields[2] or ''
   -- pcall: a queue or delayed set of another type (written by hand) holds no job.
   redis.pcall('ZREM', DELAYED .. queue, id)
+  if fields[4] then -- a fair job takes its entry in its turn with it
+    fair_drop(id, queue, fields[4], redis.pcall('ZSCORE', QUEUE .. queue, id))
+  end
   redis.pcall('ZREM', QUEUE .. queue, id)
   if fields[3] then
     redis.pcall('ZREM', LIMIT .. fields[3] .. ':parked', id)

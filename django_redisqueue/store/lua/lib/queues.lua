@@ -31,63 +31,72 @@ local function next_score(priority)
 end
 
 -- Fair queues (docs/protocol.md, "Fair queues"). A job with a fairness key (its hash's
--- 'fair' field) has, besides its place on its queue, an entry '<score> <id>' in the
--- list of its turn, FAIR..queue..':'..turn, the turn being '<priority>:<key>'. The
--- queue's turns that have entries are FAIR..queue, each scored as a job of its
--- priority arriving when the turn joined or last had its go: a claim that meets a
--- fair job takes the first job of the first turn instead, and that turn goes behind
--- the others of its priority. So each key with jobs waiting has one go per round,
--- whatever its backlog. The queue stays the truth: an entry whose job is no longer
--- there at that score (cancelled, moved, claimed by a process older than fairness)
--- is dropped when met.
+-- 'fair' field) has, besides its place on its queue, an entry in its turn: the sorted
+-- set FAIR..queue..':'..turn of the turn's jobs at their queue scores, the turn being
+-- '<priority>:<key>'. The queue's turns that have entries are FAIR..queue, each scored
+-- as a job of its priority arriving when the turn joined or last had its go: a claim
+-- that meets a fair job takes the first job of the first turn instead, and that turn
+-- goes behind the others of its priority. So each key with jobs waiting has one go per
+-- round, whatever its backlog. A job that leaves the queue otherwise (cancelled,
+-- emptied by an operator) takes its entry with it; the queue stays the truth all the
+-- same, and an entry whose job is no longer there at that score (claimed by a process
+-- older than fair queues) is dropped when met.
 
 -- A fair job's turn: its key at the priority its score holds.
 local function fair_turn(key, score)
   return whole(100 - math.floor(tonumber(score) / PRIORITY_SPAN)) .. ':' .. key
 end
 
--- Add job `id`, on `queue` at `score`, to its key's turn: last (a new place), or
--- first (`back`: its old place, given back or unparked), its turn then coming no
--- later than that place, as the job had it.
+-- Add job `id`, on `queue` at `score`, to its key's turn, at its place there. Its
+-- turn joins behind the turns waiting if it had none; `back` (its old place: given
+-- back, recovered, unparked), it comes no later than that place, as the job had it.
 local function fair_add(id, queue, key, score, back)
   local turn = fair_turn(key, score)
   local turns = typed(FAIR .. queue, 'zset')
-  local list = typed(turns .. ':' .. turn, 'list')
-  if back then
-    redis.call('LPUSH', list, score .. ' ' .. id)
-    redis.call('ZADD', turns, 'LT', score, turn)
-  else
-    redis.call('RPUSH', list, score .. ' ' .. id)
-    redis.call('ZADD', turns, 'NX', score, turn)
+  redis.call('ZADD', typed(turns .. ':' .. turn, 'zset'), score, id)
+  redis.call('ZADD', turns, back and 'LT' or 'NX', score, turn)
+end
+
+-- Job `id` (fairness key `key`, at `score`) leaves `queue` other than by its turn: its
+-- entry goes, and its turn with it when that was the last.
+local function fair_drop(id, queue, key, score)
+  if type(key) ~= 'string' or not tonumber(score) then
+    return
+  end
+  local turn = fair_turn(key, score)
+  local entries = FAIR .. queue .. ':' .. turn
+  if redis.pcall('ZREM', entries, id) == 1 and redis.call('ZCARD', entries) == 0 then
+    redis.pcall('ZREM', FAIR .. queue, turn)
   end
 end
 
--- Most entries of jobs gone from the queue one claim drops before it takes the
--- queue's first job instead: a claim's cost stays bounded after a mass cancel.
+-- Most turns and entries one claim (or hand-off) looks through without finding a
+-- job, whatever they hold (entries claimed by older processes, keys spoilt by hand),
+-- before it takes the queue's first job instead: a claim stays bounded.
 local FAIR_LOOKS = 100
 
 -- Take the next job of a fair queue off it: the first of the first turn, which goes
--- behind the other turns of its priority while it has entries left. Returns its id
--- and score; or, when no turn holds a job (the queue's fair entries deleted by hand)
--- or past FAIR_LOOKS dropped entries, the queue's first job in its own order (nil
--- when it has none).
-local function fair_pop(queue)
+-- behind the other turns of its priority while it has entries left. `looks` ({left =
+-- n}, one per claim) counts the turns and entries met that held no job. Returns its
+-- id and score; or, when no turn holds a job or the looks ran out, the queue's first
+-- job in its own order, its entry dropped (nil when the queue has none).
+local function fair_pop(queue, looks)
   local turns, waiting = FAIR .. queue, QUEUE .. queue
-  for _ = 1, FAIR_LOOKS do
+  while looks.left > 0 do
     local first = redis.pcall('ZRANGE', turns, 0, 0)
     local turn = not failed(first) and first[1]
     if not turn then
       break
     end
-    local list = turns .. ':' .. turn
-    local entry = redis.pcall('LPOP', list)
-    if type(entry) ~= 'string' then
+    local entries = turns .. ':' .. turn
+    local popped = redis.pcall('ZPOPMIN', entries)
+    if failed(popped) or not popped[1] then
       redis.call('ZREM', turns, turn)
     else
-      local score, id = string.match(entry, '^(%d+) (.+)$')
-      if id and tonumber(redis.pcall('ZSCORE', waiting, id)) == tonumber(score) then
+      local id, score = popped[1], popped[2]
+      if tonumber(redis.pcall('ZSCORE', waiting, id)) == tonumber(score) then
         redis.call('ZREM', waiting, id)
-        if redis.call('LLEN', list) > 0 then
+        if redis.call('ZCARD', entries) > 0 then
           redis.call('ZADD', turns, next_score(string.match(turn, '^(-?%d+):')), turn)
         else
           redis.call('ZREM', turns, turn)
@@ -95,10 +104,15 @@ local function fair_pop(queue)
         return id, score
       end
     end
+    looks.left = looks.left - 1
   end
   local popped = redis.pcall('ZPOPMIN', waiting)
-  if failed(popped) then
+  if failed(popped) or not popped[1] then
     return nil
+  end
+  local key = valid_id(popped[1]) and redis.pcall('HGET', JOB .. popped[1], 'fair')
+  if type(key) == 'string' then
+    fair_drop(popped[1], queue, key, popped[2])
   end
   return popped[1], popped[2]
 end

@@ -15,6 +15,7 @@ from tests.support.model.protocol.records import (
     DELAYED,
     DELETED,
     DEPENDENCY,
+    FAIR_LOOKS,
     FINISHED,
     PARKED,
     QUEUED,
@@ -190,6 +191,8 @@ class CoreModel:
         cancelled."""
         if job is None or job.place not in (QUEUED, DELAYED, WAITING, PARKED):
             return False
+        if job.place == QUEUED and job.fair is not None:
+            self.fair_drop(job)
         job.cancelled = True
         self.end(job, FAILED, window, error)
         return True
@@ -270,6 +273,7 @@ class CoreModel:
         limit. Returns how many were handed."""
         ids, handed = {j.id for j in new}, 0
         for queue in dict.fromkeys(j.queue for j in new if j.place == QUEUED):
+            looks = [FAIR_LOOKS]
             while queue not in self.paused:
                 ready = self.queue_order(queue)
                 if not ready or any(j.id not in ids for j in ready):
@@ -277,7 +281,7 @@ class CoreModel:
                 worker = self.idle_worker_for(queue)
                 if worker is None:
                     break
-                job = self.next_in(queue)
+                job = self.next_in(queue, looks)
                 if job.limit:  # left for a claim, at its place
                     if job.fair is not None:
                         self.fair_add(job, back=True)
@@ -300,9 +304,10 @@ class CoreModel:
         return None
 
     def m_claim_from(self, queues, worker: str, window: tuple[int, int]) -> Job | None:
+        looks = [FAIR_LOOKS]  # the claim's, for every fair queue it meets
         for queue in queues:
             while queue not in self.paused:
-                job = self.next_in(queue)
+                job = self.next_in(queue, looks)
                 if job is None:
                     break
                 if job.limit and not self.m_limit_room(job.limit):

@@ -459,6 +459,8 @@ class CoreOperations:
                     self.push_ready(job)
                     expected += 1
                 elif action == "empty" and job.place == QUEUED:
+                    if job.fair is not None:
+                        self.fair_drop(job)
                     if job.group is not None or job.then or job.unique:
                         # It ends first: its group still completes, its dependents fail,
                         # its unique key is free.

@@ -39,6 +39,8 @@ IDLE_MS = 3_600_000
 # callback takes two calls, the second sealing it.
 BATCH = 2
 UNKNOWN_ID = "0" * 26  # an id no job has
+# Most turns and entries without a job one claim looks through (lib/queues.lua's).
+FAIR_LOOKS = 100
 
 ERROR = '{"exception_class_path":"builtins.ValueError","traceback":"boom"}'
 LOST_ERROR = '{"exception_class_path":"django_redisqueue.exceptions.LeaseLost","traceback":""}'
