@@ -5,6 +5,7 @@ import redis
 
 from django_redisqueue import ResultTimeout
 from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
+from django_redisqueue.runtime.worker import IDLE_MS
 from django_redisqueue.store import scripts
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.wire import ENQUEUE_BATCH_JOBS, NewJob, Outcome
@@ -111,7 +112,14 @@ def test_heartbeat_records_the_worker_and_reports_jobs_no_longer_owned(r, broker
     assert r.zscore(DEFAULT_KEYS.running, job.id) >= before
 
 
+def stand_idle_on_every_queue(broker, worker="w0"):
+    """A worker idle on more queues than it registers on: every enqueue wakes it."""
+    order = [f"q{i}" for i in range(16)] + QUEUES
+    assert broker.claim(order, worker, idle_ms=IDLE_MS) == (None, None)
+
+
 def test_wake_tokens_stay_bounded_and_are_passed_on(r, broker):
+    stand_idle_on_every_queue(broker)
     for _ in range(50):
         tasks.noop.enqueue()
     assert r.llen(DEFAULT_KEYS.wake("default")) == 1
@@ -431,6 +439,7 @@ def test_the_scripts_build_the_keys_the_key_schema_names(r, backend):
 
 
 def test_a_batch_is_stored_in_order_and_a_taken_id_is_skipped_alone(r, broker, backend):
+    stand_idle_on_every_queue(broker)
     taken = tasks.noop.enqueue()
     now = broker.clock_ms()
     payload = backend.prepare(tasks.noop, (), {})._payload

@@ -143,6 +143,11 @@ def test_a_job_is_not_handed_over_when_the_workers_claim_would_not_take_it(
     job = enqueue_with(backend, **options)
     assert backend.get_result(job.id).status == TaskResultStatus.READY
     assert r.exists(K.handoff("w1")) == 0
+    if why in ("the queue holds a job", "the job has a limit"):
+        # w1 still stands idle on the queue: a token wakes it to claim the job.
+        assert r.llen(K.wake("default")) == 1
+    elif why == "the worker will not wait":  # no worker waits: no token
+        assert r.llen(K.wake("default")) == 0
 
 
 def enqueue_with(backend, limit=None, max_running=None, delay=None):
@@ -162,7 +167,30 @@ def test_the_latest_idle_worker_is_handed_the_first_job_and_each_worker_one(r, b
     handed = [json.loads(r.lindex(K.handoff(w), 0))[0] for w in ("w3", "w2", "w1")]
     assert handed == [j.id for j in jobs[:3]]
     assert r.zrange(K.queue("default"), 0, -1) == [jobs[3].id]
-    assert r.llen(K.wake("default")) == 1  # the job left waits for a token's worker
+    # No worker stands idle any more: the job left waits for a busy worker's claim,
+    # and no token wakes anyone for it.
+    assert r.llen(K.wake("default")) == 0
+    assert broker.claim(QUEUES, "w1")[1].job_id == jobs[3].id
+
+
+def test_an_enqueue_wakes_no_one_while_no_worker_stands_idle_on_its_queue(r, broker, backend):
+    stand_idle(broker, "w1", ["low"])
+    jobs = [enqueue(backend) for _ in range(3)]
+    assert r.llen(K.wake("default")) == 0 and r.exists(K.handoff("w1")) == 0
+    # Busy workers take them with their next claims, which need no token.
+    assert [broker.claim(QUEUES, "w2")[1].job_id for _ in jobs] == [j.id for j in jobs]
+
+
+def test_a_worker_of_more_queues_than_it_registers_on_is_woken_for_any(r, broker, backend):
+    """A worker registers on its first 16 queues; an enqueue to one past them still
+    leaves the token its wait blocks on."""
+    order = [f"q{i}" for i in range(16)] + ["default"]
+    stand_idle(broker, "w1", order)
+    assert r.exists(K.idle("default")) == 0 and r.exists(K.idle_wide) == 1
+    job = enqueue(backend)
+    assert r.llen(K.wake("default")) == 1 and r.exists(K.handoff("w1")) == 0
+    assert broker.wait_for_work(order, 0.1, "w1") == "default"
+    assert broker.claim(order, "w1", woken_by="default")[1].job_id == job.id
 
 
 def test_a_batch_hands_one_job_per_idle_worker_in_order(r, broker, backend):

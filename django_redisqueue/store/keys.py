@@ -165,6 +165,7 @@ class KeySchema:
             "SCHEDULE": self.periodic_schedule(""),
             "IDLE": self.idle(""),
             "IDLE_WORKER": self.idle_worker(""),
+            "IDLE_WIDE": self.idle_wide,
             "HANDOFF": self.handoff(""),
             "HANDED": self.handed,
             "STOPS": self.stops(""),
@@ -234,6 +235,11 @@ class KeySchema:
     def fair_turn(self, queue: str, turn: str) -> str:
         """One turn's jobs: those of one fairness key at one priority, in order."""
         return f"{self.fair(queue)}:{turn}"
+
+    @property
+    def idle_wide(self) -> str:
+        """Set while a worker of more queues than its registration names stands idle."""
+        return f"{self.prefix}:idle-wide"
 
     @property
     def handed(self) -> str:

@@ -94,9 +94,14 @@ end
 local IDLE_QUEUES = 16
 
 -- A worker whose claim found nothing in `queues` (in the order it tried them) stands
--- idle for `ttl` ms: past it, a worker that died idle is handed nothing more.
+-- idle for `ttl` ms: past it, a worker that died idle is handed nothing more. One of
+-- more queues than it registers on sets IDLE_WIDE: while that stands, an enqueue to any
+-- queue leaves a wake-up token (hand_queued).
 local function register_idle(worker, queues, now, ttl)
   local stamp = whole(now)
+  if #queues > IDLE_QUEUES then
+    redis.call('SET', IDLE_WIDE, stamp, 'PX', ttl)
+  end
   queues = {unpack(queues, 1, math.min(#queues, IDLE_QUEUES))}
   redis.call('SET', IDLE_WORKER .. worker, stamp .. '|' .. table.concat(queues, ','),
              'PX', ttl)
@@ -205,11 +210,14 @@ end
 -- empty) and it is not paused, hand its first jobs, in its order, to the idle workers
 -- whose claim would take them, one each, until none is left or the first has a limit
 -- (its claim decides whether it may start). Returns how many jobs the queue holds
--- then. Most enqueues find no worker idle on the queue: one command.
+-- then for a wake-up token to announce: none when no worker stands idle on it, as
+-- every worker blocked on its wake-up list registered there (or, serving more queues
+-- than that names, set IDLE_WIDE) first; busy workers claim without one. Most
+-- enqueues find no worker idle on the queue: one command.
 local function hand_queued(queue, added, lease, now)
   local key = QUEUE .. queue
-  if redis.call('EXISTS', IDLE .. queue) == 0 then
-    return added
+  if redis.call('EXISTS', IDLE .. queue, IDLE_WIDE) == 0 then
+    return 0
   end
   local waiting = redis.call('ZCARD', key)
   if waiting ~= added or is_paused(queue) then

@@ -294,6 +294,10 @@ class CoreModel:
                 handed += 1
         return handed
 
+    def idle_on(self, queue: str) -> bool:
+        """Whether a worker stands registered as idle on ``queue``."""
+        return any(queue in order for _, order in self.idle.values())
+
     def idle_worker_for(self, queue: str) -> str | None:
         for worker, (_, order) in sorted(self.idle.items(), key=lambda item: -item[1][0]):
             if queue not in order:

@@ -105,6 +105,10 @@ class InvariantChecks:
                 f"failed:{queue} {self.names(dict(failed))}, model {self.names(model_failed)}"
             )
             assert wake <= 1, f"wake:{queue} holds {wake} tokens"
+            # A worker standing idle on a queue is woken for its jobs: by a job handed
+            # over, or by a token while the queue holds jobs.
+            if want and queue not in self.paused and self.idle_on(queue):
+                assert wake == 1, f"{queue} holds jobs, and its idle workers no token"
         for name in ("running", "handed"):
             leases = dict(next(replies))
             model_leases = {
