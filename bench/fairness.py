@@ -23,7 +23,7 @@ from pathlib import Path
 
 import redis
 
-from bench import redisstats
+from bench.claim_cost import drain, measured
 from tests.support.servers import RedisServer
 
 
@@ -32,8 +32,6 @@ def run(client: redis.Redis, jobs: int, keys: int | None) -> tuple[float, float,
     plain backend (``keys`` None) or the fair one with ``keys`` fairness keys."""
     from bench.tasks import job
     from django_redisqueue.compat import task_backends
-    from django_redisqueue.core.jobs import SUCCESSFUL
-    from django_redisqueue.store.wire import Outcome
 
     alias = "default" if keys is None else "fair"
     client.flushall()
@@ -43,14 +41,7 @@ def run(client: redis.Redis, jobs: int, keys: int | None) -> tuple[float, float,
         task.enqueue_many([((i,), {}) for i in range(jobs // (keys or 1))])
     waiting = client.info("memory")["used_memory"] - before
     broker = task_backends[alias].broker.pinned()
-    stats = redisstats.snapshot(client)
-    finished = None
-    for _ in range(jobs):
-        _, claimed = broker.claim(["default"], "bench", finished, broadcasts=False)
-        assert claimed is not None, "the queue ran out"
-        finished = Outcome(claimed.job_id, claimed.owner, SUCCESSFUL, result="null")
-    broker.claim([], "bench", finished, broadcasts=False)
-    commands, cpu = redisstats.between(stats, redisstats.snapshot(client)).per_job(jobs)
+    commands, cpu = measured(client, jobs, lambda: drain(broker, jobs))
     broker.close()
     return waiting / jobs, commands, cpu
 

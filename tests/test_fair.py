@@ -333,6 +333,21 @@ def test_a_claim_looks_through_a_bounded_number_of_stale_entries(fair, r):
     assert r.zcard(stale) >= 900
 
 
+def test_an_entry_left_ahead_of_its_turns_first_job_is_dropped_at_its_go(fair, r):
+    a = enqueue("a", "a1", "a2")
+    entries = fair.keys.fair_turn("imports", "0:a")
+    r.zadd(entries, {"0" * 26: 1})  # its job claimed by its place by an older process
+    assert claims(fair, 1) == [a[0]]
+    assert r.zrange(entries, 0, -1) == [a[1]]
+
+
+def test_a_job_whose_entry_holds_another_score_still_runs_first_of_its_key(fair, r):
+    a = enqueue("a", "a1", "a2")
+    r.zadd(fair.keys.fair_turn("imports", "0:a"), {a[0]: 5})  # spoilt by hand
+    assert claims(fair, 2) == a
+    assert r.exists(fair.keys.fair("imports")) == 0
+
+
 @pytest.mark.parametrize(
     "key", ["a:b", "with space", "new\nline", "😀 ünï", "x" * 200, "{tag}", "0:1", "-5:x"]
 )

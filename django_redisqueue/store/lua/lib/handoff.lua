@@ -33,22 +33,27 @@ local REPLIED = 11
 local FAIR_FIELD = 15
 
 -- Take the next job off `queue`, whose first job (`id`, at `score`; its READ fields:
--- `fields`) was just popped: that job itself, unless it has a fairness key; then the
--- first of the queue's first turn (fair_pop, `looks` its budget), the popped job back
--- at its place, and in its turn if it had no entry there (put back by a process older
--- than fair queues). Returns the job's id, fields and score (nil when the queue has
--- none).
+-- `fields`) was just popped: that job itself, unless it has a fairness key and is not
+-- the first of the queue's first turn (fair_first); then the first of that turn
+-- (fair_pop, `looks` its budget), the popped job back at its place, and in its turn
+-- if it had no entry there (put back by a process older than fair queues). Returns
+-- the job's id, fields and score (nil when the queue has none).
 local function next_of(queue, id, fields, score, looks)
   local key = fields and not fields.err and fields[FAIR_FIELD]
   if not key then
+    return id, fields, score
+  end
+  local first, turn = fair_first(queue, id, key, score)
+  if first then
     return id, fields, score
   end
   redis.call('ZADD', QUEUE .. queue, score, id)
   local entries = FAIR .. queue .. ':' .. fair_turn(key, score)
   if not tonumber(redis.pcall('ZSCORE', entries, id)) then
     fair_add(id, queue, key, score, true)
+    turn = nil -- its turn may now come first
   end
-  id, score = fair_pop(queue, looks)
+  id, score = fair_pop(queue, looks, turn)
   if not id then
     return nil
   end

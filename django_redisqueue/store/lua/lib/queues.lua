@@ -75,16 +75,55 @@ end
 -- before it takes the queue's first job instead: a claim stays bounded.
 local FAIR_LOOKS = 100
 
+-- A turn (of the queue's `turns`) had its go: it goes behind the other turns of its
+-- priority while it has entries left (`left`), else it leaves.
+local function had_go(turns, turn, left)
+  if left then
+    redis.call('ZADD', turns, next_score(string.match(turn, '^(-?%d+):')), turn)
+  else
+    redis.call('ZREM', turns, turn)
+  end
+end
+
+-- The first turn of a fair queue's `turns`, or nil.
+local function first_turn(turns)
+  local first = redis.pcall('ZRANGE', turns, 0, 0)
+  return not failed(first) and first[1] or nil
+end
+
+-- Whether job `id` (fairness key `key`), just popped off `queue` at `score`, is the
+-- first of the queue's first turn: then the job is the queue's next, its entry goes
+-- and its turn has had its go, with no put-back and pop again. Also returns the first
+-- turn (false: none), which a claim that must look further starts from.
+local function fair_first(queue, id, key, score)
+  local turns = FAIR .. queue
+  local turn = first_turn(turns) or false
+  if turn ~= fair_turn(key, score) then
+    return false, turn
+  end
+  local entries = turns .. ':' .. turn
+  local head = redis.pcall('ZRANGE', entries, 0, 1)
+  if failed(head) or head[1] ~= id then
+    return false, turn
+  end
+  redis.call('ZREM', entries, id) -- (at whatever score: it is the job's own)
+  had_go(turns, turn, head[2] ~= nil)
+  return true
+end
+
 -- Take the next job of a fair queue off it: the first of the first turn, which goes
 -- behind the other turns of its priority while it has entries left. `looks` ({left =
--- n}, one per claim) counts the turns and entries met that held no job. Returns its
--- id and score; or, when no turn holds a job or the looks ran out, the queue's first
--- job in its own order, its entry dropped (nil when the queue has none).
-local function fair_pop(queue, looks)
+-- n}, one per claim) counts the turns and entries met that held no job; `turn`: the
+-- first turn when the caller has just read it (false: none), else nil. Returns its id
+-- and score; or, when no
+-- turn holds a job or the looks ran out, the queue's first job in its own order, its
+-- entry dropped (nil when the queue has none).
+local function fair_pop(queue, looks, turn)
   local turns, waiting = FAIR .. queue, QUEUE .. queue
   while looks.left > 0 do
-    local first = redis.pcall('ZRANGE', turns, 0, 0)
-    local turn = not failed(first) and first[1]
+    if turn == nil then
+      turn = first_turn(turns)
+    end
     if not turn then
       break
     end
@@ -96,14 +135,11 @@ local function fair_pop(queue, looks)
       local id, score = popped[1], popped[2]
       if tonumber(redis.pcall('ZSCORE', waiting, id)) == tonumber(score) then
         redis.call('ZREM', waiting, id)
-        if redis.call('ZCARD', entries) > 0 then
-          redis.call('ZADD', turns, next_score(string.match(turn, '^(-?%d+):')), turn)
-        else
-          redis.call('ZREM', turns, turn)
-        end
+        had_go(turns, turn, redis.call('ZCARD', entries) > 0)
         return id, score
       end
     end
+    turn = nil
     looks.left = looks.left - 1
   end
   local popped = redis.pcall('ZPOPMIN', waiting)
