@@ -99,6 +99,7 @@ SERVER_TESTS = [
     "tests/test_worker.py",
     "tests/test_scheduler.py",
     "tests/test_handoff.py",
+    "tests/test_fair.py",
     "tests/test_slots.py",
     "tests/test_protocol_model.py",
     "tests/test_faults.py::test_redis_loading_its_data_is_a_refusal_that_workers_wait_out",
