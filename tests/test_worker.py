@@ -390,21 +390,3 @@ def test_a_redis_error_while_asking_for_a_scheduler_leaves_the_notice_out(r, mon
     assert retry.endswith("; again in 0.2 s")  # unknown: nothing said
     assert "no scheduler" not in caplog.text
     assert r.zscore(DEFAULT_KEYS.delayed("default"), job.id) is not None  # the retry stored
-
-
-@pytest.mark.parametrize(("checked_for", "checks"), [(60.0, 4), (-1.0, 6)])
-def test_a_busy_worker_checks_djangos_connections_once_a_job(backend, checked_for, checks):
-    """Before and after each task, as Django around each request; but a task claimed
-    just after the one before ended skips the check before it (nothing used them)."""
-    from unittest.mock import patch
-
-    from django_redisqueue.runtime.worker import Worker
-
-    for n in range(3):
-        tasks.add.enqueue(n, 1)
-    with (
-        patch("django_redisqueue.runtime.worker.close_old_connections") as close,
-        patch("django_redisqueue.runtime.worker.CONNECTIONS_CHECKED_FOR", checked_for),
-    ):
-        Worker(backend, burst=True).run()
-    assert close.call_count == checks

@@ -79,9 +79,6 @@ QUEUES_REFRESH = 1.0
 # How often a busy worker's claim also reads the last broadcast's number (s): with
 # every claim it would cost a command a job.
 BROADCASTS_READ_EVERY = 0.1
-# How long after a task's end Django's connections count as just checked (s): the next
-# task, claimed within it, skips the check before it (a busy worker checks once a job).
-CONNECTIONS_CHECKED_FOR = 1.0
 # What sending the metrics may raise: it is logged, and the worker goes on.
 METRICS_ERRORS: tuple[type[Exception], ...] = (MetricsRefused, *REDIS_ERRORS)
 
@@ -137,8 +134,6 @@ class Worker:
         self.metrics = JobMetrics() if backend.config.metrics else None
         # Off only in tests that run jobs inside their own transaction (testing.py).
         self.close_connections = close_connections
-        # Per thread, as Django's connections are (a slot runs its jobs on its own).
-        self.connections_checked = threading.local()
         # It says when no scheduler runs; not in run_jobs(), which is its own (testing.py).
         self.scheduler = SchedulerWatch(backend.queries) if watch_scheduler else None
         # What every attempt has around its task (attempts.py), in this order.
@@ -436,15 +431,12 @@ class Worker:
         before and after, as around a request, and its stop token running."""
         token = self.token or StopToken()
         self.token = token
-        checked_at = getattr(self.connections_checked, "at", float("-inf"))
-        if time.monotonic() - checked_at > CONNECTIONS_CHECKED_FOR:
-            self._close_old_connections()
+        self._close_old_connections()
         try:
             with token.running():
                 yield token
         finally:
             self._close_old_connections()
-            self.connections_checked.at = time.monotonic()
             if self.current is None:  # a broadcast's: it ends with it
                 self.token = None
 
