@@ -568,3 +568,25 @@ def test_the_scheduler_sleeps_no_longer_than_a_hand_off_waits_to_be_taken():
     from django_redisqueue.store.broker import HANDED_MS
 
     assert IDLE_WAIT * 1000 <= HANDED_MS
+
+
+@pytest.mark.parametrize(("registered_ago", "waits"), [(0.0, 5), (3.2, 2), (5.0, 0), (60.0, 0)])
+def test_a_worker_waits_only_while_its_registration_stands(backend, registered_ago, waits):
+    """An enqueue wakes only the workers it finds registered: a worker held up since its
+    registration (frozen, starved of CPU) claims, and registers, again rather than wait
+    past it, and so finds the jobs enqueued meanwhile without a token."""
+    import time
+    from unittest import mock
+
+    from django_redisqueue.runtime.worker import WAIT_TIMEOUT, Worker
+
+    worker = Worker(backend)
+    worker.queues = ["default"]
+    worker.registered_at = time.monotonic() - registered_ago
+
+    def quiet_wait(*args):  # a whole timeout passes, with no token
+        worker.registered_at -= WAIT_TIMEOUT
+
+    with mock.patch.object(worker.broker, "wait_for_work", side_effect=quiet_wait) as wait:
+        assert worker._wait_for_work() is None
+    assert wait.call_count == waits

@@ -72,6 +72,10 @@ IDLE_WAITS_BEFORE_CLAIM = 5
 # How long a claim that finds no job registers the worker as idle (ms): past its quiet
 # waits, which end in a claim that registers it again.
 IDLE_MS = round((IDLE_WAITS_BEFORE_CLAIM + 1) * WAIT_TIMEOUT * 1000)
+# A wait starts only if it ends this long before the registration does (s): an enqueue
+# wakes only the workers it finds registered, so one held up (frozen, starved of CPU)
+# claims, and registers, again instead.
+REGISTRATION_MARGIN = 0.5
 # Tries to store the last outcome when stopping while Redis fails.
 FINISH_ATTEMPTS_ON_EXIT = 5
 # With QUEUES empty (any name valid), how often a worker looks for new queues (s).
@@ -125,6 +129,7 @@ class Worker:
         self.woken_by = ""  # the queue whose wake-up token this worker took, to pass on
         # Registered idle by its last claim: the next one takes a job handed meanwhile.
         self.idle_registered = False
+        self.registered_at = float("-inf")  # when the claim that registered it was sent
         self.broadcasts_read_at = float("-inf")  # when a claim last read their number
         self.event_loop = EventLoop()  # the async def tasks', started by the first
         self.stop_requests = StopRequests(self.worker_id, backend.broker, self._stoppable)
@@ -243,6 +248,7 @@ class Worker:
         self.woken_by = ""
         if queues:
             self.idle_registered = job is None and may_wait
+            self.registered_at = now
         if reading:
             self.broadcasts_read_at = now
         return _Claim(bool(stored), job, receiving, reading)
@@ -402,6 +408,9 @@ class Worker:
             return None
         for _ in range(IDLE_WAITS_BEFORE_CLAIM):
             if self.stopping:
+                return None
+            ends = time.monotonic() + WAIT_TIMEOUT + REGISTRATION_MARGIN
+            if ends > self.registered_at + IDLE_MS / 1000:
                 return None
             woken = self.broker.wait_for_work(self.queues, WAIT_TIMEOUT, self.worker_id)
             if isinstance(woken, Claimed):
