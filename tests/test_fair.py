@@ -5,7 +5,9 @@ and the other queues' order kept (docs/howto/tasks.md, "Share a queue fairly")."
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import signal
 
 import pytest
 import redis
@@ -227,6 +229,42 @@ def test_kill_chaos_loses_nothing_and_keeps_the_turns(procs, report):
     # killed worker's job comes back ahead of its key's turn; the backlog left is
     # hundreds of jobs.
     assert max(waits) <= 20, waits
+
+
+def test_a_fair_job_whose_worker_froze_runs_again_and_its_key_keeps_its_turns(procs, report):
+    """A worker frozen (SIGSTOP) while it runs a fair job, past the lease: the job comes
+    back at its place in its key's turn and runs elsewhere; the thawed worker's late
+    outcome is refused; no job is lost and no turn is left behind."""
+    leased = ("--backend", "fair-leased")
+    with private_redis() as server:
+        rr = redis.Redis.from_url(server.url, decode_responses=True)
+        backend = task_backends["fair-leased"]
+        slow = tasks.ledger.using(backend="fair-leased", fair_key="a").enqueue("a1", 2000)
+        frozen = procs.start("runworker", *leased)
+        wait_until(lambda: backend.get_result(slow.id).status == "RUNNING", 30, "a1 to start")
+        os.killpg(frozen.pid, signal.SIGSTOP)
+        others = [
+            tasks.ledger.using(backend="fair-leased", fair_key=key).enqueue(label, 0)
+            for key, label in [("a", "a2"), ("b", "b1"), ("b", "b2")]
+        ]
+        procs.start("runscheduler", *leased)
+        procs.start("runworker", *leased)
+        jobs = [slow, *others]
+        wait_until(
+            lambda: all(backend.get_result(j.id).status == "SUCCESSFUL" for j in jobs),
+            60,
+            "every job to run",
+        )
+        os.killpg(frozen.pid, signal.SIGCONT)
+        # Its late outcome refused, or its attempt stopped first by its heartbeat.
+        procs.expect(frozen, "lease", 30)
+        ran = rr.lrange("test:ledger", 0, -1)
+        turns = rr.keys(backend.keys.fair("default") + "*")
+        stored = backend.get_result(slow.id)
+    report(f"fair job of a frozen worker: attempts={stored.attempts} ledger={ran}")
+    # a1 ran again; the frozen attempt may have written its entry too, late.
+    assert sorted(set(ran)) == ["a1", "a2", "b1", "b2"] and len(ran) in (4, 5)
+    assert stored.attempts == 2 and not turns
 
 
 @pytest.mark.django_db(transaction=True)
