@@ -56,14 +56,50 @@ if take and #queues > 0 then
     claimed = handed
   end
 end
-for _, name in ipairs(queues) do
-  if #claimed > 0 then
+-- The first job of the first queue, from queues[from] on, that holds one: that queue's
+-- index and the job popped ({id, score}); nil when none holds any. One ZMPOP skips the
+-- empty queues (a worker may serve hundreds); without it (Redis 6.2), or with a queue
+-- of another type among them (written by hand: it holds no job to claim), each is
+-- popped in turn.
+local queue_keys = {}
+for i, name in ipairs(queues) do
+  queue_keys[i] = QUEUE .. name
+end
+local function first_job_from(from)
+  if #queues - from >= 1 then
+    local args = {#queues - from + 1, unpack(queue_keys, from)}
+    args[#args + 1] = 'MIN'
+    local reply = redis.pcall('ZMPOP', unpack(args))
+    if not reply then
+      return nil
+    elseif not failed(reply) then
+      for i = from, #queues do
+        if queue_keys[i] == reply[1] then
+          return i, reply[2][1]
+        end
+      end
+    end
+  end
+  for i = from, #queues do
+    local popped = redis.pcall('ZPOPMIN', queue_keys[i])
+    if not failed(popped) and popped[1] then
+      return i, popped
+    end
+  end
+  return nil
+end
+
+local from = 1
+while #claimed == 0 and parked < MOST_PARKED do
+  local index, popped = first_job_from(from)
+  if not index then
     break
   end
+  local name = queues[index]
   local queue = QUEUE .. name
-  -- Whether the queue is paused is asked once it has a job: an empty queue (a worker may
-  -- serve hundreds) then costs one command, and a job taken from a paused one goes back
-  -- at its score, which no one can see happen inside the script.
+  -- Whether the queue is paused is asked once it has a job: empty queues then cost
+  -- nothing more, and a job taken from a paused one goes back at its score, which no
+  -- one can see happen inside the script.
   local paused = nil
   while true do
     if parked >= MOST_PARKED then
@@ -71,7 +107,7 @@ for _, name in ipairs(queues) do
       break
     end
     -- pcall: a queue of another type (written by hand) holds no job to claim.
-    local popped = redis.pcall('ZPOPMIN', queue)
+    popped = popped or redis.pcall('ZPOPMIN', queue)
     local id = not failed(popped) and popped[1]
     if not id then
       break
@@ -91,6 +127,7 @@ for _, name in ipairs(queues) do
     -- A fair job first: the job whose turn it is instead (a queue that is not fair
     -- pays nothing for it).
     id, fields, score = next_of(name, id, fields, popped[2], looks)
+    popped = nil
     if not id then
       break
     end
@@ -112,9 +149,7 @@ for _, name in ipairs(queues) do
       parked = parked + 1
     end -- else a job that has ended, left in a queue by hand: it does not run again
   end
-  if #claimed > 0 or parked >= MOST_PARKED then
-    break
-  end
+  from = index + 1
 end
 if #claimed == 0 and parked < MOST_PARKED and idle_for and #queues > 0 then
   register_idle(worker, queues, now, idle_for)
