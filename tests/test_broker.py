@@ -315,6 +315,15 @@ def test_a_paused_queue_keeps_its_jobs_in_place_and_empty_queues_cost_one_comman
     assert claim_all(broker) == [held[1].id, held[0].id, held[2].id]
 
 
+@pytest.mark.parametrize("queues", [2, 1001, 7998])
+def test_a_claim_over_thousands_of_queues_takes_the_job_of_the_last(broker, queues):
+    """A worker passes every queue's name (QUEUES empty: every queue used), as many as a
+    script takes; the empty ones are skipped a thousand at a time."""
+    job = tasks.noop.enqueue()
+    order = [f"e{i}" for i in range(queues - 1)] + ["default"]
+    assert claim_one(broker, order).job_id == job.id
+
+
 def test_a_pinned_broker_holds_one_connection_and_is_the_pool_when_redis_is_down(broker):
     pinned = broker.pinned()
     if ON_CLUSTER:  # a cluster client routes each call itself: it is kept

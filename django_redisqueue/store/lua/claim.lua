@@ -57,28 +57,34 @@ if take and #queues > 0 then
   end
 end
 -- The first job of the first queue, from queues[from] on, that holds one: that queue's
--- index and the job popped ({id, score}); nil when none holds any. One ZMPOP skips the
--- empty queues (a worker may serve hundreds); without it (Redis 6.2), or with a queue
--- of another type among them (written by hand: it holds no job to claim), each is
--- popped in turn.
+-- index and the job popped ({id, score}); nil when none holds any. A ZMPOP over up to
+-- ZMPOP_KEYS queues at a time skips the empty ones (a worker may serve hundreds);
+-- without it (Redis 6.2), or with a queue of another type among them (written by hand:
+-- it holds no job to claim), each is popped in turn.
+local ZMPOP_KEYS = 1000 -- (Lua's unpack takes about 8,000 values at most)
 local queue_keys = {}
 for i, name in ipairs(queues) do
   queue_keys[i] = QUEUE .. name
 end
 local function first_job_from(from)
-  if #queues - from >= 1 then
-    local args = {#queues - from + 1, unpack(queue_keys, from)}
+  while from < #queues do
+    local last = math.min(#queues, from + ZMPOP_KEYS - 1)
+    local args = {last - from + 1, unpack(queue_keys, from, last)}
     args[#args + 1] = 'MIN'
     local reply = redis.pcall('ZMPOP', unpack(args))
-    if not reply then
-      return nil
-    elseif not failed(reply) then
-      for i = from, #queues do
+    if failed(reply) then
+      break
+    elseif reply then
+      for i = from, last do
         if queue_keys[i] == reply[1] then
           return i, reply[2][1]
         end
       end
+      local popped = reply[2][1] -- (from no queue named: back where it was)
+      redis.call('ZADD', reply[1], popped[2], popped[1])
+      break
     end
+    from = last + 1
   end
   for i = from, #queues do
     local popped = redis.pcall('ZPOPMIN', queue_keys[i])
