@@ -5,7 +5,7 @@ import redis
 
 from django_redisqueue import ResultTimeout
 from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
-from django_redisqueue.runtime.worker import IDLE_MS
+from django_redisqueue.runtime.idle import IDLE_MS
 from django_redisqueue.store import scripts
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.wire import ENQUEUE_BATCH_JOBS, NewJob, Outcome

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.core.jobs import SUCCESSFUL
-from django_redisqueue.runtime.worker import IDLE_MS
+from django_redisqueue.runtime.idle import IDLE_MS
 from django_redisqueue.store.wire import Claimed, NewJob, Outcome
 from tests.conftest import blocked_clients, private_redis, wait_until
 from tests.support import tasks
@@ -578,14 +578,15 @@ def test_a_worker_waits_only_while_its_registration_stands(backend, registered_a
     import time
     from unittest import mock
 
-    from django_redisqueue.runtime.worker import WAIT_TIMEOUT, Worker
+    from django_redisqueue.runtime.idle import WAIT_TIMEOUT
+    from django_redisqueue.runtime.worker import Worker
 
     worker = Worker(backend)
     worker.queues = ["default"]
-    worker.registered_at = time.monotonic() - registered_ago
+    worker.idle.claimed(True, time.monotonic() - registered_ago)
 
     def quiet_wait(*args):  # a whole timeout passes, with no token
-        worker.registered_at -= WAIT_TIMEOUT
+        worker.idle.registered_at -= WAIT_TIMEOUT
 
     with mock.patch.object(worker.broker, "wait_for_work", side_effect=quiet_wait) as wait:
         assert worker._wait_for_work() is None

@@ -24,13 +24,9 @@ from django_redisqueue.backends.redis import RedisQueueBackend
 from django_redisqueue.core import tracing
 from django_redisqueue.runtime import WORKER_LOGGER, attempts
 from django_redisqueue.runtime.attempts import Finished
+from django_redisqueue.runtime.idle import WAIT_TIMEOUT
 from django_redisqueue.runtime.stopping import StopToken
-from django_redisqueue.runtime.worker import (
-    BROADCASTS_READ_EVERY,
-    GIVE_UP_AFTER,
-    WAIT_TIMEOUT,
-    Worker,
-)
+from django_redisqueue.runtime.worker import BROADCASTS_READ_EVERY, GIVE_UP_AFTER, Worker
 from django_redisqueue.store.broker import Broker
 from django_redisqueue.store.gateway import REDIS_ERRORS, Reconnector, reply_lost
 from django_redisqueue.store.wire import Claimed

@@ -37,6 +37,7 @@ from django_redisqueue.runtime.attempts import Finished
 from django_redisqueue.runtime.broadcasts import Inbox
 from django_redisqueue.runtime.event_loop import EventLoop
 from django_redisqueue.runtime.heartbeat import Heartbeat
+from django_redisqueue.runtime.idle import IDLE_MS, IdleStand
 from django_redisqueue.runtime.memory import past_limit
 from django_redisqueue.runtime.progress import ProgressWriter
 from django_redisqueue.runtime.queue_order import QueueOrder
@@ -62,20 +63,9 @@ class _Claim:
     read_broadcasts: bool
 
 
-# Seconds an idle worker blocks on its wake-up lists per call.
-WAIT_TIMEOUT = 1.0
 # Seconds a stopped job's thread has to let go (its exception taken, its finally blocks
 # run), or a blocked event loop to run again, before the worker gives up on them.
 GIVE_UP_AFTER = 5.0
-# Wake-ups are hints; an idle worker claims anyway after this many quiet waits.
-IDLE_WAITS_BEFORE_CLAIM = 5
-# How long a claim that finds no job registers the worker as idle (ms): past its quiet
-# waits, which end in a claim that registers it again.
-IDLE_MS = round((IDLE_WAITS_BEFORE_CLAIM + 1) * WAIT_TIMEOUT * 1000)
-# A wait starts only if it ends this long before the registration does (s): an enqueue
-# wakes only the workers it finds registered, so one held up (frozen, starved of CPU)
-# claims, and registers, again instead.
-REGISTRATION_MARGIN = 0.5
 # Tries to store the last outcome when stopping while Redis fails.
 FINISH_ATTEMPTS_ON_EXIT = 5
 # With QUEUES empty (any name valid), how often a worker looks for new queues (s).
@@ -127,9 +117,7 @@ class Worker:
         self.token: StopToken | None = None  # how the running task is stopped
         self.task_attempt: attempts.Attempt | None = None  # once its task is about to run
         self.woken_by = ""  # the queue whose wake-up token this worker took, to pass on
-        # Registered idle by its last claim: the next one takes a job handed meanwhile.
-        self.idle_registered = False
-        self.registered_at = float("-inf")  # when the claim that registered it was sent
+        self.idle = IdleStand(self.broker, self.worker_id)
         self.broadcasts_read_at = float("-inf")  # when a claim last read their number
         self.event_loop = EventLoop()  # the async def tasks', started by the first
         self.stop_requests = StopRequests(self.worker_id, backend.broker, self._stoppable)
@@ -179,8 +167,7 @@ class Worker:
             heartbeat.stopped.set()
             self.event_loop.close()
             self.send_metrics()
-            if self.idle_registered:
-                self._give_back_handed()
+            self.idle.give_back()
             with contextlib.suppress(*REDIS_ERRORS):  # else its record expires by itself
                 self.broker.unregister_worker(self.worker_id)
             self.broker.close()
@@ -242,13 +229,12 @@ class Worker:
             finished.outcome if finished else None,
             woken_by=self.woken_by,
             broadcasts=reading,
-            take_handed=self.idle_registered and bool(queues),
+            take_handed=self.idle.registered and bool(queues),
             idle_ms=IDLE_MS if may_wait else None,
         )
         self.woken_by = ""
         if queues:
-            self.idle_registered = job is None and may_wait
-            self.registered_at = now
+            self.idle.claimed(job is None and may_wait, now)
         if reading:
             self.broadcasts_read_at = now
         return _Claim(bool(stored), job, receiving, reading)
@@ -261,9 +247,7 @@ class Worker:
             self.broadcasts_read_at = float("-inf")
             return None
         if self.broadcasts.waiting:
-            if self.idle_registered:  # busy with them: nothing is handed to it
-                self._give_back_handed()
-                self.idle_registered = False
+            self.idle.give_back()  # busy with them: nothing is handed to it
             self.broadcasts.receive(self.queues, backoff)
             return None
         if claim.receiving:  # the claim did not look at the queues
@@ -293,18 +277,6 @@ class Worker:
         backoff.failed(exc)
         return False
 
-    def _give_back_handed(self) -> None:
-        """End the idle registration (stopping, or about to run broadcasts), giving
-        back the job handed meanwhile, if any; on a Redis error, that job goes back at
-        its hand-off's deadline instead."""
-        with contextlib.suppress(*REDIS_ERRORS):
-            if given_back := self.broker.abandon(self.worker_id, handed_only=True):
-                logger.info(
-                    "Worker %s: gave back job %s, handed to it as it turned to other work",
-                    self.worker_id,
-                    ", ".join(given_back),
-                )
-
     def _recover_claim(self, finished: Finished | None) -> Finished | None:
         """After a lost reply (of a claim, a wait or a take): store the outcome in hand
         (again: fencing refuses a repeat), then give back any job the lost call gave
@@ -313,7 +285,7 @@ class Worker:
             self._report(finished, self.broker.finish(finished.outcome), repeated=True)
         # The jobs of other slots stay: the lost call cannot have given them.
         given_back = self.broker.abandon(self.worker_id, keep=self.held())
-        self.idle_registered = False
+        self.idle.registered = False
         if given_back:
             logger.warning(
                 "Worker %s: gave back job(s) %s, claimed or handed to it by a call whose "
@@ -400,39 +372,16 @@ class Worker:
             logger.info("Worker %s serving %s", self.worker_id, ", ".join(queues) or "nothing yet")
 
     def _wait_for_work(self) -> Claimed | None:
-        """Block until woken, or for a few quiet waits; return the job handed over
-        with the wake-up once this worker has taken it (docs/protocol.md, "The
-        hand-off"). Redis errors propagate: a lost reply may have carried a job."""
+        """Stand idle (idle.py): return the job handed over, once taken, or None to
+        claim again (woken by a token, which it passes on: ``woken_by``)."""
         if not self.queues:  # QUEUES empty and nothing enqueued yet: look again soon
             time.sleep(QUEUES_REFRESH)
             return None
-        for _ in range(IDLE_WAITS_BEFORE_CLAIM):
-            if self.stopping:
-                return None
-            ends = time.monotonic() + WAIT_TIMEOUT + REGISTRATION_MARGIN
-            if ends > self.registered_at + IDLE_MS / 1000:
-                return None
-            woken = self.broker.wait_for_work(self.queues, WAIT_TIMEOUT, self.worker_id)
-            if isinstance(woken, Claimed):
-                self.idle_registered = False  # handed over: the registration ended
-                return woken if self._take(woken) else None
-            if woken is not None:
-                self.woken_by = woken
-                return None
-        return None
-
-    def _take(self, handed: Claimed) -> bool:
-        """Take a job handed over, under this worker's lease; False if it went back
-        meanwhile (this worker frozen, or slow to read it, past the hand-off's deadline)."""
-        lost, _ = self.broker.heartbeat(self.worker_id, {}, {handed.job_id: handed.owner})
-        if lost:
-            logger.info(
-                "Job %s: handed to worker %s, which took it too late; it went back to its "
-                "queue and is not started here",
-                handed.job_id,
-                self.worker_id,
-            )
-        return not lost
+        woken = self.idle.wait(self.queues, lambda: self.stopping)
+        if isinstance(woken, str):
+            self.woken_by = woken
+            return None
+        return woken
 
     @contextlib.contextmanager
     def _in_task(self) -> Iterator[StopToken]:
