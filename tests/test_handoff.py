@@ -575,7 +575,6 @@ def test_a_worker_waits_only_while_its_registration_stands(backend, registered_a
     """An enqueue wakes only the workers it finds registered: a worker held up since its
     registration (frozen, starved of CPU) claims, and registers, again rather than wait
     past it, and so finds the jobs enqueued meanwhile without a token."""
-    import time
     from unittest import mock
 
     from django_redisqueue.runtime.idle import WAIT_TIMEOUT
@@ -583,10 +582,12 @@ def test_a_worker_waits_only_while_its_registration_stands(backend, registered_a
 
     worker = Worker(backend)
     worker.queues = ["default"]
-    worker.idle.claimed(True, time.monotonic() - registered_ago)
+    now = [1000.0]
+    worker.idle.clock = lambda: now[0]
+    worker.idle.claimed(True, now[0] - registered_ago)
 
     def quiet_wait(*args):  # a whole timeout passes, with no token
-        worker.idle.registered_at -= WAIT_TIMEOUT
+        now[0] += WAIT_TIMEOUT
 
     with mock.patch.object(worker.broker, "wait_for_work", side_effect=quiet_wait) as wait:
         assert worker._wait_for_work() is None

@@ -39,6 +39,7 @@ class IdleStand:
         # Registered by its last claim: the next one takes a job handed meanwhile.
         self.registered = False
         self.registered_at = float("-inf")  # when the claim that registered it was sent
+        self.clock = time.monotonic  # (the registration's clock: one a test may step)
 
     def claimed(self, registered: bool, sent_at: float) -> None:
         """A claim that named queues, sent at ``sent_at`` (monotonic), registered the
@@ -53,7 +54,7 @@ class IdleStand:
         for _ in range(IDLE_WAITS_BEFORE_CLAIM):
             if stopping():
                 return None
-            ends = time.monotonic() + WAIT_TIMEOUT + REGISTRATION_MARGIN
+            ends = self.clock() + WAIT_TIMEOUT + REGISTRATION_MARGIN
             if ends > self.registered_at + IDLE_MS / 1000:
                 return None
             woken = self.broker.wait_for_work(queues, WAIT_TIMEOUT, self.worker_id)

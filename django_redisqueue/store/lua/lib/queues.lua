@@ -115,9 +115,8 @@ end
 -- behind the other turns of its priority while it has entries left. `looks` ({left =
 -- n}, one per claim) counts the turns and entries met that held no job; `turn`: the
 -- first turn when the caller has just read it (false: none), else nil. Returns its id
--- and score; or, when no
--- turn holds a job or the looks ran out, the queue's first job in its own order, its
--- entry dropped (nil when the queue has none).
+-- and score; or, when no turn holds a job or the looks ran out, the queue's first job
+-- in its own order, its entry dropped (nil when the queue has none).
 local function fair_pop(queue, looks, turn)
   local turns, waiting = FAIR .. queue, QUEUE .. queue
   while looks.left > 0 do
