@@ -65,6 +65,14 @@ def _list(pipe: redis.client.Pipeline, n: int, job_id: str) -> None:
     pipe.rpush("{q}:list:default", f"{job_id}|{ENTRY}")
 
 
+def _ids_and_buckets(bits: int) -> Fill:
+    def fill(pipe: redis.client.Pipeline, n: int, job_id: str) -> None:
+        pipe.rpush("{q}:ready:default:0", job_id)
+        pipe.hset(f"{{q}}:waiting:{_bucket(job_id, bits)}", job_id, ENTRY)
+
+    return fill
+
+
 def _list_and_index(bits: int) -> Fill:
     def fill(pipe: redis.client.Pipeline, n: int, job_id: str) -> None:
         _list(pipe, n, job_id)
@@ -83,6 +91,7 @@ LAYOUTS: list[tuple[str, Fill]] = [
     ),
     ("a list of entries, each with its id (as Huey keeps jobs): no lookup by id", _list),
     ("the list, and 2^16 bucket hashes of the ids (a lookup by id)", _list_and_index(16)),
+    ("a list of ids, and 2^12 bucket hashes (id: entry)", _ids_and_buckets(12)),
 ]
 
 
