@@ -86,6 +86,8 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "unique keys taken again",
             "unique windows passed",
             "registered idle",
+            "registered idle, wide",
+            "registrations run out",
             "handed over",
             "handed jobs received",
             "handed jobs claimed",

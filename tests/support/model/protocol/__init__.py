@@ -22,11 +22,15 @@ the latest registered idle worker whose claim would take it first (its queues be
 paused), RUNNING under its lease, the claim's reply on its hand-off list; the worker's
 wait returns it, or its next claim takes it; a give-back (of every job the worker
 owns, or, as a worker stopping while idle, of the handed job only), or a recovery of
-its lease, clears the list. After every step each hand-off list holds the job the model handed,
-each idle key the order it registered, and each queue's registry every standing
-registration on it, in the order they registered. Ticks may run "in grace": their scheduler's
-step a grace ago ran before any lease ran out, so they recover nothing and are due
-again a grace later.
+its lease, clears the list. A registration runs out (its key's TTL passes): nothing is
+handed to that worker any more. A worker of more queues than it registers on (16, empty
+ones first) sets idle-wide, and an enqueue past its 16 leaves a wake-up token instead.
+After every step each hand-off list holds the job the model handed, each idle key the
+first 16 queues of the order it registered, each queue's registry every standing
+registration on it, in the order they registered, and a queue with jobs that a worker
+stands idle on (registered, or past its 16) holds a wake-up token. Ticks may run "in
+grace": their scheduler's step a grace ago ran before any lease ran out, so they
+recover nothing and are due again a grace later.
 
 The fan-out is modelled too. Chains and ``depends_on`` (through the task API and
 ``Broker.enqueue_linked``, on a job in any state, or on one that does not exist) make

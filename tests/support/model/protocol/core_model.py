@@ -17,6 +17,7 @@ from tests.support.model.protocol.records import (
     DEPENDENCY,
     FAIR_LOOKS,
     FINISHED,
+    IDLE_QUEUES,
     PARKED,
     QUEUED,
     RUNNING,
@@ -247,7 +248,11 @@ class CoreModel:
         job = self.m_claim_from(queues, worker, window)
         if job is None and register and queues:
             self.registrations += 1
-            self.idle[worker] = (self.registrations, tuple(queues))
+            self.idle[worker] = (self.registrations, tuple(queues)[:IDLE_QUEUES])
+            self.idle_orders[worker] = tuple(queues)
+            if len(queues) > IDLE_QUEUES:
+                self.idle_wide = True
+                self.count("registered idle, wide")
             self.count("registered idle")
         return job
 
@@ -295,8 +300,9 @@ class CoreModel:
         return handed
 
     def idle_on(self, queue: str) -> bool:
-        """Whether a worker stands registered as idle on ``queue``."""
-        return any(queue in order for _, order in self.idle.values())
+        """Whether a worker stands idle on ``queue``: registered on it, or serving it
+        past the queues it registered on."""
+        return any(queue in self.idle_orders[worker] for worker in self.idle)
 
     def idle_worker_for(self, queue: str) -> str | None:
         for worker, (_, order) in sorted(self.idle.items(), key=lambda item: -item[1][0]):

@@ -23,6 +23,7 @@ from tests.support.model.protocol.records import (
     RUNNING,
     TICK_QUEUES,
     WAITING,
+    WIDE_ORDER,
     WORKERS,
     Job,
 )
@@ -196,7 +197,11 @@ class CoreRules:
         queue without being handed to it (an operator runs a delayed job now: no
         promotion hands a job over), then one is enqueued to its second: its claim
         would take the first, so the second is not handed to it."""
-        ready = [(w, order) for w, (_, order) in sorted(self.idle.items()) if len(order) > 1]
+        ready = [
+            (w, order)
+            for w, (_, order) in sorted(self.idle.items())
+            if len(order) > 1 and set(order) <= set(QUEUES)  # not a wide worker's spares
+        ]
         chosen = self.pick(ready, pick)
         if chosen is None:
             return
@@ -323,6 +328,27 @@ class CoreRules:
         taken it, goes back; the jobs of its other slots are theirs to finish."""
         self.op_abandon(worker, handed_only=True)
 
+    @rule(pick=PICK)
+    def a_registration_runs_out(self, pick):
+        """An idle worker's registration runs out (its key's TTL passes: the worker
+        died or froze while idle): nothing is handed to it any more, and its queues'
+        registries keep a stale entry, which no enqueue takes."""
+        worker = self.pick(sorted(self.idle), pick)
+        if worker is not None:
+            self.r.delete(self.keys.idle_worker(worker))  # what the TTL's end does
+            del self.idle[worker]
+            self.count("registrations run out")
+
+    @rule(worker=WORKER, status=STATUS, priority=PRIORITY, queue=JOB_QUEUE)
+    def a_wide_worker_stands_idle(self, worker, status, priority, queue):
+        """A worker of more queues than it registers on (empty ones first) works until
+        it stands idle, and a job is enqueued to one of its queues: to the last it
+        registered on ("high"), it is handed over; past them ("default", "low"), it
+        leaves a wake-up token for the worker (idle-wide), as the invariants check."""
+        self.work_until_idle(worker, WIDE_ORDER, status)
+        if worker in self.idle:
+            self.op_enqueue(queue, priority, None, via_api=False)
+
     @rule(worker=WORKER, order=ORDER, status=STATUS, priority=PRIORITY)
     def a_worker_stops_as_it_is_handed_a_job(self, worker, order, status, priority):
         """A worker works until it stands idle; a job is enqueued to its first queue,
@@ -335,7 +361,8 @@ class CoreRules:
         queue: whether that job was handed to it."""
         self.work_until_idle(worker, order, status)
         if worker in self.idle:
-            self.op_enqueue(self.idle[worker][1][0], priority, None, via_api=False)
+            first = next(q for q in self.idle_orders[worker] if q in QUEUES)
+            self.op_enqueue(first, priority, None, via_api=False)
         return worker in self.handed
 
     @rule(

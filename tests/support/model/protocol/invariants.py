@@ -28,6 +28,7 @@ from tests.support.model.protocol.records import (
     RUNNING,
     UNIQUE_KEYS,
     WAITING,
+    WIDE_ORDER,
     WORKERS,
     Err,
     Group,
@@ -373,8 +374,11 @@ class InvariantChecks:
         expires |= {k.broadcast_message(n): True for n in self.messages}
         expires |= {k.broadcast_wake(w): True for w in self.message_wakes}
         required |= {k.broadcast_wake(w) for w in self.message_wakes}
-        for queue in QUEUES:  # when it holds a registration, stale or standing
+        for queue in WIDE_ORDER:  # when it holds a registration, stale or standing
             expires[k.idle(queue)] = True
+        if self.idle_wide:
+            expires[k.idle_wide] = True
+            required.add(k.idle_wide)
         expires |= {k.idle_worker(w): True for w in self.idle}
         required |= {k.idle_worker(w) for w in self.idle}
         expires |= {k.handoff(w): True for w in self.handed}

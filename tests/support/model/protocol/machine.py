@@ -54,6 +54,10 @@ class ProtocolMachine(
         # The hand-off: per worker registered as idle, its registration's order among
         # all and its queues in order; per worker, the job handed to it not yet taken.
         self.idle: dict[str, tuple[int, tuple[str, ...]]] = {}
+        # Each worker's queues at its last registration, past those it registers on
+        # too; and whether a registration past IDLE_QUEUES set idle-wide.
+        self.idle_orders: dict[str, tuple[str, ...]] = {}
+        self.idle_wide = False
         self.registrations = 0
         self.handed: dict[str, str] = {}
         self.stop_lists: dict[str, list[str]] = {}  # per worker, the jobs asked to stop

@@ -23,6 +23,10 @@ ORDERS = (
     ("low", "high"),
     ("high",),
 )
+# A worker of more queues than it registers on as idle (handoff.lua's IDLE_QUEUES, 16):
+# empty queues of its own first, so that its last two are past its registration.
+IDLE_QUEUES = 16
+WIDE_ORDER = (*(f"spare{i}" for i in range(IDLE_QUEUES - 1)), *QUEUES)
 TICK_QUEUES = (QUEUES, ("low", "default", "high"), ("default",), ())
 WORKERS = ("w1", "w2", "w3")
 PRIORITIES = (-100, 0, 5, 100)
