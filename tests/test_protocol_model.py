@@ -85,6 +85,8 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "unique keys kept for their window",
             "unique keys taken again",
             "unique windows passed",
+            "fresh jobs kept as entries",
+            "entries made hashes",
             "registered idle",
             "registered idle, wide",
             "registrations run out",

@@ -32,6 +32,15 @@ class KeySchema:
         return f"{self.prefix}:job:"
 
     @property
+    def entries_prefix(self) -> str:
+        return f"{self.prefix}:entries:"
+
+    def entries(self, job_id: str) -> str:
+        """The bucket that holds the job's entry, if it is kept as one: the first three
+        characters of its id name it (4,096 buckets of hex ids)."""
+        return f"{self.entries_prefix}{job_id[:3]}"
+
+    @property
     def queue_prefix(self) -> str:
         return f"{self.prefix}:queue:"
 
@@ -138,6 +147,7 @@ class KeySchema:
         them (prefixes for the per-job, per-queue and per-worker keys)."""
         return {
             "JOB": self.job_prefix,
+            "ENTRIES": self.entries_prefix,
             "QUEUE": self.queue_prefix,
             "WAKE": self.wake_prefix,
             "SEQ": self.seq,

@@ -20,6 +20,7 @@ from django_redisqueue.exceptions import InvalidPayload
 from django_redisqueue.store.connection import Client
 from django_redisqueue.store.gateway import Gateway, read_leniently, readable, sync, text
 from django_redisqueue.store.keys import KeySchema
+from django_redisqueue.store.wire import entry_fields
 
 # Running jobs read at most by one look at them (overview, running page, metrics): far
 # more than any fleet runs at once; past it, the counts per queue fall short.
@@ -130,9 +131,35 @@ class Queries(Gateway):
         return bool(read_leniently(lambda: sync(self.client.sismember(key, name))))
 
     def get_job(self, job_id: str) -> dict[str, str] | None:
-        """Return the stored fields of a job, or None if it does not exist (or expired,
-        or its key is not a hash)."""
-        return self.get_hash(self.keys.job(job_id))
+        """Return the stored fields of a job (its hash, or its entry if it is kept as
+        one), or None if it does not exist (or expired, or its key is not a hash)."""
+        return self.jobs([job_id])[0] or None
+
+    def _job_reads(self, pipe: Pipeline, job_id: str, fields: Sequence[str]) -> None:
+        """Queue the reads of a job's fields (all: HGETALL) and of its entry, for
+        ``_job_fields``: one round trip reads both forms."""
+        if fields:
+            pipe.hmget(self.keys.job(job_id), list(fields))
+        else:
+            pipe.hgetall(self.keys.job(job_id))
+        pipe.hget(self.keys.entries(job_id), job_id)
+
+    def _job_fields(self, replies: Any, fields: Sequence[str]) -> dict[str, str]:
+        """A job's fields from the two replies ``_job_reads`` queued: its hash's, or
+        its entry's when it has no hash ({} when it has neither)."""
+        stored, entry = next(replies), next(replies)
+        if isinstance(stored, dict):
+            found = _strings(stored)
+        elif isinstance(stored, list):
+            found = {
+                f: text(v) or "" for f, v in zip(fields, stored, strict=False) if v is not None
+            }
+        else:
+            found = {}
+        if not found:
+            kept = entry_fields(text(entry))
+            found = {f: kept[f] for f in fields or kept if f in kept} if kept else {}
+        return found
 
     def get_hash(self, key: str) -> dict[str, str] | None:
         """Every field of a hash, or None if it does not exist (or is not a hash)."""
@@ -212,15 +239,13 @@ class Queries(Gateway):
         }
 
     def jobs(self, job_ids: Sequence[str], *fields: str) -> list[dict[str, str]]:
-        """The given fields of each job, in one round trip ({} for a job gone, or a key
-        that is not a hash)."""
+        """The given fields (none: all) of each job, in one round trip ({} for a job
+        gone, or a key that is not a hash)."""
         pipe = self._pipeline(transaction=False)
         for job_id in job_ids:
-            pipe.hmget(self.keys.job(job_id), list(fields))
-        return [
-            {f: text(v) or "" for f, v in zip(fields, values or (), strict=False) if v is not None}
-            for values in self._replies(pipe)
-        ]
+            self._job_reads(pipe, job_id, fields)
+        replies = iter(self._replies(pipe))
+        return [self._job_fields(replies, fields) for _ in job_ids]
 
     def page(
         self, key: str, offset: int, limit: int, *, newest_first: bool = False
@@ -412,14 +437,11 @@ class Queries(Gateway):
             for queue, members in zip(queues, heads, strict=True)
             if isinstance(members, list) and members
         }
-        pipe = self._pipeline(transaction=False)
-        for job_id in head_ids.values():
-            pipe.hmget(self.keys.job(job_id), ["enqueued_at", "last_attempted_at", "payload"])
-        fields = dict(zip(head_ids, self._replies(pipe), strict=True))
+        heads = self.jobs(list(head_ids.values()), "enqueued_at", "last_attempted_at", "payload")
         waits: dict[str, float | None] = dict.fromkeys(queues)
-        for queue, values in fields.items():
-            enqueued, attempted, payload = values if isinstance(values, list) else [None] * 3
-            ready_ms = max(_ms(text(enqueued)), _ms(text(attempted)), _run_after_ms(payload))
+        for queue, values in zip(head_ids, heads, strict=True):
+            enqueued, attempted = values.get("enqueued_at"), values.get("last_attempted_at")
+            ready_ms = max(_ms(enqueued), _ms(attempted), _run_after_ms(values.get("payload")))
             waits[queue] = max(now_ms - ready_ms, 0) / 1000 if ready_ms else 0.0
         return waits
 

@@ -6,9 +6,12 @@ outcome shares with a job, SUCCESSFUL and FAILED, are ``core.jobs``'.)"""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from django_redisqueue.core.jobs import QUEUE_NAME_RE
 
 # What cancel answers for a job it cancelled (otherwise, the status that prevents it).
 CANCELLED = "CANCELLED"
@@ -219,3 +222,21 @@ def enqueue_reply(reply: Any) -> int | str | None:
     if isinstance(reply, bytes | str):
         return reply.decode() if isinstance(reply, bytes) else reply
     return int(reply) or None
+
+
+# A fresh job kept as an entry in its bucket (KeySchema.entries), as lua/lib/values.lua
+# reads it: '<enqueued_at>|<priority>|<queue>|<payload>'.
+_ENTRY = re.compile(rf"(\d+)\|(-?\d+)\|({QUEUE_NAME_RE.pattern})\|(.+)", re.DOTALL)
+
+
+def entry_fields(entry: str | None) -> dict[str, str] | None:
+    """The fields a job's hash would hold for its entry, as expand_entry writes them
+    (None for no entry, or one that does not parse)."""
+    match = _ENTRY.fullmatch(entry) if entry else None
+    if match is None:
+        return None
+    enqueued_at, priority, queue, payload = match.groups()
+    fields = {"payload": payload, "queue": queue, "enqueued_at": enqueued_at, "status": "READY"}
+    if int(priority) != 0:
+        fields["priority"] = priority
+    return fields

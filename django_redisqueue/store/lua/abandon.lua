@@ -1,5 +1,5 @@
 -- include: keys, values, running, handoff
--- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
 --       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key,
 --       LIMIT..key, LIMITS, IDLE_WORKER..wid, HANDOFF..wid, HANDED, FAIR..queue
 -- Give back every job a worker owns, uncounted, to its place in its queue: those it

@@ -1,5 +1,5 @@
 -- include: values, outcome
--- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
 --       FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key, LIMIT..key, FAIR..queue
 -- Cancel a job that has not started (queued, delayed, or waiting for another job or
 -- its group): take it off its queue or delayed set and record it as FAILED with the

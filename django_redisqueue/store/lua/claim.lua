@@ -1,5 +1,5 @@
 -- include: keys, values, queues, limits, outcome, running, handoff
--- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
 --       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid,
 --       BROADCAST_SEQ, UNIQUE..key, LIMIT..key, LIMITS, IDLE..queue, IDLE_WORKER..wid, IDLE_WIDE,
 --       HANDOFF..wid, HANDED, FAIR..queue
@@ -127,8 +127,7 @@ while #claimed == 0 and parked < MOST_PARKED do
     end
     local fields, score
     if valid_id(id) then
-      -- pcall: a key of another type answers an error instead of the fields.
-      fields = redis.pcall('HMGET', JOB .. id, unpack(READ))
+      fields = read_waiting(id)
     end
     -- A fair job first: the job whose turn it is instead (a queue that is not fair
     -- pays nothing for it).

@@ -1,5 +1,5 @@
 -- include: keys, values, new_jobs, unique, handoff, relays
--- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
 --       KNOWN_QUEUES, UNIQUE..key, LIMIT..key, RUNNING, PAUSED, IDLE..queue,
 --       IDLE_WORKER..wid, IDLE_WIDE, HANDOFF..wid, HANDED, RELAYED, FAIR..queue
 -- Store jobs and make them READY: each on its queue, or in its queue's delayed set
@@ -35,6 +35,9 @@ for at = 4, #ARGV, 6 do
   end
   if holder then
     enqueued[#enqueued + 1] = holder
+  -- A job kept as an entry has its id taken too, but only the process that wrote it
+  -- sends that id again (a call repeated after a lost reply), and the enqueue that
+  -- writes entries refuses it as it writes one (HSETNX): here, one command less.
   elseif redis.call('EXISTS', JOB .. id) == 1 then
     enqueued[#enqueued + 1] = 0
   else

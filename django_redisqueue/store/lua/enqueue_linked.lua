@@ -1,5 +1,5 @@
 -- include: keys, values, errors, limits, new_jobs, fanout, outcome, relays
--- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
 --       FAILED..queue, STATS..minute, KNOWN_QUEUES, GROUP..gid, GROUPS, UNIQUE..key,
 --       LIMIT..key, RELAYED, FAIR..queue
 -- Store jobs that belong to a group or wait for another job: a group's members and its

@@ -1,5 +1,5 @@
 -- include: keys, values, queues, unique, outcome
--- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
 --       PAUSED, FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key, FAIR..queue
 -- What an operator does from the dashboard, on up to ARGV[3] jobs of one queue.
 -- ARGV[1] action: 'retry_failed' (back to the queue, errors kept), 'delete_failed',
@@ -78,6 +78,7 @@ for _, id in ipairs(ids) do
   elseif action == 'empty' then
     local score = redis.pcall('ZSCORE', QUEUE .. queue, id)
     if redis.call('ZREM', QUEUE .. queue, id) == 1 then
+      expand_entry(id) -- a job kept as an entry: its hash, deleted below
       fair_drop(id, queue, redis.pcall('HGET', job, 'fair'), score)
       -- A group member, a unique job, or a job others wait for ends first, so that its group still
       -- completes and the jobs waiting for it fail instead of waiting for ever.

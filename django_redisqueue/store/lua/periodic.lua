@@ -1,5 +1,5 @@
 -- include: keys, values, new_jobs, unique
--- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
 --       KNOWN_QUEUES, UNIQUE..key, LIMIT..key, PERIODIC, SCHEDULE..name, FAIR..queue
 -- Periodic jobs (docs/protocol.md, "Periodic jobs"): each occurrence of a schedule is
 -- enqueued once, however many schedulers call. The scheduler computes the occurrences
@@ -131,7 +131,7 @@ elseif mode == 'resume' then
 elseif mode == 'run_now' then
   local id, payload, queue, priority = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
   local options = job_options(ARGV[8])
-  if redis.call('EXISTS', JOB .. id) == 1 then
+  if id_taken(id) then
     return 0
   end
   -- A unique task's job that holds its key has not ended: no second one.
@@ -195,7 +195,7 @@ for i = 13, #ARGV - 1, 2 do
     local holder = options.unique and unique_holder(options.unique)
     if holder then
       skipped = skipped + 1
-    elseif redis.call('EXISTS', JOB .. id) == 0 then
+    elseif not id_taken(id) then
       store_job(id, payload, queue, priority, 0, clock, options)
       if options.unique then
         hold_unique(id, options, clock)

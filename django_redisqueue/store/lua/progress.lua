@@ -1,5 +1,5 @@
 -- include: keys, values, running
--- Keys: JOB..id
+-- Keys: JOB..id, ENTRIES..bucket
 -- Store running jobs' progress, each only while its job is RUNNING under the owner
 -- token given: a late write, from an attempt whose lease ran out or that has ended,
 -- is refused.

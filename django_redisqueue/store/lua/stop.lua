@@ -1,5 +1,5 @@
 -- include: keys, values, running, handoff
--- Keys: JOB..id, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
 --       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key,
 --       LIMIT..key, LIMITS, HANDOFF..wid, HANDED, STOPS..wid, FAIR..queue
 -- Ask a running job to stop. Its `stop` field keeps the stop's error: from then on the

@@ -1,5 +1,5 @@
 -- include: keys, values
--- Keys: JOB..id
+-- Keys: JOB..id, ENTRIES..bucket
 -- Ask to be woken when a job finishes, unless it has finished already.
 -- ARGV[1] job id
 -- Returns the job's status, or '' when there is no such job.

@@ -32,6 +32,17 @@ local REPLIED = 11
 -- Where READ has the fairness key.
 local FAIR_FIELD = 15
 
+-- The READ fields of a waiting job, read from its hash, or from its entry if it is kept
+-- as one (made its hash then: start_job writes to it). pcall: a key of another type
+-- answers an error instead of the fields.
+local function read_waiting(id)
+  local fields = redis.pcall('HMGET', JOB .. id, unpack(READ))
+  if not failed(fields) and not fields[1] and expand_entry(id) then
+    fields = redis.call('HMGET', JOB .. id, unpack(READ))
+  end
+  return fields
+end
+
 -- Take the next job off `queue`, whose first job (`id`, at `score`; its READ fields:
 -- `fields`) was just popped: that job itself, unless it has a fairness key and is not
 -- the first of the queue's first turn (fair_first); then the first of that turn
@@ -58,7 +69,7 @@ local function next_of(queue, id, fields, score, looks)
     return nil
   end
   if valid_id(id) then
-    fields = redis.pcall('HMGET', JOB .. id, unpack(READ))
+    fields = read_waiting(id)
   else
     fields = nil
   end
@@ -235,9 +246,8 @@ local function hand_queued(queue, added, lease, now)
       break
     end
     local popped = redis.call('ZPOPMIN', key)
-    local id, fields, score = next_of(queue, popped[1],
-                                      redis.call('HMGET', JOB .. popped[1], unpack(READ)),
-                                      popped[2], looks)
+    local id, fields, score = next_of(queue, popped[1], read_waiting(popped[1]), popped[2],
+                                      looks)
     if not id then
       break
     end

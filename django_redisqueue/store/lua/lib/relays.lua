@@ -9,7 +9,7 @@
 -- became of the job since), or its id is taken (a job relayed before records were
 -- kept).
 local function relayed_before(id)
-  return redis.call('ZSCORE', RELAYED, id) ~= false or redis.call('EXISTS', JOB .. id) == 1
+  return redis.call('ZSCORE', RELAYED, id) ~= false or id_taken(id)
 end
 
 -- Record a relay of job `id`, stored now or before: a write in either case, so that a

@@ -29,12 +29,6 @@ local function number(value, default)
   return n
 end
 
--- True when the job's key is a hash. A key of another type (written by hand or by a
--- bug) is not a job: reading it as one would raise WRONGTYPE in the middle of a move.
-local function is_job(id)
-  return redis.call('TYPE', JOB .. id)['ok'] == 'hash'
-end
-
 -- A queue name as workers and keys use it (see jobs.QUEUE_NAME_RE).
 local function valid_queue(name)
   return type(name) == 'string' and #name > 0 and #name <= 64
@@ -45,6 +39,54 @@ end
 -- (a queue member, a hand-off entry, an origin in an error, written by hand) names no job.
 local function valid_id(id)
   return type(id) == 'string' and #id <= 128 and string.find(id, '^[%w_%-%.:]+$') ~= nil
+end
+
+-- A fresh job may be kept as an entry instead of a hash (docs/protocol.md, "What a
+-- smaller waiting job would take"): '<enqueued_at>|<priority>|<queue>|<payload>', under
+-- its id in the bucket ENTRIES..<its id's first three characters>. The form is read for
+-- good, not only during a deploy: only the enqueue of a fresh job writes it.
+local function entry_bucket(id)
+  return ENTRIES .. string.sub(id, 1, 3)
+end
+
+-- A job kept as an entry gets its hash, with the fields a fresh job's hash holds, and
+-- its entry goes: a script reads and changes the one form after that. An entry that
+-- does not parse goes too (its queue member is then a job without a hash). True when
+-- the hash was written.
+local function expand_entry(id)
+  local bucket = entry_bucket(id)
+  local entry = redis.pcall('HGET', bucket, id)
+  if type(entry) ~= 'string' then
+    return false
+  end
+  redis.call('HDEL', bucket, id)
+  local at, priority, queue, payload = string.match(entry,
+                                                   '^(%d+)|(%-?%d+)|([%w_%.%-]+)|(.+)$')
+  if not payload or not valid_queue(queue) then
+    return false
+  end
+  local fields = {'payload', payload, 'queue', queue, 'enqueued_at', at, 'status', 'READY'}
+  if tonumber(priority) ~= 0 then
+    fields[#fields + 1] = 'priority'
+    fields[#fields + 1] = priority
+  end
+  redis.call('HSET', JOB .. id, unpack(fields))
+  return true
+end
+
+-- True when a job has id `id`, in either form (a key of any type counts): an id taken
+-- stores nothing again.
+local function id_taken(id)
+  return redis.call('EXISTS', JOB .. id) == 1
+    or redis.pcall('HEXISTS', entry_bucket(id), id) == 1
+end
+
+-- True when the job's key is a hash, after its entry, if it is kept as one, made into
+-- one. A key of another type (written by hand or by a bug) is not a job: reading it as
+-- one would raise WRONGTYPE in the middle of a move.
+local function is_job(id)
+  local kind = redis.call('TYPE', JOB .. id)['ok']
+  return kind == 'hash' or (kind == 'none' and expand_entry(id))
 end
 
 -- Leave one wake-up token on a list. It never holds more than one: a token is a hint

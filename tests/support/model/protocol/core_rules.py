@@ -11,6 +11,7 @@ from hypothesis.stateful import initialize, rule
 from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
 from django_redisqueue.store.wire import RETRY, NewJob, Outcome
 from tests.support import tasks
+from tests.support.entries import keep_as_entry
 from tests.support.model.harness import snapshot
 from tests.support.model.protocol.records import (
     DELAYED,
@@ -139,8 +140,11 @@ class CoreRules:
 
     @rule(pick=PICK)
     def enqueue_a_taken_id(self, pick):
-        """An id already taken (any job not deleted): refused, nothing changes."""
-        job = self.pick(self.job_list(QUEUED, DELAYED, WAITING, PARKED, RUNNING, FINISHED), pick)
+        """An id already taken (any job not deleted): refused, nothing changes. Not
+        one kept as an entry: only the process that wrote the entry sends its id again
+        (enqueue.lua), and it reads both forms."""
+        taken = self.job_list(QUEUED, DELAYED, WAITING, PARKED, RUNNING, FINISHED)
+        job = self.pick([j for j in taken if not j.entry], pick)
         if job is None:
             return
         before = snapshot(self.r)
@@ -327,6 +331,17 @@ class CoreRules:
         """A worker stops, or turns to broadcasts: the job handed to it, if it has not
         taken it, goes back; the jobs of its other slots are theirs to finish."""
         self.op_abandon(worker, handed_only=True)
+
+    @rule(pick=PICK)
+    def a_fresh_job_is_kept_as_an_entry(self, pick):
+        """A waiting job is one a newer process enqueued: kept as an entry in its
+        bucket, not as a hash. Every script reads it from then on: a claim or a
+        hand-off starts it, a cancel, a watch, a stop or a dependant finds it, an
+        operator empties its queue."""
+        job = self.pick(self.job_list(QUEUED), pick)
+        if job is not None and not job.entry and keep_as_entry(self.r, self.keys, job.id):
+            job.entry = True
+            self.count("fresh jobs kept as entries")
 
     @rule(pick=PICK)
     def a_registration_runs_out(self, pick):

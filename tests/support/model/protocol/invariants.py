@@ -12,6 +12,7 @@ from hypothesis.stateful import invariant
 
 from django_redisqueue.core.jobs import FAILED
 from django_redisqueue.store.queries import QueueCounts
+from django_redisqueue.store.wire import entry_fields
 from tests.support.model.harness import RESULT_TTL, RUN, STATES
 from tests.support.model.protocol.records import (
     DELAYED,
@@ -65,6 +66,7 @@ class InvariantChecks:
             pipe.ttl(k.job(job.id))
             pipe.lrange(k.done(job.id), 0, -1)
             pipe.lrange(k.dependents(job.id), 0, -1)
+            pipe.hget(k.entries(job.id), job.id)
         groups = list(self.groups.values())
         for group in groups:
             pipe.hgetall(k.group(group.id))
@@ -125,7 +127,17 @@ class InvariantChecks:
         assert next(replies) <= 1, "more than one scheduler wake-up token"
 
         for job in jobs:
-            fields, ttl, done, then = (next(replies) for _ in range(4))
+            fields, ttl, done, then, entry = (next(replies) for _ in range(5))
+            if entry is not None:
+                name = f"job {job.n} ({job.id})"
+                assert job.entry, f"{name}: an entry, but the model says it has its hash"
+                assert not fields, f"{name}: both an entry and a hash"
+                assert job.place == QUEUED, f"{name}: an entry, {job.place} in the model"
+                fields, ttl = entry_fields(entry), -1
+                assert fields, f"{name}: its entry does not parse: {entry!r}"
+            elif job.entry:
+                job.entry = False  # a script made it its hash: one form from now on
+                RUN["entries made hashes"] += 1
             self.check_job(job, fields, ttl, done, where.get(job.id, []), queue_scores)
             assert then == job.then, f"job {job.n}: then {self.names(then)}, {job.then}"
         untracked = set(where) - set(self.jobs)
@@ -346,13 +358,15 @@ class InvariantChecks:
         expires |= {k.failed(queue): True for queue in QUEUES}
         expires |= {k.worker(w): True for w in self.records}
         for job in self.jobs.values():
-            if job.place != DELETED:
+            if job.entry:
+                expires[k.entries(job.id)] = False
+            elif job.place != DELETED:
                 expires[k.job(job.id)] = job.place == FINISHED
             if job.done:
                 expires[k.done(job.id)] = True
             if job.then:
                 expires[k.dependents(job.id)] = False
-        required: set[str] = set()
+        required = {k.entries(job.id) for job in self.jobs.values() if job.entry}
         for group in self.groups.values():
             if group.gone:
                 continue

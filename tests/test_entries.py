@@ -1,0 +1,148 @@
+"""Jobs kept as entries (docs/protocol.md, "What a smaller waiting job would take"): a
+fresh job a newer process enqueued lives in a bucket of entries, not in a hash of its
+own. Every reader of a waiting job reads both forms, so processes that write either
+run side by side: jobs of both forms in one queue run in order, each once, with its
+arguments; get_result(), the dashboard, cancel, stop, watch, depends_on, the
+operator's empty and a relay see a job kept as an entry as the job it is; an entry
+that does not parse loses no other job."""
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from django_redisqueue.compat import TaskResultStatus
+from django_redisqueue.exceptions import NotStoppable
+from django_redisqueue.store.wire import NewJob, entry_fields
+from tests.conftest import run_worker_here
+from tests.support import tasks
+from tests.support.entries import entry_text, keep_as_entry
+from tests.support.keys import DEFAULT_KEYS as K
+
+pytestmark = pytest.mark.django_db
+BASE = "/admin/django_redisqueue/dashboard/default/"
+
+
+def as_entry(r, result) -> None:
+    assert keep_as_entry(r, K, result.id), "a fresh job waiting on its queue"
+    assert not r.exists(K.job(result.id)) and r.hexists(K.entries(result.id), result.id)
+
+
+def test_jobs_of_both_forms_in_one_queue_run_in_order_each_once(r, backend):
+    """A deploy with processes that write either form: the worker runs every job in the
+    order of its queue (priority, then arrival), with its own arguments, and leaves
+    neither an entry nor a job waiting behind."""
+    results = [
+        tasks.record.using(priority=p).enqueue(f"job {i}") for i, p in enumerate([0, 0, 5, 0, 5])
+    ]
+    for result in results[::2]:
+        as_entry(r, result)
+    run_worker_here(backend, queues=["default"])
+    assert r.lrange(tasks.LOG, 0, -1) == ["job 2", "job 4", "job 0", "job 1", "job 3"]
+    for result in results:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+    assert not r.keys(K.entries_prefix + "*") and r.zcard(K.queue("default")) == 0
+
+
+def test_an_entrys_job_reads_as_its_job(r, backend, viewer):
+    result = tasks.add.using(priority=-7).enqueue(2, 3)
+    stored = r.hgetall(K.job(result.id))
+    as_entry(r, result)
+    assert entry_fields(r.hget(K.entries(result.id), result.id)) == stored
+    found = backend.get_result(result.id)
+    assert found.status == TaskResultStatus.READY
+    assert (found.args, found.task.priority) == ([2, 3], -7)
+    page = viewer.get(BASE + f"job/{result.id}/")
+    assert (
+        page.status_code == 200 and "READY" in page.text and "tests.support.tasks.add" in page.text
+    )
+    assert result.id[:10] in viewer.get(BASE + "queue/default/").text
+    assert r.hexists(K.entries(result.id), result.id), "a read leaves the entry as it was"
+
+
+def test_a_job_kept_as_an_entry_is_cancelled(r, backend):
+    result = tasks.noop.enqueue()
+    as_entry(r, result)
+    result.cancel()
+    assert backend.get_result(result.id).status == TaskResultStatus.FAILED
+    assert r.zcard(K.queue("default")) == 0 and not r.hexists(K.entries(result.id), result.id)
+
+
+def test_watch_stop_and_depends_on_find_a_job_kept_as_an_entry(r, backend):
+    first = tasks.record.enqueue("first")
+    as_entry(r, first)
+    with pytest.raises(NotStoppable):
+        first.stop()
+    assert backend.broker.watch(first.id) == "READY"
+    then = tasks.record.using(depends_on=first.id).enqueue("then")
+    assert then.status == TaskResultStatus.READY
+    run_worker_here(backend, queues=["default"])
+    assert r.lrange(tasks.LOG, 0, -1) == ["first", "then"]
+    assert not r.keys(K.entries_prefix + "*")
+
+
+def test_an_operators_empty_takes_the_entries_with_it(r, backend):
+    results = [tasks.noop.enqueue() for _ in range(3)]
+    as_entry(r, results[1])
+    assert backend.broker.operate("empty", "default") == 3
+    assert not r.keys(K.entries_prefix + "*") and not r.keys(K.job_prefix + "*")
+
+
+def test_an_id_kept_as_an_entry_is_taken_for_a_relay(r, backend):
+    """A relay sent again by an older process stores nothing over the entry a newer one
+    relayed (its record forgotten: the id alone tells)."""
+    result = tasks.noop.enqueue()
+    as_entry(r, result)
+    again = NewJob(
+        result.id, "default", 0, r.hget(K.entries(result.id), result.id).split("|", 3)[3]
+    )
+    assert backend.broker.enqueue([again], relayed=True) == [None]
+    assert r.zcard(K.queue("default")) == 1 and not r.exists(K.job(result.id))
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    entry=st.one_of(
+        st.text(max_size=40),
+        st.builds(
+            lambda at, p, q, rest: f"{at}|{p}|{q}|{rest}",
+            st.integers(-5, 10**13),
+            st.integers(-200, 200),
+            st.text(max_size=8),
+            st.text(max_size=20),
+        ),
+    )
+)
+def test_an_entry_that_does_not_parse_loses_no_other_job(r, backend, entry):
+    """An entry spoilt by hand (or by a bug): the claim drops it, and the job behind it in
+    the queue runs all the same; Python reads what the scripts read."""
+    r.flushdb()
+    spoilt = tasks.record.enqueue("spoilt")
+    tasks.record.enqueue("good")
+    r.delete(K.job(spoilt.id))
+    r.hset(K.entries(spoilt.id), spoilt.id, entry)
+    parsed = entry_fields(entry)
+    run_worker_here(backend, queues=["default"])
+    assert "good" in r.lrange(tasks.LOG, 0, -1)
+    assert not r.keys(K.entries_prefix + "*")
+    if parsed is None:
+        assert not r.exists(K.job(spoilt.id)) or r.hget(K.job(spoilt.id), "status") != "SUCCESSFUL"
+    else:
+        assert r.hget(K.job(spoilt.id), "queue") == parsed["queue"]
+
+
+def test_entry_text_is_what_the_scripts_read():
+    fields = {
+        "payload": '{"v":1,"task":"a.b","args":["x|y"]}',
+        "queue": "q-1.x",
+        "enqueued_at": "1764355200123",
+        "status": "READY",
+        "priority": "-100",
+    }
+    assert entry_fields(entry_text(fields)) == fields
+    assert "priority" not in entry_fields(entry_text({**fields, "priority": "0"}))
+    assert json.loads(entry_fields(entry_text(fields))["payload"])["args"] == ["x|y"]
