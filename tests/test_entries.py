@@ -62,6 +62,33 @@ def test_an_entrys_job_reads_as_its_job(r, backend, viewer):
     assert r.hexists(K.entries(result.id), result.id), "a read leaves the entry as it was"
 
 
+def test_a_job_made_its_hash_while_it_is_read_is_read_all_the_same(r, backend, monkeypatch):
+    """A pipeline's reads may interleave with scripts: a script that makes the entry its
+    job's hash between the two reads of jobs() leaves a job to read, not a gone one."""
+    result = tasks.noop.enqueue()
+    as_entry(r, result)
+    queries, execute = backend.queries, backend.queries._execute
+
+    def with_a_script_between(pipe, raise_on_error=True):
+        first, rest = pipe.command_stack[:1], pipe.command_stack[1:]
+        pipe.command_stack = first
+        replies = execute(pipe, raise_on_error)
+        assert backend.broker.watch(result.id) == "READY"  # is_job: now a hash
+        pipe.command_stack = rest
+        return replies + execute(pipe, raise_on_error)
+
+    monkeypatch.setattr(queries, "_execute", with_a_script_between)
+    assert queries.jobs([result.id], "status") == [{"status": "READY"}]
+    assert r.exists(K.job(result.id)) and not r.hexists(K.entries(result.id), result.id)
+
+
+def test_python_reads_only_the_entries_the_scripts_read():
+    """Digits other than ASCII's (Lua's %d refuses them) make no entry in Python either."""
+    assert entry_fields("\u0661\u0667|0|default|{}") is None
+    assert entry_fields("17|\uff15|default|{}") is None
+    assert entry_fields("17|5|default|{}") is not None
+
+
 def test_a_job_kept_as_an_entry_is_cancelled(r, backend):
     result = tasks.noop.enqueue()
     as_entry(r, result)

@@ -136,18 +136,20 @@ class Queries(Gateway):
         return self.jobs([job_id])[0] or None
 
     def _job_reads(self, pipe: Pipeline, job_id: str, fields: Sequence[str]) -> None:
-        """Queue the reads of a job's fields (all: HGETALL) and of its entry, for
-        ``_job_fields``: one round trip reads both forms."""
+        """Queue the reads of a job's entry and of its fields (all: HGETALL), for
+        ``_job_fields``: one round trip reads both forms. The entry first: a script may
+        make it the job's hash between the two reads, never the other way, so a job
+        read in neither form is gone."""
+        pipe.hget(self.keys.entries(job_id), job_id)
         if fields:
             pipe.hmget(self.keys.job(job_id), list(fields))
         else:
             pipe.hgetall(self.keys.job(job_id))
-        pipe.hget(self.keys.entries(job_id), job_id)
 
     def _job_fields(self, replies: Any, fields: Sequence[str]) -> dict[str, str]:
         """A job's fields from the two replies ``_job_reads`` queued: its hash's, or
         its entry's when it has no hash ({} when it has neither)."""
-        stored, entry = next(replies), next(replies)
+        entry, stored = next(replies), next(replies)
         if isinstance(stored, dict):
             found = _strings(stored)
         elif isinstance(stored, list):

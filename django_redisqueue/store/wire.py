@@ -225,8 +225,9 @@ def enqueue_reply(reply: Any) -> int | str | None:
 
 
 # A fresh job kept as an entry in its bucket (KeySchema.entries), as lua/lib/values.lua
-# reads it: '<enqueued_at>|<priority>|<queue>|<payload>'.
-_ENTRY = re.compile(rf"(\d+)\|(-?\d+)\|({QUEUE_NAME_RE.pattern})\|(.+)", re.DOTALL)
+# reads it: '<enqueued_at>|<priority>|<queue>|<payload>'. ASCII digits, as Lua's %d: a
+# Python \d would take others the scripts refuse.
+_ENTRY = re.compile(rf"([0-9]+)\|(-?[0-9]+)\|({QUEUE_NAME_RE.pattern})\|(.+)", re.DOTALL)
 
 
 def entry_fields(entry: str | None) -> dict[str, str] | None:
