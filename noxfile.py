@@ -100,6 +100,7 @@ SERVER_TESTS = [
     "tests/test_scheduler.py",
     "tests/test_handoff.py",
     "tests/test_fair.py",
+    "tests/test_entries.py",
     "tests/test_slots.py",
     "tests/test_protocol_model.py",
     "tests/test_faults.py::test_redis_loading_its_data_is_a_refusal_that_workers_wait_out",
@@ -116,6 +117,9 @@ CLUSTER_TESTS = [
     "tests/test_admin.py",
     "tests/test_admin_lists.py",
     "tests/test_fanout.py",
+    "tests/test_handoff.py",
+    "tests/test_fair.py",
+    "tests/test_entries.py",
 ]
 
 nox.options.sessions = ["lint", "tests"]
@@ -190,8 +194,8 @@ def tests(session: nox.Session) -> None:
         env={"REDISQUEUE_SCREENSHOTS": "test-artifacts/screenshots"},
     )
     if newest and not session.posargs:
-        # The core, scheduler and admin tests again, on a Redis Cluster of 3 masters and
-        # 3 replicas (tests/support/topology.py).
+        # The core, scheduler, admin, hand-off, fair-queue and entry tests again, on a
+        # Redis Cluster of 3 masters and 3 replicas (tests/support/topology.py).
         session.run(
             "pytest",
             "--numprocesses=auto",

@@ -23,7 +23,7 @@ from django_redisqueue.store.wire import Claimed, NewJob, Outcome
 from tests.conftest import blocked_clients, private_redis, wait_until
 from tests.support import tasks
 from tests.support.keys import DEFAULT_KEYS as K
-from tests.support.topology import keys_server
+from tests.support.topology import keys_server, make_client
 
 QUEUES = ["high", "default", "low"]
 
@@ -457,7 +457,7 @@ def write(raw, key, kind, as_its_type):
 def test_whatever_the_handoff_keys_hold_the_job_is_in_one_place_and_workers_go_on(
     redis_server, backend, worker_registered
 ):
-    raw = redis.Redis.from_url(redis_server.url)
+    raw = make_client(redis_server.url)  # on a cluster, one of the cluster
     broker, keys = backend.broker, backend.keys
 
     def list_of(key, values):
