@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import redis
 
+from django_redisqueue.store.gateway import text
 from django_redisqueue.store.keys import KeySchema
 
 # What the hash of a fresh job holds, all of it: a job with anything more is not fresh.
@@ -22,7 +23,7 @@ def keep_as_entry(r: redis.Redis, keys: KeySchema, job_id: str) -> bool:
     """Rewrite a fresh job waiting on its queue (its hash holds only what an enqueue
     stored) as an entry in its bucket. False, and nothing changed, for any other job."""
     raw = r.hgetall(keys.job(job_id))
-    fields = {_text(k): _text(v) for k, v in raw.items()}
+    fields = {text(k) or "": text(v) or "" for k, v in raw.items()}
     if not fields or set(fields) - FRESH_FIELDS or fields.get("status") != "READY":
         return False
     if r.zscore(keys.queue(fields["queue"]), job_id) is None:  # delayed, or not queued
@@ -32,7 +33,3 @@ def keep_as_entry(r: redis.Redis, keys: KeySchema, job_id: str) -> bool:
     pipe.hset(keys.entries(job_id), job_id, entry_text(fields))
     pipe.execute()
     return True
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -1,7 +1,8 @@
 -- include: keys, values, running, handoff
--- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
---       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key,
---       LIMIT..key, LIMITS, IDLE_WORKER..wid, HANDOFF..wid, HANDED, FAIR..queue
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, RUNNING,
+--       DELAYED..queue, SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid,
+--       UNIQUE..key, LIMIT..key, LIMITS, IDLE_WORKER..wid, HANDOFF..wid, HANDED,
+--       FAIR..queue
 -- Give back every job a worker owns, uncounted, to its place in its queue: those it
 -- claimed and those handed to it, taken or not. A worker calls this when the reply to
 -- a claim or to its wait was lost: the call may have given it a job, which would

@@ -1,6 +1,7 @@
 -- include: values, outcome
--- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
---       FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key, LIMIT..key, FAIR..queue
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue,
+--       SCHEDULER_WAKE, FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key,
+--       LIMIT..key, FAIR..queue
 -- Cancel a job that has not started (queued, delayed, or waiting for another job or
 -- its group): take it off its queue or delayed set and record it as FAILED with the
 -- given error. A cancelled job stays out of the failed index; the jobs that waited for

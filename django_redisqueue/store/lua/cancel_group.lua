@@ -1,6 +1,7 @@
 -- include: keys, values, errors, outcome
--- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
---       FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key, LIMIT..key, FAIR..queue
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue,
+--       SCHEDULER_WAKE, FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key,
+--       LIMIT..key, FAIR..queue
 -- Cancel a group: its callback first (so that no slice can let it go), then every
 -- member that has not started. Members already running or ended are left to finish;
 -- the group ends when they do. In slices, so that Redis is never held long.

@@ -1,8 +1,8 @@
 -- include: keys, values, queues, limits, outcome, running, handoff
--- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
---       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid,
---       BROADCAST_SEQ, UNIQUE..key, LIMIT..key, LIMITS, IDLE..queue, IDLE_WORKER..wid, IDLE_WIDE,
---       HANDOFF..wid, HANDED, FAIR..queue
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, RUNNING,
+--       DELAYED..queue, SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid,
+--       BROADCAST_SEQ, UNIQUE..key, LIMIT..key, LIMITS, IDLE..queue, IDLE_WORKER..wid,
+--       IDLE_WIDE, HANDOFF..wid, HANDED, FAIR..queue
 -- Finish the caller's previous job, then claim the next: the first job of the first
 -- non-empty, unpaused queue in the order given. One round trip per job when busy.
 -- Claiming starts the job: it is RUNNING, under a lease, from this step on.

@@ -1,7 +1,8 @@
 -- include: keys, values, new_jobs, unique, handoff, relays
--- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
---       KNOWN_QUEUES, UNIQUE..key, LIMIT..key, RUNNING, PAUSED, IDLE..queue,
---       IDLE_WORKER..wid, IDLE_WIDE, HANDOFF..wid, HANDED, RELAYED, FAIR..queue
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue,
+--       SCHEDULER_WAKE, KNOWN_QUEUES, UNIQUE..key, LIMIT..key, RUNNING, PAUSED,
+--       IDLE..queue, IDLE_WORKER..wid, IDLE_WIDE, HANDOFF..wid, HANDED, RELAYED,
+--       FAIR..queue
 -- Store jobs and make them READY: each on its queue, or in its queue's delayed set
 -- until due. One job or a batch: one call, one round trip. Then the first jobs of a
 -- queue that held none before the call, unpaused, with no limit, go to the idle

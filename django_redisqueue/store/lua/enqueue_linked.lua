@@ -1,7 +1,7 @@
 -- include: keys, values, errors, limits, new_jobs, fanout, outcome, relays
--- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
---       FAILED..queue, STATS..minute, KNOWN_QUEUES, GROUP..gid, GROUPS, UNIQUE..key,
---       LIMIT..key, RELAYED, FAIR..queue
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue,
+--       SCHEDULER_WAKE, FAILED..queue, STATS..minute, KNOWN_QUEUES, GROUP..gid, GROUPS,
+--       UNIQUE..key, LIMIT..key, RELAYED, FAIR..queue
 -- Store jobs that belong to a group or wait for another job: a group's members and its
 -- callback, the steps of a chain, a job enqueued with depends_on. One call per batch;
 -- a group's batches are sent in one round trip, the last one sealing the group.

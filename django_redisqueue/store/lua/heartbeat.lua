@@ -1,6 +1,6 @@
 -- include: keys, values, broadcasts, running
--- Keys: JOB..id, ENTRIES..bucket, RUNNING, HANDED, WORKERS, WORKER..id, BROADCAST_SEQ, CURSORS, UNREAD,
---       SENT
+-- Keys: JOB..id, ENTRIES..bucket, RUNNING, HANDED, WORKERS, WORKER..id, BROADCAST_SEQ,
+--       CURSORS, UNREAD, SENT
 -- A worker's heartbeat: record it as alive for the dashboard, and extend the leases of
 -- the jobs it still owns. It is also how a worker takes a job handed to it: the job
 -- moves from HANDED to RUNNING under the worker's lease, and the worker starts it

@@ -1,6 +1,7 @@
 -- include: keys, values, queues, unique, outcome
--- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
---       PAUSED, FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key, FAIR..queue
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue,
+--       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key,
+--       FAIR..queue
 -- What an operator does from the dashboard, on up to ARGV[3] jobs of one queue.
 -- ARGV[1] action: 'retry_failed' (back to the queue, errors kept), 'delete_failed',
 --   'run_now' (a delayed job, queued at once), 'empty' (delete READY jobs), 'pause',

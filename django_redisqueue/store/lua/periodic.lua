@@ -1,6 +1,7 @@
 -- include: keys, values, new_jobs, unique
--- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue, SCHEDULER_WAKE,
---       KNOWN_QUEUES, UNIQUE..key, LIMIT..key, PERIODIC, SCHEDULE..name, FAIR..queue
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, DELAYED..queue,
+--       SCHEDULER_WAKE, KNOWN_QUEUES, UNIQUE..key, LIMIT..key, PERIODIC, SCHEDULE..name,
+--       FAIR..queue
 -- Periodic jobs (docs/protocol.md, "Periodic jobs"): each occurrence of a schedule is
 -- enqueued once, however many schedulers call. The scheduler computes the occurrences
 -- (cron or interval, in Python); this script compare-and-sets the schedule's `last`

@@ -1,7 +1,7 @@
 -- include: keys, values, running, handoff
--- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
---       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid, UNIQUE..key,
---       LIMIT..key, LIMITS, HANDOFF..wid, HANDED, STOPS..wid, FAIR..queue
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, RUNNING,
+--       DELAYED..queue, SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, GROUP..gid,
+--       UNIQUE..key, LIMIT..key, LIMITS, HANDOFF..wid, HANDED, STOPS..wid, FAIR..queue
 -- Ask a running job to stop. Its `stop` field keeps the stop's error: from then on the
 -- job never runs again (running.lua: where it would go back to its queue or its
 -- delayed set, it ends FAILED with that error). Its worker learns it at once: the id

@@ -1,7 +1,7 @@
 -- include: keys, values, queues, fanout, outcome, running, broadcasts, handoff
--- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, RUNNING, DELAYED..queue,
---       SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, SCHEDULERS, WORKERS,
---       GROUP..gid, GROUPS, CURSORS, UNREAD, UNIQUE..key, LIMIT..key, LIMITS,
+-- Keys: JOB..id, ENTRIES..bucket, QUEUE..queue, WAKE..queue, SEQ, RUNNING,
+--       DELAYED..queue, SCHEDULER_WAKE, PAUSED, FAILED..queue, STATS..minute, SCHEDULERS,
+--       WORKERS, GROUP..gid, GROUPS, CURSORS, UNREAD, UNIQUE..key, LIMIT..key, LIMITS,
 --       HANDOFF..wid, HANDED, FAIR..queue
 -- The scheduler's step: promote due delayed jobs to their queues, recover RUNNING
 -- jobs whose lease has passed (their worker died or stalled), unpark jobs held by
