@@ -13,6 +13,7 @@ from django_redisqueue.compat import TaskResultStatus
 from django_redisqueue.store.gateway import now_ms
 from tests.conftest import clock_at, run_worker_here, user
 from tests.support import tasks
+from tests.support.entries import as_hash
 from tests.test_admin import BASE
 
 pytestmark = pytest.mark.django_db
@@ -195,7 +196,7 @@ def test_values_read_from_redis_are_escaped_on_the_fanout_pages(manager, backend
     r.hset(keys.group(HOSTILE), mapping={"size": 1, "total": 1, "created_at": now_ms()})
     r.zadd(keys.groups, {HOSTILE: now_ms()})
     job = tasks.add.enqueue(1, 1)
-    r.hset(keys.job(job.id), mapping={"group": HOSTILE, "after": "group:" + HOSTILE})
+    r.hset(as_hash(r, keys, job.id), mapping={"group": HOSTILE, "after": "group:" + HOSTILE})
     r.rpush(keys.group_members(HOSTILE), job.id)
     backend.broker.heartbeat(HOSTILE, {"queues": "default"}, {})
     number = backend.broker.broadcast(f'{{"v":1,"task":"{HOSTILE}"}}')

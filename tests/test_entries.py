@@ -1,14 +1,17 @@
-"""Jobs kept as entries (docs/protocol.md, "What a smaller waiting job would take"): a
-fresh job a newer process enqueued lives in a bucket of entries, not in a hash of its
-own. Every reader of a waiting job reads both forms, so processes that write either
-run side by side: jobs of both forms in one queue run in order, each once, with its
-arguments; get_result(), the dashboard, cancel, stop, watch, depends_on, the
-operator's empty and a relay see a job kept as an entry as the job it is; an entry
-that does not parse loses no other job."""
+"""Jobs kept as entries (docs/protocol.md, "A waiting job kept as an entry"): a fresh
+job (no option, due now) lives in a bucket of entries, not in a hash of its own; every
+other job keeps its hash, as a process older than entries stored every job. Every
+reader of a waiting job reads both forms, so such processes run side by side: jobs of
+both forms in one queue run in order, each once, with its arguments; get_result(), the
+dashboard, cancel, stop, watch, depends_on, the operator's empty and a relay see a job
+kept as an entry as the job it is; an id an entry holds is taken; an entry that does
+not parse loses no other job."""
 
 import json
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,40 +20,80 @@ from django_redisqueue.exceptions import NotStoppable
 from django_redisqueue.store.wire import NewJob, entry_fields
 from tests.conftest import run_worker_here
 from tests.support import tasks
-from tests.support.entries import entry_text, keep_as_entry
+from tests.support.entries import entry_text, keep_as_hash
 from tests.support.keys import DEFAULT_KEYS as K
 
 pytestmark = pytest.mark.django_db
 BASE = "/admin/django_redisqueue/dashboard/default/"
 
 
-def as_entry(r, result) -> None:
-    assert keep_as_entry(r, K, result.id), "a fresh job waiting on its queue"
-    assert not r.exists(K.job(result.id)) and r.hexists(K.entries(result.id), result.id)
+def is_entry(r, job_id: str) -> bool:
+    """Kept as an entry, not as a hash (never both)."""
+    entry = r.hexists(K.entries(job_id), job_id)
+    assert not (entry and r.exists(K.job(job_id))), "an entry beside its hash"
+    return entry
+
+
+def test_a_fresh_job_is_kept_as_an_entry_and_any_other_as_a_hash(r, backend):
+    """Fresh: no option, due now. A delay, a unique key, a limit or a fairness key keep
+    the job's hash. The entry takes the odd place of its pair in the queue, the hash the
+    even one: the claim reads the form its score names first."""
+    fresh = tasks.noop.using(priority=3).enqueue()
+    hashes = [
+        tasks.noop.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(),
+        tasks.unique_report.enqueue("2026-11-29"),
+        tasks.limited_two.enqueue("limited", 0),
+    ]
+    assert is_entry(r, fresh.id)
+    assert r.hget(K.entries(fresh.id), fresh.id).split("|")[1:3] == ["3", "default"]
+    assert int(r.zscore(K.queue("default"), fresh.id)) % 2 == 1
+    for result in hashes:
+        assert not is_entry(r, result.id) and r.exists(K.job(result.id)), result.task
+    plain = NewJob("hash-job", "default", 0, fresh._payload, options='{"limit": "k"}')
+    backend.broker.enqueue([plain])
+    assert int(r.zscore(K.queue("default"), "hash-job")) % 2 == 0
 
 
 def test_jobs_of_both_forms_in_one_queue_run_in_order_each_once(r, backend):
     """A deploy with processes that write either form: the worker runs every job in the
     order of its queue (priority, then arrival), with its own arguments, and leaves
-    neither an entry nor a job waiting behind."""
+    neither an entry nor a job waiting behind. A hash at an entry's odd place (stored so
+    by an older process, or given back) is read all the same."""
     results = [
         tasks.record.using(priority=p).enqueue(f"job {i}") for i, p in enumerate([0, 0, 5, 0, 5])
     ]
-    for result in results[::2]:
-        as_entry(r, result)
+    for result in results[1::2]:
+        assert keep_as_hash(r, K, result.id)
+    assert [is_entry(r, result.id) for result in results] == [True, False] * 2 + [True]
     run_worker_here(backend, queues=["default"])
     assert r.lrange(tasks.LOG, 0, -1) == ["job 2", "job 4", "job 0", "job 1", "job 3"]
     for result in results:
         result.refresh()
         assert result.status == TaskResultStatus.SUCCESSFUL
+        assert result.args == [f"job {results.index(result)}"]
     assert not r.keys(K.entries_prefix + "*") and r.zcard(K.queue("default")) == 0
+
+
+def test_an_enqueue_sent_again_stores_nothing_over_an_entry(r, backend):
+    """A call repeated after a lost reply sends the ids it stored: the entry's write
+    refuses a fresh one, the look at both forms any other."""
+    result = tasks.noop.enqueue()
+    payload = r.hget(K.entries(result.id), result.id).split("|", 3)[3]
+    before = r.hget(K.entries(result.id), result.id)
+    again = [
+        NewJob(result.id, "default", 0, payload),
+        NewJob(result.id, "other", 0, payload, due_ms=2**42),
+        NewJob(result.id, "default", 0, payload, options='{"limit": "k"}'),
+    ]
+    assert backend.broker.enqueue(again) == [None, None, None]
+    assert r.hget(K.entries(result.id), result.id) == before
+    assert not r.exists(K.job(result.id)) and r.zcard(K.queue("default")) == 1
+    assert not r.exists(K.delayed("other"))
 
 
 def test_an_entrys_job_reads_as_its_job(r, backend, viewer):
     result = tasks.add.using(priority=-7).enqueue(2, 3)
-    stored = r.hgetall(K.job(result.id))
-    as_entry(r, result)
-    assert entry_fields(r.hget(K.entries(result.id), result.id)) == stored
+    assert is_entry(r, result.id)
     found = backend.get_result(result.id)
     assert found.status == TaskResultStatus.READY
     assert (found.args, found.task.priority) == ([2, 3], -7)
@@ -66,7 +109,7 @@ def test_a_job_made_its_hash_while_it_is_read_is_read_all_the_same(r, backend, m
     """A pipeline's reads may interleave with scripts: a script that makes the entry its
     job's hash between the two reads of jobs() leaves a job to read, not a gone one."""
     result = tasks.noop.enqueue()
-    as_entry(r, result)
+    assert is_entry(r, result.id)
     queries, execute = backend.queries, backend.queries._execute
 
     def with_a_script_between(pipe, raise_on_error=True):
@@ -91,7 +134,7 @@ def test_python_reads_only_the_entries_the_scripts_read():
 
 def test_a_job_kept_as_an_entry_is_cancelled(r, backend):
     result = tasks.noop.enqueue()
-    as_entry(r, result)
+    assert is_entry(r, result.id)
     result.cancel()
     assert backend.get_result(result.id).status == TaskResultStatus.FAILED
     assert r.zcard(K.queue("default")) == 0 and not r.hexists(K.entries(result.id), result.id)
@@ -99,7 +142,7 @@ def test_a_job_kept_as_an_entry_is_cancelled(r, backend):
 
 def test_watch_stop_and_depends_on_find_a_job_kept_as_an_entry(r, backend):
     first = tasks.record.enqueue("first")
-    as_entry(r, first)
+    assert is_entry(r, first.id)
     with pytest.raises(NotStoppable):
         first.stop()
     assert backend.broker.watch(first.id) == "READY"
@@ -112,7 +155,7 @@ def test_watch_stop_and_depends_on_find_a_job_kept_as_an_entry(r, backend):
 
 def test_an_operators_empty_takes_the_entries_with_it(r, backend):
     results = [tasks.noop.enqueue() for _ in range(3)]
-    as_entry(r, results[1])
+    assert keep_as_hash(r, K, results[1].id)
     assert backend.broker.operate("empty", "default") == 3
     assert not r.keys(K.entries_prefix + "*") and not r.keys(K.job_prefix + "*")
 
@@ -121,7 +164,7 @@ def test_an_id_kept_as_an_entry_is_taken_for_a_relay(r, backend):
     """A relay sent again by an older process stores nothing over the entry a newer one
     relayed (its record forgotten: the id alone tells)."""
     result = tasks.noop.enqueue()
-    as_entry(r, result)
+    assert is_entry(r, result.id)
     again = NewJob(
         result.id, "default", 0, r.hget(K.entries(result.id), result.id).split("|", 3)[3]
     )

@@ -30,6 +30,7 @@ from django_redisqueue.store.wire import Outcome
 from django_redisqueue.testing import run_jobs
 from tests.conftest import run_worker_here, start_manage, wait_until
 from tests.support import tasks
+from tests.support.entries import as_hash
 from tests.test_admin import BASE
 
 
@@ -237,7 +238,7 @@ def test_a_junk_progress_field_breaks_neither_get_result_nor_the_dashboard(
 ):
     assert read_progress(junk, 1) is None
     result = tasks.add.enqueue(1, 2)
-    r.hset(backend.keys.job(result.id), mapping={"progress": junk, "attempts": 1})
+    r.hset(as_hash(r, backend.keys, result.id), mapping={"progress": junk, "attempts": 1})
     result.refresh()
     assert result.progress is None
     assert manager.get(BASE + f"job/{result.id}/").status_code == 200

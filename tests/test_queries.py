@@ -58,6 +58,7 @@ def test_keys_of_another_type_read_as_absent_or_empty(r, backend, job):
     keys = backend.keys
     for key in (
         keys.job(job.id),
+        keys.entries(job.id),
         keys.worker("w1"),
         keys.periodic_schedule("nightly"),
         keys.queue("default"),

@@ -22,6 +22,7 @@ from django_redisqueue.management.commands import queuehealth
 from django_redisqueue.store.queries import SCHEDULER_ALIVE_MS, WORKER_ALIVE_MS, Queries
 from tests.conftest import clock_at, manage, not_on_cluster, private_redis, wait_until
 from tests.support import tasks
+from tests.support.entries import as_hash
 from tests.support.fuzzing import FRAGMENTS, TIMES, TRIED, counted, envelopes, fuzz
 from tests.support.servers import free_port
 
@@ -120,7 +121,7 @@ def test_a_job_waiting_longer_than_max_wait_exits_6(r, backend):
     healthy(backend)
     job = tasks.noop.using(queue_name="low").enqueue()
     with clock_at(backend.broker.clock_ms()) as now:
-        r.hset(backend.keys.job(job.id), "enqueued_at", now - 400_000)
+        r.hset(as_hash(r, backend.keys, job.id), "enqueued_at", now - 400_000)
 
         code, out = probe()
 
@@ -137,7 +138,7 @@ def test_a_job_waiting_longer_than_max_wait_exits_6(r, backend):
 def test_several_failures_are_all_printed_and_the_lowest_code_wins(r, backend):
     job = tasks.noop.enqueue()
     with clock_at(backend.broker.clock_ms()) as now:
-        r.hset(backend.keys.job(job.id), "enqueued_at", now - 400_000)
+        r.hset(as_hash(r, backend.keys, job.id), "enqueued_at", now - 400_000)
         code, out = probe()
         json_code, json_out = probe("--json")
 
@@ -173,7 +174,7 @@ def test_a_paused_queue_is_reported_but_does_not_fail(r, backend):
     scheduler(backend)
     job = tasks.noop.using(queue_name="low").enqueue()
     with clock_at(backend.broker.clock_ms()) as now:
-        r.hset(backend.keys.job(job.id), "enqueued_at", now - 400_000)
+        r.hset(as_hash(r, backend.keys, job.id), "enqueued_at", now - 400_000)
         assert probe()[0] == queuehealth.NO_LIVE_WORKER
 
         backend.broker.operate("pause", "low")
@@ -358,7 +359,7 @@ def test_head_waits_counts_from_the_latest_of_enqueue_run_after_and_last_attempt
         },
     }
     for queue, values in fields.items():
-        r.hset(backend.keys.job(jobs[queue].id), mapping=values)
+        r.hset(as_hash(r, backend.keys, jobs[queue].id), mapping=values)
 
     waits = queries.head_waits(QUEUES)
     after = queries.clock_ms()

@@ -22,6 +22,7 @@ from django_redisqueue.compat import TaskResultStatus, task_backends
 from django_redisqueue.exceptions import BrokerUnavailable
 from django_redisqueue.models import OutboxJob
 from django_redisqueue.store.calls import NotReplicated
+from django_redisqueue.store.queries import Queries
 from tests.conftest import not_on_cluster, run_worker_here, use_redis, wait_until
 from tests.support import tasks
 from tests.support.proxy import LinkProxy
@@ -95,8 +96,9 @@ def test_an_acked_enqueue_is_on_the_replica_when_it_returns(pair):
     with acked_backend(1) as backend:
         results = tasks.add.enqueue_many([((i, i), {}) for i in range(2500)])  # 3 calls
         # The replica holds every job the moment enqueue returns: no wait here.
-        keys = [backend.keys.job(result.id) for result in results]
-        assert on_replica.exists(*keys) == len(keys)
+        ids = [result.id for result in results]
+        on_replica_jobs = Queries(on_replica, backend.keys, result_ttl=60).jobs(ids, "status")
+        assert on_replica_jobs == [{"status": "READY"}] * len(ids)
 
 
 def test_an_enqueue_no_replica_confirms_raises_at_the_call_site(pair):

@@ -38,6 +38,7 @@ from django_redisqueue.core.jobs import Envelope, JobRecord
 from django_redisqueue.exceptions import LeaseLost
 from tests.conftest import ROOT, child_env, run_worker_here, wait_until
 from tests.support import tasks
+from tests.support.entries import as_hash
 from tests.support.traces import read_spans, span_dict
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -382,7 +383,7 @@ GARBAGE_RECORDS = [
 @pytest.mark.parametrize("record", GARBAGE_RECORDS)
 def test_a_job_whose_trace_record_is_garbage_runs_traced(spans, backend, r, record):
     job = tasks.add.enqueue(1, 2)
-    r.hset(backend.keys.job(job.id), "trace", record)
+    r.hset(as_hash(r, backend.keys, job.id), "trace", record)
     run_worker_here(backend)
     assert backend.get_result(job.id).return_value == 3
     (ran,) = attempts_of(spans.all(), job.id)
@@ -402,7 +403,7 @@ def test_a_job_carries_its_trace_not_the_requests_baggage(spans, backend, r, sta
         job = tasks.add.enqueue(1, 1)
     finally:
         otel_context.detach(token)
-    envelope = json.loads(r.hget(backend.keys.job(job.id), "payload"))
+    envelope = json.loads(backend.queries.get_job(job.id)["payload"])
     assert sorted(envelope["trace"]) == (
         ["traceparent", "tracestate"] if carried else ["traceparent"]
     )
@@ -421,14 +422,14 @@ def test_without_an_sdk_no_job_carries_a_context_even_inside_a_remote_one(backen
     finally:
         otel_context.detach(token)
     for job_id in [single.id, *grouped.member_ids, *(step.id for step in chained)]:
-        assert "trace" not in json.loads(r.hget(backend.keys.job(job_id), "payload"))
+        assert "trace" not in json.loads(backend.queries.get_job(job_id)["payload"])
 
 
 def test_without_a_recording_span_nothing_is_carried_nor_stored(backend, r):
     """No SDK set up (this process's default): no context in the envelope, no trace
     record in Redis, so a waiting job costs what it costs untraced."""
     job = tasks.add.enqueue(1, 1)
-    payload = r.hget(backend.keys.job(job.id), "payload")
+    payload = backend.queries.get_job(job.id)["payload"]
     assert "trace" not in json.loads(payload)
     run_worker_here(backend)
     assert r.hget(backend.keys.job(job.id), "trace") is None

@@ -17,6 +17,7 @@ from django_redisqueue.runtime.unknown_tasks import (
 )
 from tests.conftest import run_worker_here
 from tests.support import tasks
+from tests.support.entries import as_hash
 from tests.support.keys import DEFAULT_KEYS as K
 
 
@@ -62,7 +63,7 @@ def test_a_worker_that_does_not_know_the_task_gives_the_job_back_for_one_that_do
 
 def test_the_job_is_given_back_for_longer_each_time(r, backend, caplog):
     job = tasks.add.enqueue(2, 3)
-    r.hset(K.job(job.id), "enqueued_at", backend.broker.clock_ms() - 20_000)
+    r.hset(as_hash(r, K, job.id), "enqueued_at", backend.broker.clock_ms() - 20_000)
     an_older_worker_runs(backend, caplog)
     due = r.zscore(K.delayed("default"), job.id) - backend.broker.clock_ms()
     assert 15_000 < due <= 20_000 + 1_000  # as long as it has waited, 20 s
@@ -70,7 +71,7 @@ def test_the_job_is_given_back_for_longer_each_time(r, backend, caplog):
 
 def test_past_its_wait_the_job_fails_saying_what_to_do(r, backend, caplog):
     job = tasks.add.enqueue(2, 3)
-    r.hset(K.job(job.id), "enqueued_at", backend.broker.clock_ms() - UNKNOWN_TASK_WAIT_MS)
+    r.hset(as_hash(r, K, job.id), "enqueued_at", backend.broker.clock_ms() - UNKNOWN_TASK_WAIT_MS)
     an_older_worker_runs(backend, caplog)
     stored = backend.get_result(job.id)
     assert stored.status == TaskResultStatus.FAILED

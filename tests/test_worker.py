@@ -22,6 +22,7 @@ from tests.conftest import (
     wait_until,
 )
 from tests.support import tasks
+from tests.support.entries import as_hash
 from tests.support.keys import DEFAULT_KEYS
 
 
@@ -81,16 +82,16 @@ def test_wait_times_out(r):
 
 def test_bad_jobs_fail_with_a_reason_and_the_worker_goes_on(r, backend):
     unknown = tasks.add.enqueue(1, 2)
-    job_key = DEFAULT_KEYS.job(unknown.id)
+    job_key = as_hash(r, DEFAULT_KEYS, unknown.id)
     r.hset(
         job_key,
         "payload",
         r.hget(job_key, "payload").replace("tests.support.tasks.add", "os.system"),
     )
     garbage = tasks.add.enqueue(1, 2)
-    r.hset(DEFAULT_KEYS.job(garbage.id), "payload", "\x00{not json")
+    r.hset(as_hash(r, DEFAULT_KEYS, garbage.id), "payload", "\x00{not json")
     future = tasks.add.enqueue(1, 2)
-    r.hset(DEFAULT_KEYS.job(future.id), "payload", '{"v": 99, "task": "x"}')
+    r.hset(as_hash(r, DEFAULT_KEYS, future.id), "payload", '{"v": 99, "task": "x"}')
     r.zadd(DEFAULT_KEYS.queue("default"), {"orphan-id": 10**16})  # an id with no job
     bad_return = tasks.returns_object.enqueue()
     good = tasks.add.enqueue(2, 2)

@@ -22,6 +22,7 @@ from django_redisqueue.runtime import memory
 from django_redisqueue.runtime.reloading import RELOAD_EXIT_CODE, ReloadWatcher
 from tests.conftest import ROOT, ManagedProcess, child_env, manage, run_worker_here, wait_until
 from tests.support import tasks
+from tests.support.entries import as_hash
 
 # An app of the test's own, in a directory on sys.path, so that a test may edit its
 # code while a worker runs it.
@@ -286,7 +287,7 @@ def test_json_log_has_one_object_per_line_and_a_start_and_an_end_line_per_job(r,
     ok = tasks.add.enqueue(2, 3)
     failed = tasks.fail.enqueue("boom")
     unreadable = tasks.add.using(queue_name="low").enqueue(1, 1)
-    r.hset(backend.keys.job(unreadable.id), "payload", "\x00{not json")
+    r.hset(as_hash(r, backend.keys, unreadable.id), "payload", "\x00{not json")
 
     done = manage("runworker", "--burst", "--log-format", "json")
     assert done.returncode == 0, done.stderr

@@ -127,7 +127,7 @@ while #claimed == 0 and parked < MOST_PARKED do
     end
     local fields, score
     if valid_id(id) then
-      fields = read_waiting(id)
+      fields = read_waiting(id, popped[2])
     end
     -- A fair job first: the job whose turn it is instead (a queue that is not fair
     -- pays nothing for it).

@@ -4,7 +4,8 @@
 --       IDLE..queue, IDLE_WORKER..wid, IDLE_WIDE, HANDOFF..wid, HANDED, RELAYED,
 --       FAIR..queue
 -- Store jobs and make them READY: each on its queue, or in its queue's delayed set
--- until due. One job or a batch: one call, one round trip. Then the first jobs of a
+-- until due; a fresh job (no options, due now) kept as an entry, any other as a hash
+-- (new_jobs.lua). One job or a batch: one call, one round trip. Then the first jobs of a
 -- queue that held none before the call, unpaused, with no limit, go to the idle
 -- workers whose claim would take them: started, in HANDED until the worker takes
 -- them (handoff.lua).
@@ -16,7 +17,7 @@
 -- then 6 values per job: id, payload (JSON envelope), queue name, priority
 -- (-100..100), due time (ms since the epoch, or 0 for now; a due time Redis's clock
 -- has passed queues the job at once), options ('' or JSON: new_jobs.lua's job_options).
--- Returns, per job, the enqueue time (ms), or 0 when a key with its id exists already
+-- Returns, per job, the enqueue time (ms), or 0 when its id is taken (a key or an entry)
 -- or, for a relay, the job was relayed before (that job is skipped, nothing of it
 -- changed), or, for a job with a unique key that another job holds, that job's id
 -- (the job is not stored).
@@ -34,28 +35,32 @@ for at = 4, #ARGV, 6 do
   if relay then
     record_relay(id, now)
   end
+  -- A fresh job (no options, due now) is kept as an entry, whose write refuses an id
+  -- an entry holds: its id needs one look less.
+  local fresh = ARGV[at + 5] == '' and due <= now
   if holder then
     enqueued[#enqueued + 1] = holder
-  -- A job kept as an entry has its id taken too, but only the process that wrote it
-  -- sends that id again (a call repeated after a lost reply), and the enqueue that
-  -- writes entries refuses it as it writes one (HSETNX): here, one command less.
-  elseif redis.call('EXISTS', JOB .. id) == 1 then
+  elseif fresh and redis.call('EXISTS', JOB .. id) == 1 or not fresh and id_taken(id) then
     enqueued[#enqueued + 1] = 0
   else
-    local ready = store_job(id, payload, queue, priority, due, now, options)
-    if options.unique then
-      hold_unique(id, options, now)
-    end
-    if ready then
-      if not added[ready] then
-        filled[#filled + 1] = ready
+    local ready = store_job(id, payload, queue, priority, due, now, options, fresh)
+    if ready == false then -- an entry holds its id
+      enqueued[#enqueued + 1] = 0
+    else
+      if options.unique then
+        hold_unique(id, options, now)
       end
-      added[ready] = (added[ready] or 0) + 1
+      if ready then
+        if not added[ready] then
+          filled[#filled + 1] = ready
+        end
+        added[ready] = (added[ready] or 0) + 1
+      end
+      if record_queues then
+        sadd(KNOWN_QUEUES, queue)
+      end
+      enqueued[#enqueued + 1] = now
     end
-    if record_queues then
-      sadd(KNOWN_QUEUES, queue)
-    end
-    enqueued[#enqueued + 1] = now
   end
 end
 -- Once the whole call is in place, so that no job is handed past a job of higher

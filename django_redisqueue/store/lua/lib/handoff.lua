@@ -32,10 +32,24 @@ local REPLIED = 11
 -- Where READ has the fairness key.
 local FAIR_FIELD = 15
 
--- The READ fields of a waiting job, read from its hash, or from its entry if it is kept
--- as one (made its hash then: start_job writes to it). pcall: a key of another type
--- answers an error instead of the fields.
-local function read_waiting(id)
+-- The READ fields of a waiting job at queue score `score`: read from its entry when
+-- the score says it is kept as one (next_score), the entry taken, and its hash's
+-- fields then kept in `fields.hash` for start_job to write; else from its hash, or
+-- from an entry met there (made its hash). pcall: a key of another type answers an
+-- error instead of the fields.
+local function read_waiting(id, score)
+  if entry_score(score) then
+    local at, priority, queue, payload = take_entry(id)
+    if at then
+      local fields = {'READY', payload}
+      fields[6], fields[8] = at, queue
+      if tonumber(priority) ~= 0 then
+        fields[9] = priority
+      end
+      fields.hash = entry_hash_fields({}, at, priority, queue, payload)
+      return fields
+    end
+  end
   local fields = redis.pcall('HMGET', JOB .. id, unpack(READ))
   if not failed(fields) and not fields[1] and expand_entry(id) then
     fields = redis.call('HMGET', JOB .. id, unpack(READ))
@@ -69,7 +83,7 @@ local function next_of(queue, id, fields, score, looks)
     return nil
   end
   if valid_id(id) then
-    fields = read_waiting(id)
+    fields = read_waiting(id, score)
   else
     fields = nil
   end
@@ -93,6 +107,9 @@ local function start_job(id, fields, score, worker, lease, now, leases)
   local written = {'status', 'RUNNING', 'owner', owner, 'attempts', whole(attempts),
                    'workers', workers, 'last_attempted_at', stamp, 'started_at', started,
                    'score', score}
+  for _, value in ipairs(fields.hash or {}) do -- a job read from its entry: its hash
+    written[#written + 1] = value
+  end
   redis.call('HSET', job, unpack(written))
   local reply = {id, owner, 'status', 'RUNNING', 'attempts', attempts, 'workers', workers,
                  'last_attempted_at', now, 'started_at', started}
@@ -246,8 +263,9 @@ local function hand_queued(queue, added, lease, now)
       break
     end
     local popped = redis.call('ZPOPMIN', key)
-    local id, fields, score = next_of(queue, popped[1], read_waiting(popped[1]), popped[2],
-                                      looks)
+    local fields = read_waiting(popped[1], popped[2])
+    local id, score
+    id, fields, score = next_of(queue, popped[1], fields, popped[2], looks)
     if not id then
       break
     end

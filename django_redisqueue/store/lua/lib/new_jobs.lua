@@ -1,6 +1,6 @@
 -- include: keys, values, queues, limits
--- A new job: its options as the enqueue sends them, and its hash stored and made READY
--- (enqueue, enqueue_linked, periodic).
+-- A new job: its options as the enqueue sends them, and its hash (or its entry) stored
+-- and made READY (enqueue, enqueue_linked, periodic).
 
 -- A job's options, as the enqueue sends them: '' (none, the common case) or a JSON
 -- object with ``unique`` (key), ``unique_ms`` (how long the key holds; 0: while the
@@ -43,21 +43,33 @@ local function new_job_fields(payload, queue, priority, now, fair)
   return fields
 end
 
--- Store a new job's hash and make it READY: on its queue (returns the queue, for the
--- caller to wake once per batch), or in its queue's delayed set until `due` (ms).
--- `options` (job_options) adds the job's limits to its hash, where the claim reads them.
-local function store_job(id, payload, queue, priority, due, now, options)
-  local job = JOB .. id
-  store_limits(job, options)
-  local fields = new_job_fields(payload, queue, priority, now, options.fair)
-  fields[#fields + 1] = 'status'
-  fields[#fields + 1] = 'READY'
-  redis.call('HSET', job, unpack(fields))
-  if due > now then
-    add_delayed(id, due, queue)
-    return nil
+-- Store a new job and make it READY: on its queue (returns the queue, for the caller
+-- to wake once per batch), or in its queue's delayed set until `due` (ms). `options`
+-- (job_options) adds the job's limits to its hash, where the claim reads them. `fresh`:
+-- the job has no options and is due now: it is kept as an entry instead of a hash
+-- (values.lua's write_entry); returns false, storing nothing, when its id holds an
+-- entry already.
+local function store_job(id, payload, queue, priority, due, now, options, fresh)
+  local entry = nil
+  if fresh then
+    entry = write_entry(id, payload, queue, priority, now)
+    if entry == false then
+      return false
+    end
   end
-  local score = next_score(priority)
+  if not entry then
+    local job = JOB .. id
+    store_limits(job, options)
+    local fields = new_job_fields(payload, queue, priority, now, options.fair)
+    fields[#fields + 1] = 'status'
+    fields[#fields + 1] = 'READY'
+    redis.call('HSET', job, unpack(fields))
+    if due > now then
+      add_delayed(id, due, queue)
+      return nil
+    end
+  end
+  local score = next_score(priority, entry)
   zadd(QUEUE .. queue, score, id)
   if options.fair then
     fair_add(id, queue, options.fair, score, false)

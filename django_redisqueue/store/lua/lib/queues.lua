@@ -18,16 +18,28 @@ local function is_paused(queue)
 end
 
 -- The place of a new arrival in a queue: behind the jobs of its priority already there.
--- A counter holding garbage (written by hand), or past the 2^44 a score leaves it,
--- starts again from Redis's clock in ms, past any count it can have reached, so that
--- arrivals stay in order.
-local function next_score(priority)
-  local seq = redis.pcall('INCR', SEQ)
+-- The counter steps by 2, and a job kept as an entry (`entry`) takes the odd place of
+-- the pair, any other job the even one: the score a claim pops says which form to
+-- read first (lib/handoff.lua's read_waiting), and arrival order holds, as the pair
+-- shares its place. A counter holding garbage (written by hand), or past the 2^44 a
+-- score leaves it, starts again from Redis's clock in ms, past any count it can have
+-- reached, so that arrivals stay in order.
+local function next_score(priority, entry)
+  local seq = redis.pcall('INCRBY', SEQ, 2)
   if failed(seq) or seq >= PRIORITY_SPAN then
     redis.call('SET', SEQ, clock_ms())
-    seq = redis.call('INCR', SEQ)
+    seq = redis.call('INCRBY', SEQ, 2)
   end
-  return queue_score(priority, seq)
+  local odd = seq % 2
+  if entry then
+    return queue_score(priority, seq - 1 + odd)
+  end
+  return queue_score(priority, seq - odd)
+end
+
+-- Whether a queue score is one a job kept as an entry takes (next_score).
+local function entry_score(score)
+  return tonumber(score) % 2 == 1
 end
 
 -- Fair queues (docs/protocol.md, "Fair queues"). A job with a fairness key (its hash's

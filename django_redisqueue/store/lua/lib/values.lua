@@ -41,36 +41,71 @@ local function valid_id(id)
   return type(id) == 'string' and #id <= 128 and string.find(id, '^[%w_%-%.:]+$') ~= nil
 end
 
--- A fresh job may be kept as an entry instead of a hash (docs/protocol.md, "What a
--- smaller waiting job would take"): '<enqueued_at>|<priority>|<queue>|<payload>', under
--- its id in the bucket ENTRIES..<its id's first three characters>. The form is read for
--- good, not only during a deploy: only the enqueue of a fresh job writes it.
+-- A fresh job may be kept as an entry instead of a hash (docs/protocol.md, "A waiting
+-- job kept as an entry"): '<enqueued_at>|<priority>|<queue>|<payload>', under its id in
+-- the bucket ENTRIES..<its id's first three characters>. Both forms are read for good:
+-- only the enqueue of a fresh job writes an entry.
 local function entry_bucket(id)
   return ENTRIES .. string.sub(id, 1, 3)
 end
 
--- A job kept as an entry gets its hash, with the fields a fresh job's hash holds, and
--- its entry goes: a script reads and changes the one form after that. An entry that
--- does not parse goes too (its queue member is then a job without a hash). True when
--- the hash was written.
-local function expand_entry(id)
+local ENTRY = '^(%d+)|(%-?%d+)|([%w_%.%-]+)|(.+)$'
+
+-- Keep a fresh job as an entry. Returns false, writing nothing, when its id holds an
+-- entry already; nil when its fields would not read back as one (the caller stores its
+-- hash then: a job written by hand, as no enqueue sends such fields).
+local function write_entry(id, payload, queue, priority, now)
+  if payload == '' or not valid_queue(queue) or not string.find(priority, '^%-?%d+$') then
+    return nil
+  end
+  local entry = whole(now) .. '|' .. priority .. '|' .. queue .. '|' .. payload
+  return redis.call('HSETNX', entry_bucket(id), id, entry) == 1
+end
+
+-- Take a job's entry, if it is kept as one: its enqueue time, priority, queue and
+-- payload, the entry gone (the caller writes them to the job's hash). An entry that
+-- does not parse goes too, and answers nil, as none does.
+local function take_entry(id)
   local bucket = entry_bucket(id)
   local entry = redis.pcall('HGET', bucket, id)
   if type(entry) ~= 'string' then
-    return false
+    return nil
   end
   redis.call('HDEL', bucket, id)
-  local at, priority, queue, payload = string.match(entry,
-                                                   '^(%d+)|(%-?%d+)|([%w_%.%-]+)|(.+)$')
+  local at, priority, queue, payload = string.match(entry, ENTRY)
   if not payload or not valid_queue(queue) then
-    return false
+    return nil
   end
-  local fields = {'payload', payload, 'queue', queue, 'enqueued_at', at, 'status', 'READY'}
+  return at, priority, queue, payload
+end
+
+-- The hash fields of a job kept as an entry, the ones a fresh job's hash holds but
+-- its status, appended to `fields`.
+local function entry_hash_fields(fields, at, priority, queue, payload)
+  fields[#fields + 1] = 'payload'
+  fields[#fields + 1] = payload
+  fields[#fields + 1] = 'queue'
+  fields[#fields + 1] = queue
+  fields[#fields + 1] = 'enqueued_at'
+  fields[#fields + 1] = at
   if tonumber(priority) ~= 0 then
     fields[#fields + 1] = 'priority'
     fields[#fields + 1] = priority
   end
-  redis.call('HSET', JOB .. id, unpack(fields))
+  return fields
+end
+
+-- A job kept as an entry gets its hash, with the fields a fresh job's hash holds, and
+-- its entry goes: a script reads and changes the one form after that. True when the
+-- hash was written (an entry that does not parse goes, and its queue member is then a
+-- job without a hash).
+local function expand_entry(id)
+  local at, priority, queue, payload = take_entry(id)
+  if not at then
+    return false
+  end
+  redis.call('HSET', JOB .. id,
+             unpack(entry_hash_fields({'status', 'READY'}, at, priority, queue, payload)))
   return true
 end
 

@@ -69,7 +69,7 @@ class InvariantChecks:
         """One store per job (the arrival counter); every last job exists; and every
         occurrence of an "all" schedule in force in (base, last] has a job, but those
         skipped while a job of its unique task held the key."""
-        assert self.seq == len(self.jobs)
+        assert self.seq == 2 * len(self.jobs)
         for state in self.states.values():
             if isinstance(state, dict) and "last_job" in state:
                 assert self.exists(state["last_job"])

@@ -81,11 +81,12 @@ worker holds more jobs than its slots, one registered as idle has a slot free, n
 give-back keeps is given back, and every job Redis says a worker runs is in one of its
 slots or one it forgot.
 
-Fresh waiting jobs are rewritten as entries in their buckets, as a newer process's
-enqueue will store them (tests/support/entries.py): every script reads them from then
-on. After every step a job has one form, an entry only while it waits on its queue and
-until a script made it its hash, never back; an entry parses to the fields the model
-says.
+A fresh job (enqueue.lua, no option, due now) is kept as an entry in its bucket, and a
+step rewrites a waiting job in the other form, as the other process of a deploy stores
+it, at the same place (tests/support/entries.py): every script reads either form,
+whatever its place says. After every step a job has one form, an entry only while it
+waits on its queue and until a script made it its hash, never back; an entry parses to
+the fields the model says.
 
 Outbox relays are modelled in relays.py: relays store jobs and record their ids, a
 finished job's result expires, a row is relayed again whatever its job became (stored

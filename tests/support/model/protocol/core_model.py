@@ -266,6 +266,7 @@ class CoreModel:
         job.owner = job.token = f"{worker}/{job.attempts}"
         job.workers.append(worker)
         job.scored = True
+        job.entry = False  # start_job writes its hash
         job.place, job.deadline = RUNNING, None
         job.deadline_window = (window[0] + self.lease_ms, window[1] + self.lease_ms)
         self.issued.append((job.id, job.owner))

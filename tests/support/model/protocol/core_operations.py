@@ -49,7 +49,7 @@ class CoreOperations:
         when, due = (None, 0) if delay is None else run_after(t0 + delay)
         task = tasks.noop.using(queue_name=queue, priority=priority, run_after=when)
         job_id = task.enqueue().id
-        self.place_new(job_id, queue, priority, due, t0, self.clock())
+        self.place_new(job_id, queue, priority, due, t0, self.clock(), fresh=True)
 
     def op_enqueue_batch(
         self, specs: list[tuple[str, int, int | None]], relayed: bool = False
@@ -71,7 +71,9 @@ class CoreOperations:
                 jobs[at : at + BATCH], enqueued[at : at + BATCH], strict=True
             ):
                 assert enqueued_at is not None and t0 <= enqueued_at <= t1
-                self.place_new(job.job_id, job.queue, job.priority, job.due_ms, t0, t1, hand=False)
+                self.place_new(
+                    job.job_id, job.queue, job.priority, job.due_ms, t0, t1, hand=False, fresh=True
+                )
                 placed.append(self.jobs[job.job_id])
             RUN["handed over"] += self.m_hand_queued(placed, (t0, t1))
         return [job.job_id for job in jobs]
@@ -87,12 +89,15 @@ class CoreOperations:
         limit: str | None = None,
         hand: bool = True,
         fair: str | None = None,
+        fresh: bool = False,
     ):
         """Model a job just stored, due at ``due`` (0: now), between t0 and t1: queued,
-        delayed, or (``hand``: by a call of its own) handed to an idle worker."""
+        delayed, or (``hand``: by a call of its own) handed to an idle worker. ``fresh``:
+        stored by enqueue.lua with no option, so kept as an entry if queued now."""
         job = Job(job_id, len(self.jobs), queue, priority, limit=limit, fair=fair)
         self.jobs[job_id] = job
         self.place(job, due, (t0, t1))
+        job.entry = fresh and job.place == QUEUED
         if hand:
             RUN["handed over"] += self.m_hand_queued([job], (t0, t1))
 

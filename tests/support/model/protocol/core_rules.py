@@ -11,7 +11,7 @@ from hypothesis.stateful import initialize, rule
 from django_redisqueue.core.jobs import FAILED, SUCCESSFUL
 from django_redisqueue.store.wire import RETRY, NewJob, Outcome
 from tests.support import tasks
-from tests.support.entries import keep_as_entry
+from tests.support.entries import keep_as_entry, keep_as_hash
 from tests.support.model.harness import snapshot
 from tests.support.model.protocol.records import (
     DELAYED,
@@ -140,16 +140,16 @@ class CoreRules:
 
     @rule(pick=PICK)
     def enqueue_a_taken_id(self, pick):
-        """An id already taken (any job not deleted): refused, nothing changes. Not
-        one kept as an entry: only the process that wrote the entry sends its id again
-        (enqueue.lua), and it reads both forms."""
+        """An id already taken (any job not deleted, in either form), sent again fresh
+        (a call repeated after a lost reply), or delayed: refused, nothing changes."""
         taken = self.job_list(QUEUED, DELAYED, WAITING, PARKED, RUNNING, FINISHED)
-        job = self.pick([j for j in taken if not j.entry], pick)
+        job = self.pick(taken, pick)
         if job is None:
             return
         before = snapshot(self.r)
         payload = self.backend.prepare(tasks.noop, (), {})._payload
-        assert self.broker.enqueue([NewJob(job.id, "low", 5, payload)]) == [None]
+        again = [NewJob(job.id, "low", 5, payload), NewJob(job.id, "low", 5, payload, 2**42)]
+        assert self.broker.enqueue(again) == [None, None]
         assert snapshot(self.r) == before
 
     # Rules: Workers.
@@ -333,15 +333,21 @@ class CoreRules:
         self.op_abandon(worker, handed_only=True)
 
     @rule(pick=PICK)
-    def a_fresh_job_is_kept_as_an_entry(self, pick):
-        """A waiting job is one a newer process enqueued: kept as an entry in its
-        bucket, not as a hash. Every script reads it from then on: a claim or a
-        hand-off starts it, a cancel, a watch, a stop or a dependant finds it, an
-        operator empties its queue."""
+    def a_waiting_job_was_stored_in_the_other_form(self, pick):
+        """A fresh waiting job as the other process of a deploy stored it: a process
+        older than entries stored its hash (at the odd place of an entry), one that
+        keeps it as an entry took another's (at a hash's even place). Every script
+        reads either form, whatever its place says: a claim or a hand-off starts it,
+        a cancel, a watch, a stop or a dependant finds it, an operator empties it."""
         job = self.pick(self.job_list(QUEUED), pick)
-        if job is not None and not job.entry and keep_as_entry(self.r, self.keys, job.id):
+        if job is None:
+            return
+        if job.entry and keep_as_hash(self.r, self.keys, job.id):
+            job.entry = False
+            self.count("entries stored as hashes")
+        elif not job.entry and keep_as_entry(self.r, self.keys, job.id):
             job.entry = True
-            self.count("fresh jobs kept as entries")
+            self.count("hashes stored as entries")
 
     @rule(pick=PICK)
     def a_registration_runs_out(self, pick):

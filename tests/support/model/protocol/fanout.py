@@ -296,7 +296,7 @@ class FanOutModel:
         assert not missing, f"a chain after {parent}, which does not exist, was queued"
         if len(jobs) == 1 and not parent:  # a plain enqueue (enqueue.lua): it may hand over
             (queue, priority, *_), result = steps[0], results[0]
-            self.place_new(result.id, queue, priority, dues[0], t0, t1)
+            self.place_new(result.id, queue, priority, dues[0], t0, t1, fresh=True)
             assert result.enqueued_at is not None
             return
         specs, previous = [], parent

@@ -244,7 +244,10 @@ class LimitsModel:
             if holder is not None:
                 self.count("unique enqueues refused")
                 return holder
-        self.place_new(job_id, queue, priority, due, *window, limit=limit, hand=hand, fair=fair)
+        fresh = unique is None and limit is None and fair is None  # options '': an entry
+        self.place_new(
+            job_id, queue, priority, due, *window, limit=limit, hand=hand, fair=fair, fresh=fresh
+        )
         job = self.jobs[job_id]
         if limit is not None:
             self.m_rate_window(limit)

@@ -185,8 +185,8 @@ class Job:
     limit: str | None = None  # the name of its limits in LIMITS
     fair: str | None = None  # its fairness key (fairness.py), None: not fair
     claim_order: int = 0  # when RUNNING: the order of its claim among every claim
-    # Kept as an entry, as a newer process's enqueue writes a fresh job, until a script
-    # makes it its hash (a claim, or any that asks whether it is a job): then never again.
+    # Kept as an entry, as the enqueue stores a fresh job, until a script makes it its
+    # hash (a claim, or any that asks whether it is a job): then never again.
     entry: bool = False
 
     def __repr__(self) -> str:
