@@ -216,3 +216,41 @@ def test_entry_text_is_what_the_scripts_read():
     assert entry_fields(entry_text(fields)) == fields
     assert "priority" not in entry_fields(entry_text({**fields, "priority": "0"}))
     assert json.loads(entry_fields(entry_text(fields))["payload"])["args"] == ["x|y"]
+
+
+def test_a_bucket_of_another_type_gives_way_to_the_entry(r, backend):
+    """A bucket key spoilt by hand holds no entry: the enqueue replaces it, and stores
+    the whole batch, not the jobs before it only."""
+    payload = tasks.noop.enqueue()._payload
+    r.flushdb()
+    r.set(K.entries("bad-1"), "spoilt")
+    jobs = [NewJob("ok-1", "default", 0, payload), NewJob("bad-1", "default", 0, payload)]
+    assert None not in backend.broker.enqueue(jobs)
+    assert is_entry(r, "ok-1") and is_entry(r, "bad-1")
+    assert r.zcard(K.queue("default")) == 2
+    run_worker_here(backend, queues=["default"])
+    assert backend.get_result("bad-1").status == TaskResultStatus.SUCCESSFUL
+
+
+def test_a_linked_enqueue_refuses_an_id_an_entry_holds(r, backend):
+    result = tasks.noop.enqueue()
+    again = NewJob(result.id, "default", 0, result._payload)
+    assert backend.broker.enqueue_linked([again]) == [None]
+    assert is_entry(r, result.id) and r.zcard(K.queue("default")) == 1
+
+
+@pytest.mark.parametrize("meets_it", ["claim", "empty"])
+def test_a_job_key_of_another_type_beside_an_entry_gives_way(r, backend, meets_it):
+    """A key of another type where the job's hash would go (written by hand) is no job:
+    the claim that takes the entry, or the operator's empty, replaces it, and raises
+    nothing."""
+    result = tasks.record.enqueue("kept")
+    r.set(K.job(result.id), "spoilt")
+    if meets_it == "claim":
+        run_worker_here(backend, queues=["default"])
+        assert r.lrange(tasks.LOG, 0, -1) == ["kept"]
+        assert backend.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+    else:
+        assert backend.broker.operate("empty", "default") == 1
+        assert not r.exists(K.job(result.id))
+    assert not r.keys(K.entries_prefix + "*") and r.zcard(K.queue("default")) == 0

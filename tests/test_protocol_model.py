@@ -85,6 +85,7 @@ def test_the_protocol_follows_its_model(r, redis_server, backend, report, pipeli
             "unique keys kept for their window",
             "unique keys taken again",
             "unique windows passed",
+            "fresh jobs kept as entries",
             "entries stored as hashes",
             "hashes stored as entries",
             "entries made hashes",

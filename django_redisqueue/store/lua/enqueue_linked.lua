@@ -79,7 +79,7 @@ for at = first_job, #ARGV, 7 do
   if relay then
     record_relay(id, now)
   end
-  if skipped[id] or redis.call('EXISTS', job) == 1 then
+  if skipped[id] or id_taken(id) then
     enqueued[#enqueued + 1] = 0
   else
     -- The job it waits for: 'waits' (not ended), 'SUCCESSFUL', 'FAILED', or none.

@@ -107,10 +107,14 @@ local function start_job(id, fields, score, worker, lease, now, leases)
   local written = {'status', 'RUNNING', 'owner', owner, 'attempts', whole(attempts),
                    'workers', workers, 'last_attempted_at', stamp, 'started_at', started,
                    'score', score}
-  for _, value in ipairs(fields.hash or {}) do -- a job read from its entry: its hash
-    written[#written + 1] = value
+  if fields.hash then -- a job read from its entry: its hash from now on
+    for _, value in ipairs(fields.hash) do
+      written[#written + 1] = value
+    end
+    write_job_hash(id, written)
+  else
+    redis.call('HSET', job, unpack(written))
   end
-  redis.call('HSET', job, unpack(written))
   local reply = {id, owner, 'status', 'RUNNING', 'attempts', attempts, 'workers', workers,
                  'last_attempted_at', now, 'started_at', started}
   for i, name in ipairs(READ) do -- the rest as read (absent fields left out)

@@ -41,6 +41,11 @@ local function valid_id(id)
   return type(id) == 'string' and #id <= 128 and string.find(id, '^[%w_%-%.:]+$') ~= nil
 end
 
+-- True when a redis.pcall answered an error.
+local function failed(reply)
+  return type(reply) == 'table' and reply.err ~= nil
+end
+
 -- A fresh job may be kept as an entry instead of a hash (docs/protocol.md, "A waiting
 -- job kept as an entry"): '<enqueued_at>|<priority>|<queue>|<payload>', under its id in
 -- the bucket ENTRIES..<its id's first three characters>. Both forms are read for good:
@@ -59,7 +64,13 @@ local function write_entry(id, payload, queue, priority, now)
     return nil
   end
   local entry = whole(now) .. '|' .. priority .. '|' .. queue .. '|' .. payload
-  return redis.call('HSETNX', entry_bucket(id), id, entry) == 1
+  local bucket = entry_bucket(id)
+  local written = redis.pcall('HSETNX', bucket, id, entry)
+  if failed(written) then -- a key of another type (written by hand) holds no entry
+    redis.call('DEL', bucket)
+    written = redis.call('HSETNX', bucket, id, entry)
+  end
+  return written == 1
 end
 
 -- Take a job's entry, if it is kept as one: its enqueue time, priority, queue and
@@ -95,6 +106,15 @@ local function entry_hash_fields(fields, at, priority, queue, payload)
   return fields
 end
 
+-- Write the hash of a job taken from its entry: its key, if of another type (written
+-- by hand beside the entry), is no job and gives way.
+local function write_job_hash(id, fields)
+  if failed(redis.pcall('HSET', JOB .. id, unpack(fields))) then
+    redis.call('DEL', JOB .. id)
+    redis.call('HSET', JOB .. id, unpack(fields))
+  end
+end
+
 -- A job kept as an entry gets its hash, with the fields a fresh job's hash holds, and
 -- its entry goes: a script reads and changes the one form after that. True when the
 -- hash was written (an entry that does not parse goes, and its queue member is then a
@@ -104,8 +124,7 @@ local function expand_entry(id)
   if not at then
     return false
   end
-  redis.call('HSET', JOB .. id,
-             unpack(entry_hash_fields({'status', 'READY'}, at, priority, queue, payload)))
+  write_job_hash(id, entry_hash_fields({'status', 'READY'}, at, priority, queue, payload))
   return true
 end
 
@@ -136,11 +155,6 @@ end
 -- True for the statuses of a job that has ended: it never runs again.
 local function final(status)
   return status == 'SUCCESSFUL' or status == 'FAILED'
-end
-
--- True when a redis.pcall answered an error.
-local function failed(reply)
-  return type(reply) == 'table' and reply.err ~= nil
 end
 
 -- ZADD to a sorted set of the protocol's (a queue, a delayed set, the running set);

@@ -98,6 +98,8 @@ class CoreOperations:
         self.jobs[job_id] = job
         self.place(job, due, (t0, t1))
         job.entry = fresh and job.place == QUEUED
+        if job.entry:
+            RUN["fresh jobs kept as entries"] += 1
         if hand:
             RUN["handed over"] += self.m_hand_queued([job], (t0, t1))
 

@@ -95,22 +95,21 @@ class CoreRules:
 
     @initialize(
         batch=st.lists(
-            st.tuples(
-                JOB_QUEUE,
-                PRIORITY,
-                st.sampled_from(list(DELAYS)),
-            ),
+            st.tuples(JOB_QUEUE, PRIORITY, st.sampled_from(list(DELAYS)), st.booleans()),
             max_size=8,
         ),
         workers=st.lists(WORKER, unique=True),
         slots=SLOTS,
     )
     def backlog(self, batch, workers, slots):
-        """A few jobs to start with, the workers already up (their first heartbeat
+        """A few jobs to start with, some stored by a process older than entries (a
+        deploy: see stored_by_older), the workers already up (their first heartbeat
         registers their broadcast cursor), and how many slots each worker has."""
         self.slots = dict(zip(WORKERS, slots, strict=True))
-        for queue, priority, delay in batch:
-            self.op_enqueue(queue, priority, DELAYS[delay], via_api=False)
+        for queue, priority, delay, older in batch:
+            [job_id] = self.op_enqueue_batch([(queue, priority, DELAYS[delay])])
+            if older:
+                self.stored_by_older(job_id)
         for worker in workers:
             self.op_heartbeat(worker, {})
 
@@ -129,14 +128,27 @@ class CoreRules:
 
     @rule(
         batch=st.lists(
-            st.tuples(JOB_QUEUE, PRIORITY, st.sampled_from(list(DELAYS))),
+            st.tuples(JOB_QUEUE, PRIORITY, st.sampled_from(list(DELAYS)), st.booleans()),
             min_size=2,
             max_size=5,
         )
     )
     def enqueue_a_batch(self, batch):
-        """Several jobs, of any queues, priorities and delays, in one script call."""
-        self.op_enqueue_batch([(q, p, DELAYS[d]) for q, p, d in batch])
+        """Several jobs, of any queues, priorities and delays, in one script call; the
+        ones marked as if a process older than entries stored them (a deploy): their
+        hashes at the odd places of entries."""
+        ids = self.op_enqueue_batch([(q, p, DELAYS[d]) for q, p, d, _ in batch])
+        for job_id, (*_, older) in zip(ids, batch, strict=True):
+            if older:
+                self.stored_by_older(job_id)
+
+    def stored_by_older(self, job_id: str) -> None:
+        """A job just enqueued as a process older than entries stores it: its hash,
+        at the odd place of an entry (a job that is no entry stays as it is)."""
+        job = self.jobs[job_id]
+        if job.entry and keep_as_hash(self.r, self.keys, job_id):
+            job.entry = False
+            self.count("entries stored as hashes")
 
     @rule(pick=PICK)
     def enqueue_a_taken_id(self, pick):
