@@ -7,6 +7,7 @@ import threading
 from unittest.mock import patch
 
 import pytest
+import redis
 from django.conf import settings
 from django.core.cache import caches
 from django.test import override_settings
@@ -23,6 +24,7 @@ from django_redisqueue.compat import (
     task_enqueued,
 )
 from django_redisqueue.exceptions import BrokerUnavailable, ConfigurationError
+from django_redisqueue.store.wire import NewJob
 from tests.conftest import not_on_cluster, run_worker_here
 from tests.support import tasks
 from tests.support.keys import CACHED_KEYS, DEFAULT_KEYS
@@ -209,12 +211,19 @@ def test_enqueue_many_of_a_delayed_task_fills_the_delayed_set(r, backend):
 
 @not_on_cluster
 def test_a_refusal_is_told_from_no_answer(r):
+    """Out of memory, the enqueue is refused whole, and the entries beside the one it
+    would have written stay (Redis 6.2 refuses a script's first write, not the call)."""
+    first = tasks.add.enqueue(1, 1)
     r.config_set("maxmemory", 1)
     try:
         with pytest.raises(BrokerUnavailable, match=r"Redis refused it .*(OutOfMemoryError|-OOM)"):
             tasks.add.enqueue(1, 2)
+        beside = NewJob(first.id[:3] + "0" * 23, "default", 0, first._payload)
+        with pytest.raises(redis.ResponseError, match="maxmemory"):
+            first.task.get_backend().broker.enqueue([beside])
     finally:
         r.config_set("maxmemory", 0)
+    assert r.hkeys(DEFAULT_KEYS.entries(first.id)) == [first.id]
 
 
 @pytest.fixture

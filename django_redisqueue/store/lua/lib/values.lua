@@ -46,6 +46,16 @@ local function failed(reply)
   return type(reply) == 'table' and reply.err ~= nil
 end
 
+-- After a write by pcall that failed (`reply`): its key, if of another type (written
+-- by hand), holds nothing of ours and goes, for the caller to write again by call.
+-- Any other error (out of memory: Redis 6.2 asks at a script's first write) is left
+-- for that call to raise, as it would have.
+local function drop_if_spoilt(reply, key)
+  if string.find(reply.err, 'WRONGTYPE', 1, true) then
+    redis.call('DEL', key)
+  end
+end
+
 -- A fresh job may be kept as an entry instead of a hash (docs/protocol.md, "A waiting
 -- job kept as an entry"): '<enqueued_at>|<priority>|<queue>|<payload>', under its id in
 -- the bucket ENTRIES..<its id's first three characters>. Both forms are read for good:
@@ -66,8 +76,8 @@ local function write_entry(id, payload, queue, priority, now)
   local entry = whole(now) .. '|' .. priority .. '|' .. queue .. '|' .. payload
   local bucket = entry_bucket(id)
   local written = redis.pcall('HSETNX', bucket, id, entry)
-  if failed(written) then -- a key of another type (written by hand) holds no entry
-    redis.call('DEL', bucket)
+  if failed(written) then
+    drop_if_spoilt(written, bucket)
     written = redis.call('HSETNX', bucket, id, entry)
   end
   return written == 1
@@ -109,8 +119,9 @@ end
 -- Write the hash of a job taken from its entry: its key, if of another type (written
 -- by hand beside the entry), is no job and gives way.
 local function write_job_hash(id, fields)
-  if failed(redis.pcall('HSET', JOB .. id, unpack(fields))) then
-    redis.call('DEL', JOB .. id)
+  local written = redis.pcall('HSET', JOB .. id, unpack(fields))
+  if failed(written) then
+    drop_if_spoilt(written, JOB .. id)
     redis.call('HSET', JOB .. id, unpack(fields))
   end
 end
@@ -159,18 +170,20 @@ end
 
 -- ZADD to a sorted set of the protocol's (a queue, a delayed set, the running set);
 -- one of another type, written by hand, holds no job of ours and is replaced. No
--- command on the common path: the type is looked at only when the write fails.
+-- command on the common path: the error is looked at only when the write fails.
 local function zadd(key, score, member)
-  if failed(redis.pcall('ZADD', key, score, member)) then
-    redis.call('DEL', key)
+  local added = redis.pcall('ZADD', key, score, member)
+  if failed(added) then
+    drop_if_spoilt(added, key)
     redis.call('ZADD', key, score, member)
   end
 end
 
 -- SADD to a set of the protocol's (the queues used), replaced when of another type.
 local function sadd(key, member)
-  if failed(redis.pcall('SADD', key, member)) then
-    redis.call('DEL', key)
+  local added = redis.pcall('SADD', key, member)
+  if failed(added) then
+    drop_if_spoilt(added, key)
     redis.call('SADD', key, member)
   end
 end
